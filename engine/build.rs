@@ -1,0 +1,84 @@
+//! Builds the guest plugins in `plugins/` for `wasm32-wasip2`, so a plain `cargo build` or
+//! `cargo test` produces the built-in components that are embedded in the binary, and the
+//! test-only components the integration tests load from `FROSTLINE_GUEST_DIR`.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const GUEST_TARGET: &str = "wasm32-wasip2";
+
+fn main() {
+    let manifest_dir = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
+    let plugins = manifest_dir.join("../plugins");
+    let out_dir = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
+    let target_dir = out_dir.join("guests");
+
+    for watched in [
+        "../plugins/Cargo.toml",
+        "../plugins/Cargo.lock",
+        "../plugins/builtin",
+        "../plugins/shared",
+        "../plugins/testing",
+        "../wit",
+    ] {
+        println!("cargo:rerun-if-changed={watched}");
+    }
+
+    check_target_installed();
+
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut command = Command::new(cargo);
+    command
+        .args(["build", "--release", "--locked", "--target", GUEST_TARGET, "--manifest-path"])
+        .arg(plugins.join("Cargo.toml"))
+        .arg("--target-dir")
+        .arg(&target_dir);
+    // The outer build's settings are for the host; the guests get their own.
+    for var in [
+        "CARGO_TARGET_DIR",
+        "CARGO_BUILD_TARGET",
+        "RUSTFLAGS",
+        "CARGO_ENCODED_RUSTFLAGS",
+        "RUSTC_WRAPPER",
+        "RUSTC_WORKSPACE_WRAPPER",
+        "CARGO_PRIMARY_PACKAGE",
+        "CARGO_PROFILE_RELEASE_DEBUG",
+    ] {
+        command.env_remove(var);
+    }
+    let output = command.output().expect("running cargo to build the guest plugins");
+    if !output.status.success() {
+        panic!(
+            "building the guest plugins in {} for {GUEST_TARGET} failed:\n{}\n{}",
+            plugins.display(),
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    let guest_dir = target_dir.join(GUEST_TARGET).join("release");
+    for component in ["calendar_utc", "eligible_before"] {
+        let path = guest_dir.join(format!("{component}.wasm"));
+        assert!(Path::new(&path).exists(), "the guest build did not produce {}", path.display());
+    }
+    println!("cargo:rustc-env=FROSTLINE_GUEST_DIR={}", guest_dir.display());
+}
+
+/// Stops the build with the command to run when the wasm target is missing: machines with
+/// `RUSTUP_AUTO_INSTALL=0` do not install it from rust-toolchain.toml by themselves.
+fn check_target_installed() {
+    let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
+    let sysroot = Command::new(rustc)
+        .args(["--print", "sysroot"])
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
+    if let Some(sysroot) = sysroot {
+        let lib = Path::new(&sysroot).join("lib/rustlib").join(GUEST_TARGET);
+        if !lib.exists() {
+            panic!(
+                "\n\nThe {GUEST_TARGET} target is not installed, so the built-in plugins cannot be built.\n\
+                 Run:\n\n    rustup target add {GUEST_TARGET}\n\nthen build again.\n"
+            );
+        }
+    }
+}

@@ -1,0 +1,29 @@
+//! The `frostline` binary: parses the command line, sets up logging, runs the command and maps
+//! its outcome to an exit code. All logic lives in the library.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use frostline::cli::{Cli, LogFormat};
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_env("FROSTLINE_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match cli.log_format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => builder.init(),
+    }
+    match frostline::cli::run(cli) {
+        Ok(code) => code,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            // 2 for usage and input errors, 1 for everything else, like most Unix tools.
+            match error.downcast_ref::<frostline::Error>().map(frostline::Error::kind) {
+                Some(frostline::ErrorKind::InvalidInput) => ExitCode::from(2),
+                _ => ExitCode::from(1),
+            }
+        }
+    }
+}

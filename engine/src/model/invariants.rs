@@ -1,0 +1,45 @@
+//! Named invariants, checked before a write and after a read-back (DESIGN.md section 2).
+//! Each returns a message that names what was violated, so a refusal explains itself.
+
+use super::{BucketState, Micros};
+
+/// Invariant 4: only the current lease owner, at the current generation, before its lease
+/// expires, may publish or delete.
+pub fn lease_is_held(
+    owner: Option<&str>,
+    generation: u64,
+    lease_expires_at: Micros,
+    expected_owner: &str,
+    expected_generation: u64,
+    now: Micros,
+) -> Result<(), String> {
+    if owner != Some(expected_owner) {
+        return Err(format!("lease owner is {owner:?}, not `{expected_owner}`"));
+    }
+    if generation != expected_generation {
+        return Err(format!("generation is {generation}, not {expected_generation}"));
+    }
+    if now >= lease_expires_at {
+        return Err(format!("lease expired at {lease_expires_at} (now {now})"));
+    }
+    Ok(())
+}
+
+/// The state machine: a transition that does not exist is refused.
+pub fn transition_is_allowed(from: BucketState, to: BucketState) -> Result<(), String> {
+    if from.can_transition_to(to) { Ok(()) } else { Err(format!("no transition from {from} to {to}")) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stale_workers_are_refused() {
+        assert!(lease_is_held(Some("a"), 3, 100, "a", 3, 99).is_ok());
+        assert!(lease_is_held(Some("a"), 3, 100, "a", 3, 100).unwrap_err().contains("expired"));
+        assert!(lease_is_held(Some("a"), 4, 100, "a", 3, 50).unwrap_err().contains("generation"));
+        assert!(lease_is_held(Some("b"), 3, 100, "a", 3, 50).unwrap_err().contains("owner"));
+        assert!(lease_is_held(None, 3, 100, "a", 3, 50).is_err());
+    }
+}

@@ -1,0 +1,281 @@
+//! The pure core: the domain model, the bucket state machine and the named invariants.
+//!
+//! Imports nothing from tokio, redb, wasmtime or object_store, so it can be reasoned about and
+//! tested on its own. Every adapter depends on it; it depends on nobody.
+
+pub mod invariants;
+pub mod time;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+pub use self::time::Micros;
+
+/// Bounds on identifiers, in bytes.
+pub const TABLE_ID_BYTES_MAX: usize = 128;
+pub const PARTITION_KEY_BYTES_MAX: usize = 1024;
+pub const SORT_KEY_BYTES_MAX: usize = 1024;
+pub const TENANT_BYTES_MAX: usize = 128;
+pub const KIND_BYTES_MAX: usize = 128;
+pub const BUCKET_KEY_BYTES_MAX: usize = 128;
+/// A record body larger than this is refused at append.
+pub const RECORD_BODY_BYTES_MAX: usize = 1024 * 1024;
+
+/// True when `s` is 1 to `max` bytes of visible ASCII (0x21..=0x7E).
+pub fn is_visible_ascii(s: &str, max: usize) -> bool {
+    !s.is_empty() && s.len() <= max && s.bytes().all(|b| (0x21..=0x7e).contains(&b))
+}
+
+/// Checks a table id: 1 to 128 bytes of visible ASCII.
+pub fn validate_table_id(id: &str) -> Result<()> {
+    if is_visible_ascii(id, TABLE_ID_BYTES_MAX) {
+        Ok(())
+    } else {
+        Err(Error::InvalidInput(format!(
+            "table id `{}` must be 1 to {TABLE_ID_BYTES_MAX} bytes of visible ASCII (no spaces)",
+            id.escape_debug()
+        )))
+    }
+}
+
+/// One time bucket `[start, end)` named by its strategy's canonical key.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct BucketDescriptor {
+    pub key: String,
+    pub start: Micros,
+    pub end: Micros,
+}
+
+impl BucketDescriptor {
+    pub fn contains(&self, t: Micros) -> bool {
+        self.start <= t && t < self.end
+    }
+}
+
+/// A record as an application appends it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Record {
+    #[serde(with = "serde_bytes_string")]
+    pub partition_key: Vec<u8>,
+    pub event_time: Micros,
+    #[serde(with = "serde_bytes_string")]
+    pub sort_key: Vec<u8>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    /// The body as canonical JSON text (serde_json's compact form of the parsed value).
+    pub body: String,
+}
+
+impl Record {
+    /// Checks the bounds of every field; the message names the field and the limit.
+    pub fn validate(&self) -> Result<()> {
+        if self.partition_key.len() > PARTITION_KEY_BYTES_MAX {
+            return Err(Error::InvalidInput(format!(
+                "partition_key is {} bytes; the limit is {PARTITION_KEY_BYTES_MAX}",
+                self.partition_key.len()
+            )));
+        }
+        if self.sort_key.len() > SORT_KEY_BYTES_MAX {
+            return Err(Error::InvalidInput(format!(
+                "sort_key is {} bytes; the limit is {SORT_KEY_BYTES_MAX}",
+                self.sort_key.len()
+            )));
+        }
+        if let Some(tenant) = &self.tenant {
+            if !is_visible_ascii(tenant, TENANT_BYTES_MAX) {
+                return Err(Error::InvalidInput(format!(
+                    "tenant `{}` must be 1 to {TENANT_BYTES_MAX} bytes of visible ASCII",
+                    tenant.escape_debug()
+                )));
+            }
+        }
+        if let Some(kind) = &self.kind {
+            if !is_visible_ascii(kind, KIND_BYTES_MAX) {
+                return Err(Error::InvalidInput(format!(
+                    "kind `{}` must be 1 to {KIND_BYTES_MAX} bytes of visible ASCII",
+                    kind.escape_debug()
+                )));
+            }
+        }
+        if self.body.len() > RECORD_BODY_BYTES_MAX {
+            return Err(Error::InvalidInput(format!(
+                "body is {} bytes; the limit is {RECORD_BODY_BYTES_MAX}",
+                self.body.len()
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Partition and sort keys are opaque bytes; in JSON they travel as UTF-8 strings, which
+/// covers what applications send. (Non-UTF-8 keys are accepted by the library API.)
+pub mod serde_bytes_string {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(bytes: &[u8], s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&String::from_utf8_lossy(bytes))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
+        Ok(String::deserialize(d)?.into_bytes())
+    }
+}
+
+/// Where a bucket is in its life.
+///
+/// ```text
+/// Hot --claim--> Archiving --publish--> Archived{hot_deleted:false} --cleanup--> Archived{hot_deleted:true}
+///                   |  (failure before publish: stays fenced, retried later)            |
+///                   +-- lease expires: another worker takes over (Archiving again)       +--expire--> Expired
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BucketState {
+    Hot,
+    Archiving,
+    Archived { hot_deleted: bool },
+    Expired,
+}
+
+impl BucketState {
+    /// The one place that says which transitions exist.
+    pub fn can_transition_to(self, next: BucketState) -> bool {
+        use BucketState::*;
+        match (self, next) {
+            (Hot, Archiving) => true,
+            // A takeover or a retry claims again under a new generation.
+            (Archiving, Archiving) => true,
+            (Archiving, Archived { hot_deleted: false }) => true,
+            (Archived { hot_deleted: false }, Archived { hot_deleted: true }) => true,
+            (Archived { hot_deleted: true }, Expired) => true,
+            _ => false,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            BucketState::Hot => "hot",
+            BucketState::Archiving => "archiving",
+            BucketState::Archived { hot_deleted: false } => "archived_cleanup_pending",
+            BucketState::Archived { hot_deleted: true } => "archived",
+            BucketState::Expired => "expired",
+        }
+    }
+
+    /// Appends are accepted only while a bucket is hot.
+    pub fn accepts_appends(self) -> bool {
+        matches!(self, BucketState::Hot)
+    }
+}
+
+impl std::fmt::Display for BucketState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A retention decision for one bucket, as checked by the host.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RetentionPlan {
+    pub archive_at: Option<Micros>,
+    pub expire_at: Option<Micros>,
+    pub reason: String,
+}
+
+/// What a retention policy sees of a bucket.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BucketFacts {
+    pub table: String,
+    pub partition_key: Vec<u8>,
+    pub tenant: Option<String>,
+    pub kind: Option<String>,
+    pub bucket: BucketDescriptor,
+    pub row_count: u64,
+    pub byte_count: u64,
+    pub state: BucketState,
+    pub archived_at: Option<Micros>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn state_machine_allows_only_the_protocol_edges() {
+        use BucketState::*;
+        let all = [Hot, Archiving, Archived { hot_deleted: false }, Archived { hot_deleted: true }, Expired];
+        let allowed: Vec<(BucketState, BucketState)> = all
+            .iter()
+            .flat_map(|a| all.iter().map(move |b| (*a, *b)))
+            .filter(|(a, b)| a.can_transition_to(*b))
+            .collect();
+        assert_eq!(
+            allowed,
+            vec![
+                (Hot, Archiving),
+                (Archiving, Archiving),
+                (Archiving, Archived { hot_deleted: false }),
+                (Archived { hot_deleted: false }, Archived { hot_deleted: true }),
+                (Archived { hot_deleted: true }, Expired),
+            ]
+        );
+    }
+
+    #[test]
+    fn table_ids_are_bounded_visible_ascii() {
+        assert!(validate_table_id("metrics.v1").is_ok());
+        assert!(validate_table_id(&"a".repeat(TABLE_ID_BYTES_MAX)).is_ok());
+        assert!(validate_table_id(&"a".repeat(TABLE_ID_BYTES_MAX + 1)).is_err());
+        assert!(validate_table_id("").is_err());
+        assert!(validate_table_id("has space").is_err());
+        assert!(validate_table_id("é").is_err());
+    }
+}
+
+/// Identifies a strategy exactly: the plugin's content hash and its effective configuration.
+/// A table's strategy identity never changes (DESIGN.md section 1).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct StrategyIdentity {
+    /// The name the strategy was loaded under (`builtin:calendar-year-utc` or a path).
+    pub name: String,
+    /// SHA-256 of the component, hex.
+    pub plugin_hash: String,
+    /// The configuration passed to `init`.
+    pub config: String,
+}
+
+impl StrategyIdentity {
+    /// A short stable fingerprint for manifests and metadata.
+    pub fn fingerprint(&self) -> String {
+        use sha2::Digest;
+        let mut hasher = sha2::Sha256::new();
+        hasher.update(self.plugin_hash.as_bytes());
+        hasher.update([0]);
+        hasher.update(self.config.as_bytes());
+        hex::encode(&hasher.finalize()[..8])
+    }
+}
+
+/// Maps event times to buckets. WASM and native implementations sit behind it.
+pub trait BucketStrategy: Send + Sync {
+    fn identity(&self) -> &StrategyIdentity;
+
+    /// One descriptor per time, in order; each contains its time.
+    fn buckets_for(&self, times: &[Micros]) -> Result<Vec<BucketDescriptor>>;
+
+    fn bucket_for(&self, time: Micros) -> Result<BucketDescriptor> {
+        Ok(self.buckets_for(&[time])?.pop().expect("one descriptor per time"))
+    }
+}
+
+/// Decides when buckets are archived and expire.
+pub trait RetentionPolicy: Send + Sync {
+    fn name(&self) -> &str;
+
+    /// One plan (or the policy's reason for refusing) per bucket, in order. An outer error
+    /// means the policy could not be asked at all (a fault): every bucket is deferred.
+    fn plan(&self, now: Micros, buckets: &[BucketFacts]) -> Result<Vec<std::result::Result<RetentionPlan, String>>>;
+}

@@ -1,0 +1,422 @@
+//! The sandboxed WebAssembly plugin host.
+//!
+//! Owns the wasmtime `Engine` and `Linker` (built once), the on-disk cache of compiled
+//! components, per-call time limits (epoch interruption) and per-instance memory limits, and
+//! the fault handling that turns a trap into a reported plugin fault and a fresh instance.
+//! The role modules (`strategy`, `retention`, `archiver`) wrap a loaded component behind the
+//! core traits and check every answer it gives.
+//!
+//! Imports the core (`model`, `error`); nothing above it (store, coordinator, API) is imported.
+
+pub mod archiver;
+pub mod bindings;
+pub mod builtin;
+pub mod cache;
+pub mod conformance;
+pub mod instance;
+pub mod retention;
+pub mod strategy;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+use wasmtime::component::{Component, InstancePre, Linker, ResourceTable};
+use wasmtime::{Config, Engine, ResourceLimiter};
+use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+
+use crate::error::{Error, Result};
+
+pub use self::cache::CacheStats;
+
+/// The contract package every plugin is built against.
+pub const CONTRACT_PACKAGE: &str = "frostline:plugin";
+/// The contract versions this host can run. See wit/README.md for the versioning rule.
+pub const CONTRACT_VERSIONS_SUPPORTED: &[&str] = &["0.1.0"];
+/// The version the host's own bindings were generated from.
+pub const CONTRACT_VERSION: &str = "0.1.0";
+
+pub const PLUGIN_CALL_MS_DEFAULT: u64 = 1_000;
+pub const PLUGIN_CALL_MS_MAX: u64 = 60_000;
+pub const PLUGIN_MEMORY_BYTES_DEFAULT: usize = 64 * 1024 * 1024;
+pub const PLUGIN_MEMORY_BYTES_MIN: usize = 1024 * 1024;
+pub const PLUGIN_MEMORY_BYTES_MAX: usize = 4 * 1024 * 1024 * 1024;
+/// How often the epoch advances; a call overruns its deadline by at most about one tick.
+pub const EPOCH_TICK_MS: u64 = 5;
+/// Table elements an instance may hold (each costs a pointer on the host).
+pub const PLUGIN_TABLE_ELEMENTS_MAX: usize = 100_000;
+pub const PLUGIN_INSTANCES_MAX: usize = 64;
+
+/// The three plugin roles, one WIT world each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Role {
+    BucketStrategy,
+    RetentionPolicy,
+    Archiver,
+}
+
+impl Role {
+    pub const ALL: [Role; 3] = [Role::BucketStrategy, Role::RetentionPolicy, Role::Archiver];
+
+    /// The WIT world name.
+    pub fn world(self) -> &'static str {
+        match self {
+            Role::BucketStrategy => "bucket-strategy",
+            Role::RetentionPolicy => "retention-policy",
+            Role::Archiver => "archiver",
+        }
+    }
+
+    /// The interface the world exports, without package or version.
+    pub fn interface(self) -> &'static str {
+        match self {
+            Role::BucketStrategy => "strategy",
+            Role::RetentionPolicy => "policy",
+            Role::Archiver => "backend",
+        }
+    }
+
+    pub fn parse(text: &str) -> Result<Role> {
+        Role::ALL.into_iter().find(|r| r.world() == text).ok_or_else(|| {
+            Error::InvalidInput(format!(
+                "unknown plugin role `{text}`; use one of bucket-strategy, retention-policy, archiver"
+            ))
+        })
+    }
+
+    fn from_interface(name: &str) -> Option<Role> {
+        Role::ALL.into_iter().find(|r| r.interface() == name)
+    }
+}
+
+impl std::fmt::Display for Role {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.world())
+    }
+}
+
+/// Per-plugin limits; both can be set per plugin in the policy directory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct PluginLimits {
+    pub call_ms: u64,
+    pub memory_bytes: usize,
+}
+
+impl Default for PluginLimits {
+    fn default() -> Self {
+        PluginLimits { call_ms: PLUGIN_CALL_MS_DEFAULT, memory_bytes: PLUGIN_MEMORY_BYTES_DEFAULT }
+    }
+}
+
+impl PluginLimits {
+    pub fn validate(&self) -> Result<()> {
+        if self.call_ms == 0 || self.call_ms > PLUGIN_CALL_MS_MAX {
+            return Err(Error::InvalidInput(format!(
+                "time limit {} ms is outside 1..={PLUGIN_CALL_MS_MAX} ms",
+                self.call_ms
+            )));
+        }
+        if !(PLUGIN_MEMORY_BYTES_MIN..=PLUGIN_MEMORY_BYTES_MAX).contains(&self.memory_bytes) {
+            return Err(Error::InvalidInput(format!(
+                "memory limit {} bytes is outside {PLUGIN_MEMORY_BYTES_MIN}..={PLUGIN_MEMORY_BYTES_MAX} bytes",
+                self.memory_bytes
+            )));
+        }
+        Ok(())
+    }
+
+    fn deadline_ticks(&self) -> u64 {
+        self.call_ms.div_ceil(EPOCH_TICK_MS) + 1
+    }
+}
+
+/// A component's bytes and the name it is reported under (a path or `builtin:NAME`).
+#[derive(Clone)]
+pub struct PluginSource {
+    pub name: String,
+    pub bytes: Arc<[u8]>,
+}
+
+impl PluginSource {
+    pub fn from_file(path: &std::path::Path) -> Result<Self> {
+        let bytes = std::fs::read(path).map_err(|e| Error::PluginLoad {
+            source_name: path.display().to_string(),
+            reason: format!("cannot read the file: {e}"),
+        })?;
+        Ok(PluginSource { name: path.display().to_string(), bytes: bytes.into() })
+    }
+}
+
+/// The state each plugin instance's store carries: WASI with nothing granted, the limiter,
+/// and the names used to tag its log lines.
+pub struct PluginState {
+    wasi: WasiCtx,
+    table: ResourceTable,
+    plugin_name: Arc<str>,
+    plugin_hash_short: Arc<str>,
+    memory_bytes_max: usize,
+    /// Set when the limiter refused a memory growth, so the fault names the cause.
+    memory_refused_bytes: Option<usize>,
+}
+
+impl WasiView for PluginState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView { ctx: &mut self.wasi, table: &mut self.table }
+    }
+}
+
+impl ResourceLimiter for PluginState {
+    fn memory_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
+        if desired > self.memory_bytes_max {
+            self.memory_refused_bytes = Some(desired);
+            // An error (not `Ok(false)`) traps at once, so a guest cannot swallow the refusal
+            // and carry on in a degraded state.
+            return Err(wasmtime::format_err!(
+                "memory limit of {} bytes exceeded (asked for {desired})",
+                self.memory_bytes_max
+            ));
+        }
+        Ok(true)
+    }
+
+    fn table_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
+        Ok(desired <= PLUGIN_TABLE_ELEMENTS_MAX)
+    }
+
+    fn instances(&self) -> usize {
+        PLUGIN_INSTANCES_MAX
+    }
+}
+
+impl bindings::log_iface::Host for PluginState {
+    fn log(&mut self, level: bindings::log_iface::Level, message: String) {
+        use bindings::log_iface::Level;
+        let plugin = &*self.plugin_name;
+        let hash = &*self.plugin_hash_short;
+        match level {
+            Level::Trace => tracing::trace!(plugin, hash, "{message}"),
+            Level::Debug => tracing::debug!(plugin, hash, "{message}"),
+            Level::Info => tracing::info!(plugin, hash, "{message}"),
+            Level::Warn => tracing::warn!(plugin, hash, "{message}"),
+            Level::Error => tracing::error!(plugin, hash, "{message}"),
+        }
+    }
+}
+
+pub(crate) struct HostInner {
+    engine: Engine,
+    linker: Linker<PluginState>,
+    cache: cache::CompiledCache,
+    ticker_stop: Arc<AtomicBool>,
+}
+
+impl Drop for HostInner {
+    fn drop(&mut self) {
+        self.ticker_stop.store(true, Ordering::Relaxed);
+    }
+}
+
+/// The plugin host: build it once per process and load every plugin through it.
+#[derive(Clone)]
+pub struct PluginHost {
+    inner: Arc<HostInner>,
+}
+
+impl PluginHost {
+    /// A host whose compiled components are cached in `cache_dir` (`None`: in memory only).
+    pub fn new(cache_dir: Option<PathBuf>) -> Result<Self> {
+        let mut config = Config::new();
+        config.epoch_interruption(true);
+        config.wasm_component_model(true);
+        let engine =
+            Engine::new(&config).map_err(|e| Error::Internal(format!("cannot create the wasm engine: {e}")))?;
+
+        let mut linker: Linker<PluginState> = Linker::new(&engine);
+        // Python and JavaScript guests import WASI even when they use none of it; the context
+        // each store gets grants nothing (no preopens, environment, arguments or sockets).
+        wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
+            .map_err(|e| Error::Internal(format!("cannot link WASI: {e}")))?;
+        bindings::log_iface::add_to_linker::<_, wasmtime::component::HasSelf<_>>(&mut linker, |state| state)
+            .map_err(|e| Error::Internal(format!("cannot link the log import: {e}")))?;
+
+        let ticker_stop = Arc::new(AtomicBool::new(false));
+        spawn_epoch_ticker(engine.weak(), ticker_stop.clone());
+        let cache = cache::CompiledCache::new(cache_dir, &engine);
+        Ok(PluginHost { inner: Arc::new(HostInner { engine, linker, cache, ticker_stop }) })
+    }
+
+    pub fn cache_stats(&self) -> CacheStats {
+        self.inner.cache.stats()
+    }
+
+    /// Loads a component for `role`: checks it is a component, compiles it (or loads it from
+    /// the compiled cache), checks that it implements the role's world at a supported
+    /// contract version and that the host can satisfy its imports.
+    pub fn load(&self, source: &PluginSource, role: Role, limits: PluginLimits) -> Result<Arc<LoadedPlugin>> {
+        limits.validate().map_err(|e| Error::PluginLoad { source_name: source.name.clone(), reason: e.to_string() })?;
+        check_component_header(&source.name, &source.bytes)?;
+        let hash = hex::encode(Sha256::digest(&source.bytes));
+        let component = self.inner.cache.load_or_compile(&self.inner.engine, &source.name, &hash, &source.bytes)?;
+        check_world(&self.inner.engine, &source.name, &component, role)?;
+        let pre = self.inner.linker.instantiate_pre(&component).map_err(|e| Error::PluginLoad {
+            source_name: source.name.clone(),
+            reason: format!(
+                "it imports something frostline does not provide ({e:#}); a plugin may import only WASI and frostline:plugin/log"
+            ),
+        })?;
+        Ok(Arc::new(LoadedPlugin { name: source.name.clone(), hash, role, limits, pre, host: self.inner.clone() }))
+    }
+}
+
+/// A compiled component that implements one role, ready to be instantiated.
+pub struct LoadedPlugin {
+    pub name: String,
+    /// SHA-256 of the component's bytes, hex.
+    pub hash: String,
+    pub role: Role,
+    pub limits: PluginLimits,
+    pre: InstancePre<PluginState>,
+    host: Arc<HostInner>,
+}
+
+impl LoadedPlugin {
+    pub fn hash_short(&self) -> &str {
+        &self.hash[..12]
+    }
+
+    fn new_store(&self) -> wasmtime::Store<PluginState> {
+        let state = PluginState {
+            wasi: WasiCtx::builder().build(),
+            table: ResourceTable::new(),
+            plugin_name: self.name.as_str().into(),
+            plugin_hash_short: self.hash_short().into(),
+            memory_bytes_max: self.limits.memory_bytes,
+            memory_refused_bytes: None,
+        };
+        let mut store = wasmtime::Store::new(&self.host.engine, state);
+        store.limiter(|state| state as &mut dyn ResourceLimiter);
+        store.epoch_deadline_trap();
+        store.set_epoch_deadline(self.limits.deadline_ticks());
+        store
+    }
+}
+
+impl std::fmt::Debug for LoadedPlugin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoadedPlugin")
+            .field("name", &self.name)
+            .field("hash", &self.hash)
+            .field("role", &self.role)
+            .field("limits", &self.limits)
+            .finish()
+    }
+}
+
+fn spawn_epoch_ticker(engine: wasmtime::EngineWeak, stop: Arc<AtomicBool>) {
+    std::thread::Builder::new()
+        .name("frostline-epoch".into())
+        .spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(EPOCH_TICK_MS));
+                match engine.upgrade() {
+                    Some(engine) => engine.increment_epoch(),
+                    None => return,
+                }
+            }
+        })
+        .expect("spawning the epoch ticker thread");
+}
+
+const WASM_MAGIC: &[u8; 4] = b"\0asm";
+/// Version and layer of a core module (version 1, layer 0).
+const CORE_MODULE_VERSION: [u8; 4] = [0x01, 0x00, 0x00, 0x00];
+/// Version and layer of a component (version 0x0d, layer 1).
+const COMPONENT_VERSION: [u8; 4] = [0x0d, 0x00, 0x01, 0x00];
+
+fn check_component_header(name: &str, bytes: &[u8]) -> Result<()> {
+    let refuse = |reason: String| Err(Error::PluginLoad { source_name: name.to_string(), reason });
+    if bytes.is_empty() {
+        return refuse("the file is empty; expected a WebAssembly component".into());
+    }
+    if bytes.len() < 8 || &bytes[..4] != WASM_MAGIC {
+        return refuse("the file is not WebAssembly (no \\0asm header); expected a WebAssembly component".into());
+    }
+    let version: [u8; 4] = bytes[4..8].try_into().expect("length checked");
+    if version == CORE_MODULE_VERSION {
+        return refuse(
+            "it is a core WebAssembly module, not a component; build for wasm32-wasip2 or wrap it with `wasm-tools component new`".into(),
+        );
+    }
+    if version != COMPONENT_VERSION {
+        return refuse(format!(
+            "unsupported WebAssembly binary version/layer {version:02x?}; expected a component ({COMPONENT_VERSION:02x?})"
+        ));
+    }
+    Ok(())
+}
+
+/// Checks that the component exports the role's interface at a supported contract version,
+/// and names what it found when it does not.
+fn check_world(engine: &Engine, name: &str, component: &Component, role: Role) -> Result<()> {
+    let ty = component.component_type();
+    let exports: Vec<String> = ty.exports(engine).map(|(n, _)| n.to_string()).collect();
+    let wanted = format!("{CONTRACT_PACKAGE}/{}@{CONTRACT_VERSION}", role.interface());
+    if exports.iter().any(|e| e == &wanted) {
+        if !exports.iter().any(|e| e == "init") {
+            return Err(Error::PluginLoad {
+                source_name: name.to_string(),
+                reason: "it exports no `init` function; every frostline world exports `init(config: string)`".into(),
+            });
+        }
+        return Ok(());
+    }
+    let mut found_roles = Vec::new();
+    for export in &exports {
+        let Some(rest) = export.strip_prefix(&format!("{CONTRACT_PACKAGE}/")) else { continue };
+        let (iface, version) = rest.split_once('@').unwrap_or((rest, "unversioned"));
+        if let Some(found) = Role::from_interface(iface) {
+            if found == role && !CONTRACT_VERSIONS_SUPPORTED.contains(&version) {
+                return Err(Error::PluginLoad {
+                    source_name: name.to_string(),
+                    reason: format!(
+                        "it was built for contract version {version} of {CONTRACT_PACKAGE}; this host supports {}; rebuild it against wit/ of this release",
+                        CONTRACT_VERSIONS_SUPPORTED.join(", ")
+                    ),
+                });
+            }
+            found_roles.push(format!("{found} ({export})"));
+        }
+    }
+    let reason = if found_roles.is_empty() {
+        format!("it does not implement the {role} world: it exports [{}], not `{wanted}`", exports.join(", "))
+    } else {
+        format!("it implements {}, not the {role} world asked for", found_roles.join(", "))
+    };
+    Err(Error::PluginLoad { source_name: name.to_string(), reason })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_checks_name_the_problem() {
+        let err = |bytes: &[u8]| check_component_header("x.wasm", bytes).unwrap_err().to_string();
+        assert!(err(b"").contains("empty"));
+        assert!(err(b"hello world").contains("not WebAssembly"));
+        assert!(err(b"\0asm\x01\0\0\0").contains("core WebAssembly module"));
+        assert!(check_component_header("x", b"\0asm\x0d\0\x01\0").is_ok());
+    }
+
+    #[test]
+    fn limits_have_bounds() {
+        assert!(PluginLimits::default().validate().is_ok());
+        assert!(PluginLimits { call_ms: 0, ..Default::default() }.validate().is_err());
+        assert!(PluginLimits { call_ms: PLUGIN_CALL_MS_MAX + 1, ..Default::default() }.validate().is_err());
+        assert!(PluginLimits { memory_bytes: 1, ..Default::default() }.validate().is_err());
+        assert!(PluginLimits { memory_bytes: PLUGIN_MEMORY_BYTES_MAX + 1, ..Default::default() }.validate().is_err());
+    }
+}

@@ -1,0 +1,5 @@
+//! frostline's one integration-test binary: shared helpers in `support`, one module per
+//! capability. End-to-end tests drive the real `frostline` binary.
+
+mod plugins;
+mod support;

@@ -1,0 +1,296 @@
+//! The plugin host: conformance of the built-ins and examples, limits (each an obeyed and a
+//! violated case), refusals, the sandbox, answer checks and the compiled cache.
+
+use std::time::{Duration, Instant};
+
+use frostline::model::BucketStrategy;
+use frostline::plugin::strategy::WasmStrategy;
+use frostline::plugin::{PluginHost, PluginLimits, PluginSource, Role, builtin};
+use frostline::{Error, ErrorKind};
+
+use crate::support::*;
+
+fn hostile(mode: &str, limits: PluginLimits) -> WasmStrategy {
+    let loaded = load(&test_plugin("hostile_strategy"), Role::BucketStrategy, limits);
+    WasmStrategy::new(loaded, format!(r#"{{"mode":"{mode}"}}"#)).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn check_passes(source: &PluginSource, role: Role, config: &str) {
+    let report = frostline::cli::plugin_check::check(shared_host(), source, role, config.to_string(), 42)
+        .unwrap_or_else(|e| panic!("{}: {e}", source.name));
+    assert!(report.passed(), "{report}");
+}
+
+#[test]
+fn builtin_strategies_pass_conformance() {
+    for name in ["calendar-year-utc", "calendar-month-utc", "calendar-day-utc"] {
+        let b = builtin::find(name).unwrap();
+        check_passes(&b.source(), Role::BucketStrategy, &b.effective_config("").unwrap());
+    }
+}
+
+#[test]
+fn builtin_retention_passes_conformance_with_overrides() {
+    let b = builtin::find("eligible-before").unwrap();
+    check_passes(&b.source(), Role::RetentionPolicy, "");
+    let config = r#"{"expire_after":"3650d","tenants":{"acme":{"archive_after":"30d"}},"kinds":{"audit":{"expire_after":"1y"}}}"#;
+    check_passes(&b.source(), Role::RetentionPolicy, config);
+}
+
+#[test]
+fn memory_archiver_passes_conformance() {
+    check_passes(&test_plugin("memory_archiver"), Role::Archiver, "");
+}
+
+#[test]
+fn python_and_javascript_strategies_pass_conformance() {
+    check_passes(&example_plugin("iso-week-py.wasm"), Role::BucketStrategy, "");
+    check_passes(&example_plugin("fiscal-quarter-js.wasm"), Role::BucketStrategy, r#"{"first_month":4}"#);
+}
+
+#[test]
+fn calendar_keys_are_canonical_across_edges() {
+    let b = builtin::find("calendar-day-utc").unwrap();
+    let s = WasmStrategy::new(
+        load(&b.source(), Role::BucketStrategy, PluginLimits::default()),
+        b.effective_config("").unwrap(),
+    )
+    .unwrap();
+    let t = |s: &str| frostline::model::time::parse_rfc3339(s).unwrap();
+    assert_eq!(s.bucket_for(t("2024-02-29T23:59:59.999999Z")).unwrap().key, "day:2024-02-29");
+    assert_eq!(s.bucket_for(-1).unwrap().key, "day:1969-12-31");
+    assert_eq!(s.bucket_for(t("9999-12-31T12:00:00Z")).unwrap().key, "day:9999-12-31");
+    let err = s.bucket_for(t("0000-12-31T00:00:00Z")).unwrap_err().to_string();
+    assert!(err.contains("supported range"), "{err}");
+}
+
+#[test]
+fn endless_loop_is_stopped_within_twice_the_deadline_and_next_call_works() {
+    let limits = PluginLimits { call_ms: 200, ..Default::default() };
+    let s = hostile("normal", limits);
+    // Obeyed: an ordinary call well inside the limit.
+    assert_eq!(s.ask_one_uncached(0).unwrap().unwrap().key, "hour:0");
+    // Violated: an endless loop.
+    let started = Instant::now();
+    let err = s.ask_one_uncached(-1).unwrap_err();
+    let elapsed = started.elapsed();
+    assert!(elapsed < Duration::from_millis(400), "stopped after {elapsed:?}");
+    assert_eq!(err.kind(), ErrorKind::PluginFault);
+    let message = err.to_string();
+    assert!(message.contains("hostile_strategy") && message.contains("time limit of 200 ms"), "{message}");
+    // The instance was replaced: the next call works.
+    assert_eq!(s.ask_one_uncached(3_600_000_000).unwrap().unwrap().key, "hour:1");
+}
+
+#[test]
+fn unbounded_allocation_is_stopped_at_the_memory_limit() {
+    let limits = PluginLimits { memory_bytes: 16 * 1024 * 1024, ..Default::default() };
+    let s = hostile("normal", limits);
+    let err = s.ask_one_uncached(-2).unwrap_err().to_string();
+    assert!(err.contains("out of memory") && err.contains("16777216"), "{err}");
+    assert!(s.ask_one_uncached(5).unwrap().is_ok(), "a fresh instance serves the next call");
+}
+
+#[test]
+fn memory_within_the_limit_is_allowed() {
+    // Obeyed: the same plugin grows to a few MiB while instantiating and answering, far below 64 MiB.
+    let s = hostile("normal", PluginLimits::default());
+    for i in 0..100 {
+        assert!(s.ask_one_uncached(i * 3_600_000_000).unwrap().is_ok());
+    }
+}
+
+#[test]
+fn trap_is_reported_with_the_plugin_name_and_hash() {
+    let s = hostile("normal", PluginLimits::default());
+    let err = s.ask_one_uncached(-3).unwrap_err();
+    let Error::PluginFault { plugin, hash, call, cause } = &err else { panic!("{err}") };
+    assert!(plugin.ends_with("hostile_strategy.wasm"));
+    assert_eq!(hash.len(), 12);
+    assert_eq!(call, "bucket-for");
+    assert!(cause.contains("trap"), "{cause}");
+    assert!(s.ask_one_uncached(7).unwrap().is_ok());
+}
+
+#[test]
+fn repeated_faults_suspend_the_plugin() {
+    let s = hostile("normal", PluginLimits::default());
+    for _ in 0..frostline::plugin::instance::PLUGIN_FAULTS_BEFORE_SUSPEND {
+        assert!(matches!(s.ask_one_uncached(-3), Err(Error::PluginFault { .. })));
+    }
+    let err = s.ask_one_uncached(7).unwrap_err();
+    assert!(matches!(err, Error::PluginSuspended { .. }), "{err}");
+}
+
+#[test]
+fn invalid_answers_are_refused_by_the_host() {
+    for (mode, expected) in
+        [("bad-contains", "does not contain"), ("bad-order", "not before end"), ("bad-key", "not canonical")]
+    {
+        let s = hostile(mode, PluginLimits::default());
+        let err = s.buckets_for(&[10]).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::PluginFault, "{mode}");
+        assert!(err.to_string().contains(expected), "{mode}: {err}");
+    }
+}
+
+#[test]
+fn unstable_strategy_fails_conformance() {
+    let report = frostline::cli::plugin_check::check(
+        shared_host(),
+        &test_plugin("hostile_strategy"),
+        Role::BucketStrategy,
+        r#"{"mode":"unstable"}"#.into(),
+        7,
+    )
+    .unwrap();
+    assert!(!report.passed());
+}
+
+#[test]
+fn refusals_name_the_file_and_the_problem() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+        ("empty.wasm", vec![], "empty"),
+        ("text.wasm", b"this is not wasm".to_vec(), "not WebAssembly"),
+        ("core.wasm", b"\0asm\x01\0\0\0".to_vec(), "core WebAssembly module"),
+    ];
+    for (name, bytes, expected) in cases {
+        let path = dir.path().join(name);
+        std::fs::write(&path, bytes).unwrap();
+        let err = shared_host()
+            .load(&PluginSource::from_file(&path).unwrap(), Role::BucketStrategy, PluginLimits::default())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(name) && err.contains(expected), "{err}");
+    }
+    let other_world = shared_host()
+        .load(&test_plugin("memory_archiver"), Role::BucketStrategy, PluginLimits::default())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        other_world.contains("memory_archiver.wasm") && other_world.contains("implements archiver"),
+        "{other_world}"
+    );
+    let wrong_version = shared_host()
+        .load(&test_plugin("wrong_version"), Role::BucketStrategy, PluginLimits::default())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        wrong_version.contains("wrong_version.wasm") && wrong_version.contains("contract version 9.0.0"),
+        "{wrong_version}"
+    );
+}
+
+#[test]
+fn init_refusal_is_a_configuration_error() {
+    let loaded = load(&test_plugin("hostile_strategy"), Role::BucketStrategy, PluginLimits::default());
+    let err = WasmStrategy::new(loaded, r#"{"mode":"refuse"}"#.into()).err().unwrap();
+    assert!(
+        matches!(&err, Error::PluginConfig { message, .. } if message.contains("refused by configuration")),
+        "{err}"
+    );
+    let b = builtin::find("eligible-before").unwrap();
+    let loaded = load(&b.source(), Role::RetentionPolicy, PluginLimits::default());
+    let err =
+        frostline::plugin::retention::WasmRetention::new(loaded, r#"{"expire_after":"0s"}"#.into()).err().unwrap();
+    assert!(err.to_string().contains("expire_after"), "{err}");
+}
+
+fn probe(config: &str) -> String {
+    let loaded = load(&test_plugin("hostile_strategy"), Role::BucketStrategy, PluginLimits::default());
+    match WasmStrategy::new(loaded, config.to_string()) {
+        Err(Error::PluginConfig { message, .. }) => message,
+        other => panic!("expected the probe's report, got {:?}", other.err()),
+    }
+}
+
+#[test]
+fn plugin_cannot_read_files_see_the_environment_or_open_sockets() {
+    let fs = probe(r#"{"mode":"probe-fs"}"#);
+    assert!(fs.contains("probe-fs: denied"), "{fs}");
+    // SAFETY: tests in this binary do not read this variable concurrently.
+    unsafe { std::env::set_var("FROSTLINE_SECRET_FOR_TEST", "hunter2") };
+    let env = probe(r#"{"mode":"probe-env"}"#);
+    assert_eq!(env, "probe-env: vars=0 args=0");
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let net = probe(&format!(r#"{{"mode":"probe-net","port":{port}}}"#));
+    assert!(net.contains("probe-net: denied"), "{net}");
+}
+
+#[test]
+fn compiled_cache_is_used_on_the_second_load_and_corrupt_entries_are_recompiled() {
+    let cache = tempfile::tempdir().unwrap();
+    let source = builtin::find("calendar-year-utc").unwrap().source();
+    let first = PluginHost::new(Some(cache.path().to_path_buf())).unwrap();
+    first.load(&source, Role::BucketStrategy, PluginLimits::default()).unwrap();
+    assert_eq!(first.cache_stats().compiled, 1);
+    assert_eq!(first.cache_stats().disk_hits, 0);
+
+    let second = PluginHost::new(Some(cache.path().to_path_buf())).unwrap();
+    let started = Instant::now();
+    second.load(&source, Role::BucketStrategy, PluginLimits::default()).unwrap();
+    let cached_load = started.elapsed();
+    assert_eq!(second.cache_stats().compiled, 0, "second load must not compile");
+    assert_eq!(second.cache_stats().disk_hits, 1);
+    eprintln!("cached load took {cached_load:?}");
+
+    for entry in std::fs::read_dir(cache.path()).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "cwasm") {
+            let mut bytes = std::fs::read(&path).unwrap();
+            let middle = bytes.len() / 2;
+            bytes[middle] ^= 0xff;
+            std::fs::write(&path, bytes).unwrap();
+        }
+    }
+    let third = PluginHost::new(Some(cache.path().to_path_buf())).unwrap();
+    let loaded = third.load(&source, Role::BucketStrategy, PluginLimits::default()).unwrap();
+    assert_eq!(third.cache_stats().rejected, 1);
+    assert_eq!(third.cache_stats().compiled, 1);
+    let s = WasmStrategy::new(loaded, r#"{"unit":"year"}"#.into()).unwrap();
+    assert_eq!(s.bucket_for(0).unwrap().key, "year:1970");
+}
+
+#[test]
+fn descriptor_cache_calls_the_plugin_only_for_unknown_buckets() {
+    let b = builtin::find("calendar-year-utc").unwrap();
+    let s = WasmStrategy::new(
+        load(&b.source(), Role::BucketStrategy, PluginLimits::default()),
+        b.effective_config("").unwrap(),
+    )
+    .unwrap();
+    let calls_before = s.counters().calls.load(std::sync::atomic::Ordering::Relaxed);
+    let times: Vec<i64> = (0..10_000).map(|i| i * 1_000_000_000).collect(); // ~116 days
+    s.buckets_for(&times).unwrap();
+    s.buckets_for(&times).unwrap();
+    let calls = s.counters().calls.load(std::sync::atomic::Ordering::Relaxed) - calls_before;
+    assert_eq!(calls, 1, "one batch call for the unknown years, none for known ones");
+}
+
+#[test]
+fn plugin_check_command_exits_zero_on_pass_and_one_on_fail() {
+    let ok =
+        run_frostline(&["plugin", "check", "builtin:calendar-month-utc", "--role", "bucket-strategy", "--seed", "3"]);
+    assert_eq!(ok.status.code(), Some(0), "{}{}", text(&ok.stdout), text(&ok.stderr));
+    assert!(text(&ok.stdout).contains("PASSED"));
+    let path = format!("{}/wrong_version.wasm", builtin::GUEST_DIR);
+    let bad = run_frostline(&["plugin", "check", &path, "--role", "bucket-strategy"]);
+    assert_eq!(bad.status.code(), Some(1));
+    assert!(text(&bad.stderr).contains("contract version 9.0.0"), "{}", text(&bad.stderr));
+    let unstable = format!("{}/hostile_strategy.wasm", builtin::GUEST_DIR);
+    let config = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(config.path(), r#"{"mode":"unstable"}"#).unwrap();
+    let failing = run_frostline(&[
+        "plugin",
+        "check",
+        &unstable,
+        "--role",
+        "bucket-strategy",
+        "--config",
+        config.path().to_str().unwrap(),
+    ]);
+    assert_eq!(failing.status.code(), Some(1));
+    assert!(text(&failing.stdout).contains("FAIL"), "{}", text(&failing.stdout));
+}
