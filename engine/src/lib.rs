@@ -5,9 +5,18 @@
 //! `policy`, `archive` (the coordinator), `query` → `runtime` → `cli`.
 //! ARCHITECTURE.md at the repository root describes them.
 
+pub mod archive;
 pub mod cli;
+pub mod clock;
+pub mod engine;
 pub mod error;
+pub mod format;
 pub mod model;
 pub mod plugin;
+pub mod policy;
+pub mod query;
+pub mod settings;
+pub mod storage;
+pub mod store;
 
 pub use error::{Error, ErrorKind, Result};

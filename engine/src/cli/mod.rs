@@ -1,9 +1,20 @@
 //! The command line: argument types (clap) and one function per command. Commands call the
 //! library; they hold no engine logic of their own.
 
+pub mod ingest;
 pub mod plugin_check;
+pub mod status;
 
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
+
+use crate::clock::SystemClock;
+use crate::engine::Engine;
+use crate::settings::ArchiverArgs;
 
 #[derive(Debug, Parser)]
 #[command(name = "frostline", version, about = "Hot-to-cold archival engine with WebAssembly policy plugins")]
@@ -22,8 +33,74 @@ pub enum LogFormat {
     Json,
 }
 
+/// Where the engine keeps its state and reads its policies.
+#[derive(Debug, Clone, clap::Args)]
+pub struct EngineArgs {
+    /// The data directory (hot database, compiled plugin cache, default archive target).
+    #[arg(long, env = "FROSTLINE_DATA", default_value = "frostline-data")]
+    pub data: PathBuf,
+    /// The policy directory.
+    #[arg(long, env = "FROSTLINE_POLICIES", default_value = "policies")]
+    pub policies: PathBuf,
+    #[command(flatten)]
+    pub archiver: ArchiverArgs,
+}
+
+impl EngineArgs {
+    fn open(&self) -> anyhow::Result<Arc<Engine>> {
+        let settings = self.archiver.validate()?;
+        Ok(Engine::open(&self.data, &self.policies, settings, Arc::new(SystemClock))?)
+    }
+}
+
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Run the engine: archival passes every ARCHIVER_INTERVAL_SECONDS until Ctrl-C or SIGTERM.
+    Run(EngineArgs),
+    /// Append JSON-lines records from FILE (or stdin) to a table.
+    Ingest {
+        #[command(flatten)]
+        engine: EngineArgs,
+        #[arg(long)]
+        table: String,
+        /// A JSON-lines file, or `-` for stdin.
+        file: Option<String>,
+    },
+    /// Print records of a table as JSON lines, across hot and archived buckets.
+    Query {
+        #[command(flatten)]
+        engine: EngineArgs,
+        #[arg(long)]
+        table: String,
+        #[arg(long)]
+        partition: Option<String>,
+        /// Inclusive lower bound: RFC 3339 or integer microseconds.
+        #[arg(long)]
+        from: Option<String>,
+        /// Exclusive upper bound: RFC 3339 or integer microseconds.
+        #[arg(long)]
+        to: Option<String>,
+        #[arg(long, default_value_t = crate::query::QUERY_LIMIT_DEFAULT)]
+        limit: usize,
+        /// The cursor printed by the previous page.
+        #[arg(long)]
+        cursor: Option<String>,
+    },
+    /// Show tables, buckets per state, due work, deferrals and leases.
+    Status {
+        #[command(flatten)]
+        engine: EngineArgs,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run archival passes.
+    Archive {
+        #[command(flatten)]
+        engine: EngineArgs,
+        /// Run one pass and exit.
+        #[arg(long)]
+        once: bool,
+    },
     /// Work with plugins.
     #[command(subcommand)]
     Plugin(PluginCommand),
@@ -35,9 +112,163 @@ pub enum PluginCommand {
     Check(plugin_check::CheckArgs),
 }
 
+/// A progress bar on a terminal; hidden otherwise (scripts and tests).
+pub fn progress_bar(len: u64, what: &str) -> indicatif::ProgressBar {
+    use std::io::IsTerminal;
+    if !std::io::stderr().is_terminal() {
+        return indicatif::ProgressBar::hidden();
+    }
+    let bar = indicatif::ProgressBar::new(len);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{prefix} [{bar:40}] {pos}/{len} ({per_sec}, eta {eta})")
+            .expect("valid template")
+            .progress_chars("=> "),
+    );
+    bar.set_prefix(what.to_string());
+    bar
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread().enable_all().build()?)
+}
+
 /// Runs a parsed command; the exit code is the command's verdict.
-pub fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
+pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Plugin(PluginCommand::Check(args)) => plugin_check::run(args),
+        Command::Ingest { engine, table, file } => {
+            let text = ingest::read_input(file.as_deref())?;
+            let records = match ingest::parse_lines(&text) {
+                Ok(records) => records,
+                Err(errors) => {
+                    for e in errors.iter().take(ingest::REPORTED_BAD_LINES_MAX) {
+                        eprintln!("{e}");
+                    }
+                    if errors.len() > ingest::REPORTED_BAD_LINES_MAX {
+                        eprintln!("... and {} more", errors.len() - ingest::REPORTED_BAD_LINES_MAX);
+                    }
+                    return Err(crate::Error::InvalidInput(format!(
+                        "{} malformed line(s); nothing was written",
+                        errors.len()
+                    ))
+                    .into());
+                }
+            };
+            let engine = engine.open()?;
+            let outcome = ingest::append_all(&engine, &table, records)?;
+            println!("{}", serde_json::to_string(&outcome)?);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Query { engine, table, partition, from, to, limit, cursor } => {
+            let engine = engine.open()?;
+            let request = crate::query::QueryRequest {
+                table,
+                partition_key: partition.map(String::into_bytes),
+                from: from.as_deref().map(crate::model::time::parse_time_arg).transpose()?,
+                to: to.as_deref().map(crate::model::time::parse_time_arg).transpose()?,
+                limit,
+                cursor,
+            };
+            let page = runtime()?.block_on(crate::query::query(&engine, request))?;
+            let mut out = std::io::stdout().lock();
+            for r in &page.records {
+                use std::io::Write;
+                writeln!(out, "{}", record_json(r))?;
+            }
+            if let Some(c) = page.next_cursor {
+                eprintln!("next cursor: {c}");
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Status { engine, json } => {
+            let engine = engine.open()?;
+            let status = status::collect(&engine)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&status)?);
+            } else {
+                status::print(&status);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Archive { engine, once } => {
+            if !once {
+                anyhow::bail!("`archive` runs one pass with --once; use `frostline run` for continuous passes");
+            }
+            let engine = engine.open()?;
+            let owner = crate::archive::new_owner_token();
+            let report = runtime()?.block_on(run_until_idle(&engine, &owner))?;
+            println!("{}", serde_json::to_string(&report)?);
+            Ok(if report.deferred == 0 && report.errors.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(1) })
+        }
+        Command::Run(args) => {
+            let engine = args.open()?;
+            runtime()?.block_on(run_daemon(engine)).context("running the engine")?;
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+/// One `archive --once`: passes until nothing more is claimable right now (a pass looks at
+/// most `scan_limit` buckets, and planning can make more due), bounded so it always ends.
+async fn run_until_idle(engine: &Arc<Engine>, owner: &str) -> crate::Result<crate::archive::PassReport> {
+    const PASSES_MAX: usize = 1_000;
+    let mut total = crate::archive::PassReport::default();
+    for _ in 0..PASSES_MAX {
+        let r = crate::archive::run_pass(engine, owner).await?;
+        let progressed = r.planned + r.archived + r.cleaned > 0;
+        total.planned += r.planned;
+        total.plan_failures += r.plan_failures;
+        total.archived += r.archived;
+        total.cleaned += r.cleaned;
+        total.deferred += r.deferred;
+        total.rows_archived += r.rows_archived;
+        total.bytes_archived += r.bytes_archived;
+        total.errors.extend(r.errors);
+        if !progressed || r.deferred > 0 {
+            break;
+        }
+    }
+    Ok(total)
+}
+
+async fn run_daemon(engine: Arc<Engine>) -> crate::Result<()> {
+    let owner = crate::archive::new_owner_token();
+    tracing::info!(owner, data = %engine.data_dir.display(), tables = engine.policies().tables.len(), "frostline running");
+    let interval = std::time::Duration::from_micros(engine.settings.interval_us as u64);
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|e| crate::Error::Internal(format!("cannot listen for SIGTERM: {e}")))?;
+    loop {
+        match crate::archive::run_pass(&engine, &owner).await {
+            Ok(report) if report.planned + report.archived + report.cleaned + report.deferred > 0 => {
+                tracing::info!(
+                    planned = report.planned,
+                    archived = report.archived,
+                    cleaned = report.cleaned,
+                    deferred = report.deferred,
+                    rows = report.rows_archived,
+                    "pass finished"
+                );
+            }
+            Ok(_) => {}
+            Err(e) => tracing::error!(error = %e, "pass failed"),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(interval) => {}
+            _ = tokio::signal::ctrl_c() => break,
+            _ = terminate.recv() => break,
+        }
+    }
+    // The step in flight has finished (passes run to completion between checks); a bucket
+    // left Archiving is taken over after its lease expires.
+    tracing::info!("frostline stopped");
+    Ok(())
+}
+
+/// A record as one JSON line, the same shape `ingest` reads, with the body byte for byte.
+pub fn record_json(r: &crate::model::Record) -> String {
+    let mut line = Vec::new();
+    match crate::format::jsonl::encode_line(r, &mut line) {
+        Ok(()) => String::from_utf8_lossy(line.trim_ascii_end()).into_owned(),
+        Err(e) => format!("{{\"error\":{:?}}}", e.to_string()),
     }
 }

@@ -43,3 +43,23 @@ mod tests {
         assert!(lease_is_held(None, 3, 100, "a", 3, 50).is_err());
     }
 }
+
+/// Invariant 9: the hot rows about to be deleted are exactly the rows the manifest holds.
+pub fn hot_rows_match_manifest(
+    hot: &super::rows::RowSummary,
+    manifest: &super::rows::RowSummary,
+) -> Result<(), String> {
+    if hot.rows != manifest.rows {
+        return Err(format!("hot rows {} != manifest rows {}", hot.rows, manifest.rows));
+    }
+    if hot.first != manifest.first || hot.last != manifest.last {
+        return Err(format!(
+            "hot key range {:?}..{:?} != manifest key range {:?}..{:?}",
+            hot.first, hot.last, manifest.first, manifest.last
+        ));
+    }
+    if hot.checksum != manifest.checksum {
+        return Err(format!("hot row checksum {} != manifest row checksum {}", hot.checksum, manifest.checksum));
+    }
+    Ok(())
+}

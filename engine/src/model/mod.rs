@@ -4,6 +4,7 @@
 //! tested on its own. Every adapter depends on it; it depends on nobody.
 
 pub mod invariants;
+pub mod rows;
 pub mod time;
 
 use serde::{Deserialize, Serialize};

@@ -1,0 +1,468 @@
+//! The archival coordinator: DESIGN.md section 3, one due bucket at a time.
+//!
+//! claim (fenced lease, generation + 1) → snapshot (owner- and generation-checked) → encode
+//! segments → record the upload intent → create each segment conditionally, read it back and
+//! verify it → create the manifest the same way, last → publish (the read cut-over) → cleanup
+//! (the fenced hot delete, checked against the manifest). A supervised heartbeat renews the
+//! lease throughout; once a renewal fails no further destructive step starts. A failure before
+//! publication defers the bucket; a failure after it leaves cleanup pending for a retry or a
+//! takeover. Each pass plans new buckets and runs due cleanups before it discovers new work.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use bytes::Bytes;
+
+use crate::engine::Engine;
+use crate::error::{Error, Result};
+use crate::format::jsonl;
+use crate::format::manifest::{MANIFEST_VERSION, Manifest, SegmentInfo, sha256_hex};
+use crate::model::rows::summarize;
+use crate::model::{BucketFacts, BucketState, Micros, Record};
+use crate::policy::TablePolicy;
+use crate::storage::{ArchiveBackend, PutOutcome, keys};
+use crate::store::schema::{BucketId, BucketMeta, UploadIntent};
+
+/// Buckets planned per pass at most.
+pub const PLAN_BUCKETS_PER_PASS_MAX: usize = 1_000;
+
+/// What one pass did.
+#[derive(Debug, Default, Clone, serde::Serialize)]
+pub struct PassReport {
+    pub planned: u64,
+    pub plan_failures: u64,
+    pub archived: u64,
+    pub cleaned: u64,
+    pub deferred: u64,
+    pub rows_archived: u64,
+    pub bytes_archived: u64,
+    pub errors: Vec<String>,
+}
+
+/// A unique owner token for this worker.
+pub fn new_owner_token() -> String {
+    format!("{}-{:016x}", std::process::id(), rand::random::<u64>())
+}
+
+/// Runs one pass: plan, then due work (cleanups first), at most `scan_limit` buckets.
+pub async fn run_pass(engine: &Arc<Engine>, owner: &str) -> Result<PassReport> {
+    let mut report = PassReport::default();
+    plan_new_buckets(engine, &mut report).await?;
+    let now = engine.clock.now();
+    let store = engine.store.clone();
+    let limit = engine.settings.scan_limit;
+    let due = blocking(move || store.due(now, limit)).await?;
+    let mut metas = Vec::new();
+    for (_, id) in due {
+        let store = engine.store.clone();
+        if let Some(meta) = blocking(move || store.bucket(&id)).await? {
+            metas.push(meta);
+        }
+    }
+    // Pending cleanups first: a failing discovery or upload must not starve them.
+    metas.sort_by_key(|m| !matches!(m.state, BucketState::Archived { hot_deleted: false }));
+    for meta in metas {
+        match archive_bucket(engine, owner, meta.id.clone()).await {
+            Ok(Outcome::Archived { rows, bytes }) => {
+                report.archived += 1;
+                report.cleaned += 1;
+                report.rows_archived += rows;
+                report.bytes_archived += bytes;
+            }
+            Ok(Outcome::Cleaned) => report.cleaned += 1,
+            Ok(Outcome::Deferred(why)) => {
+                report.deferred += 1;
+                report.errors.push(format!("{}: {why}", meta.id));
+            }
+            Ok(Outcome::NotClaimed) => {}
+            Err(e) => {
+                tracing::warn!(bucket = %meta.id, error = %e, "archival step failed");
+                report.errors.push(format!("{}: {e}", meta.id));
+            }
+        }
+    }
+    Ok(report)
+}
+
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
+    tokio::task::spawn_blocking(f).await.map_err(|e| Error::Internal(format!("blocking task failed: {e}")))?
+}
+
+/// Asks each table's retention policy for a plan for buckets that have none yet. A policy
+/// fault leaves the bucket unplanned (so nothing is archived or expired) and is retried.
+async fn plan_new_buckets(engine: &Arc<Engine>, report: &mut PassReport) -> Result<()> {
+    let store = engine.store.clone();
+    let ids = blocking(move || store.unplanned(PLAN_BUCKETS_PER_PASS_MAX)).await?;
+    if ids.is_empty() {
+        return Ok(());
+    }
+    let policies = engine.policies();
+    let now = engine.clock.now();
+    for id in ids {
+        let store = engine.store.clone();
+        let lookup = id.clone();
+        let Some(meta) = blocking(move || store.bucket(&lookup)).await? else { continue };
+        let Some(table) = policies.tables.get(&id.table).cloned() else { continue };
+        let facts = facts_of(&meta);
+        let engine2 = engine.clone();
+        let result = blocking(move || Ok(table.retention.plan(now, &[facts]))).await?;
+        let store = engine2.store.clone();
+        match result.map(|mut plans| plans.pop()) {
+            Ok(Some(Ok(plan))) => {
+                blocking(move || store.set_plan(id, plan, now)).await?;
+                report.planned += 1;
+            }
+            Ok(Some(Err(message))) => {
+                report.plan_failures += 1;
+                blocking(move || store.note_plan_error(id, message)).await?;
+            }
+            Ok(None) => report.plan_failures += 1,
+            Err(e) => {
+                report.plan_failures += 1;
+                let message = e.to_string();
+                blocking(move || store.note_plan_error(id, message)).await?;
+            }
+        }
+    }
+    Ok(())
+}
+
+pub fn facts_of(meta: &BucketMeta) -> BucketFacts {
+    BucketFacts {
+        table: meta.id.table.clone(),
+        partition_key: meta.id.partition_key.clone(),
+        tenant: meta.tenant.single(),
+        kind: meta.kind.single(),
+        bucket: meta.descriptor.clone(),
+        row_count: meta.row_count,
+        byte_count: meta.byte_count,
+        state: meta.state,
+        archived_at: meta.archived_at,
+    }
+}
+
+enum Outcome {
+    Archived { rows: u64, bytes: u64 },
+    Cleaned,
+    Deferred(String),
+    NotClaimed,
+}
+
+/// A running lease renewal; stopping it returns whether the lease was held throughout.
+struct Heartbeat {
+    lost: Arc<AtomicBool>,
+    stop: tokio::sync::watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Heartbeat {
+    fn start(engine: &Arc<Engine>, id: BucketId, owner: String, generation: u64) -> Heartbeat {
+        let lost = Arc::new(AtomicBool::new(false));
+        let (stop, mut stopped) = tokio::sync::watch::channel(false);
+        let period = std::time::Duration::from_micros(engine.settings.lease_renewal_us as u64);
+        let engine = engine.clone();
+        let flag = lost.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = stopped.changed() => return,
+                    _ = tokio::time::sleep(period) => {}
+                }
+                let store = engine.store.clone();
+                let (id, owner) = (id.clone(), owner.clone());
+                let now = engine.clock.now();
+                let lease_us = engine.settings.lease_us;
+                match blocking(move || store.renew(id, owner, generation, now, lease_us)).await {
+                    Ok(_) => {}
+                    Err(e) => {
+                        tracing::warn!(error = %e, "lease renewal failed; no further destructive step will start");
+                        flag.store(true, Ordering::SeqCst);
+                        return;
+                    }
+                }
+            }
+        });
+        Heartbeat { lost, stop, task }
+    }
+
+    fn check(&self, step: &str) -> Result<()> {
+        if self.lost.load(Ordering::SeqCst) {
+            return Err(Error::LeaseLost {
+                bucket: String::new(),
+                owner: String::new(),
+                generation: 0,
+                detail: format!("lease renewal failed before {step}"),
+            });
+        }
+        Ok(())
+    }
+
+    async fn stop(self) {
+        let _ = self.stop.send(true);
+        let _ = self.task.await;
+    }
+}
+
+async fn archive_bucket(engine: &Arc<Engine>, owner: &str, id: BucketId) -> Result<Outcome> {
+    let policies = engine.policies();
+    let Some(table) = policies.tables.get(&id.table).cloned() else {
+        return Ok(Outcome::NotClaimed);
+    };
+    let now = engine.clock.now();
+    let (store, claim_id, claim_owner, lease_us) =
+        (engine.store.clone(), id.clone(), owner.to_string(), engine.settings.lease_us);
+    let Some(meta) = blocking(move || store.claim(claim_id, claim_owner, now, lease_us)).await? else {
+        return Ok(Outcome::NotClaimed);
+    };
+    let generation = meta.generation;
+    let heartbeat = Heartbeat::start(engine, id.clone(), owner.to_string(), generation);
+    let span = tracing::info_span!("archive", bucket = %id, generation);
+    let _enter = span.enter();
+    let result = match meta.state {
+        BucketState::Archived { hot_deleted: false } => {
+            cleanup(engine, owner, &id, generation, &heartbeat).await.map(|_| Outcome::Cleaned)
+        }
+        _ => match upload_and_publish(engine, &table, owner, &meta, &heartbeat).await {
+            Ok((rows, bytes)) => {
+                cleanup(engine, owner, &id, generation, &heartbeat).await.map(|_| Outcome::Archived { rows, bytes })
+            }
+            Err(e) => Err(e),
+        },
+    };
+    heartbeat.stop().await;
+    match result {
+        Ok(outcome) => Ok(outcome),
+        Err(e) => {
+            // Before publication this defers the bucket (it stays fenced); after it, cleanup
+            // stays pending. Either way the bucket is retried, never skipped.
+            let why = e.to_string();
+            tracing::warn!(error = %why, "deferring bucket");
+            let store = engine.store.clone();
+            let retry_at = engine.clock.now() + engine.settings.retry_us;
+            let (owner, now) = (owner.to_string(), engine.clock.now());
+            let why2 = why.clone();
+            blocking(move || store.defer(id, owner, generation, now, why2, retry_at)).await?;
+            Ok(Outcome::Deferred(why))
+        }
+    }
+}
+
+/// Snapshot, encode, upload, verify, manifest, publish. Returns rows and bytes archived.
+async fn upload_and_publish(
+    engine: &Arc<Engine>,
+    table: &Arc<TablePolicy>,
+    owner: &str,
+    meta: &BucketMeta,
+    heartbeat: &Heartbeat,
+) -> Result<(u64, u64)> {
+    let id = meta.id.clone();
+    let generation = meta.generation;
+    let rows = snapshot(engine, &id, owner, generation).await?;
+    let encoded = jsonl::encode_segments(&rows)?;
+    let prefix = keys::bucket_prefix(&id.table, &id.bucket_key, &id.partition_key);
+    let backend = table.backend.clone();
+    let mut segments = Vec::with_capacity(encoded.len());
+    let mut payloads = Vec::with_capacity(encoded.len());
+    for (sequence, segment) in encoded.into_iter().enumerate() {
+        let sha = sha256_hex(&segment.bytes);
+        let key = keys::segment_key(&prefix, sequence, &sha, table.format.extension());
+        segments.push(SegmentInfo {
+            key: key.clone(),
+            sha256: sha,
+            bytes: segment.bytes.len() as u64,
+            rows: segment.rows,
+            min_event_time: segment.min_event_time,
+            max_event_time: segment.max_event_time,
+            summary: segment.summary,
+        });
+        payloads.push(Bytes::from(segment.bytes));
+    }
+    let manifest = Manifest {
+        version: MANIFEST_VERSION,
+        table: id.table.clone(),
+        partition_key: String::from_utf8_lossy(&id.partition_key).into_owned(),
+        bucket: meta.descriptor.clone(),
+        strategy: format!("{} {}", table.strategy.identity().name, table.strategy.identity().fingerprint()),
+        generation,
+        format: table.format,
+        target: backend.target().to_string(),
+        policy: meta.plan.clone(),
+        summary: summarize(&rows),
+        bytes: segments.iter().map(|s| s.bytes).sum(),
+        segments,
+        created_at: engine.clock.now(),
+    };
+    manifest.check_consistent()?;
+    let manifest_bytes = Bytes::from(manifest.to_bytes());
+    let manifest_key = keys::manifest_key(&prefix, generation, &sha256_hex(&manifest_bytes));
+
+    // Invariant 10: the intent is durable before the first upload.
+    let intent = UploadIntent {
+        bucket: id.clone(),
+        generation,
+        target: backend.target().to_string(),
+        keys: manifest.segments.iter().map(|s| s.key.clone()).chain([manifest_key.clone()]).collect(),
+        recorded_at: engine.clock.now(),
+    };
+    let (store, intent_owner, now) = (engine.store.clone(), owner.to_string(), engine.clock.now());
+    blocking(move || store.record_intent(intent, intent_owner, now)).await?;
+
+    for (info, payload) in manifest.segments.iter().zip(payloads) {
+        heartbeat.check("a segment upload")?;
+        create_verified(backend.as_ref(), &info.key, payload, |bytes| verify_segment(info, bytes).map(|_| ())).await?;
+    }
+    heartbeat.check("the manifest upload")?;
+    let expected = manifest.clone();
+    create_verified(backend.as_ref(), &manifest_key, manifest_bytes, |bytes| {
+        let read = Manifest::from_bytes(bytes)?;
+        if read != expected {
+            return Err(Error::Corruption(format!(
+                "manifest `{}` read back differs from what was written",
+                manifest_key
+            )));
+        }
+        Ok(())
+    })
+    .await?;
+    heartbeat.check("publication")?;
+    let (rows_n, bytes_n) = (manifest.summary.rows, manifest.bytes);
+    let (store, publish_owner, now) = (engine.store.clone(), owner.to_string(), engine.clock.now());
+    let key = manifest_key.clone();
+    blocking(move || store.publish(id, publish_owner, generation, now, manifest, key)).await?;
+    tracing::info!(manifest = %manifest_key, rows = rows_n, bytes = bytes_n, "bucket published");
+    Ok((rows_n, bytes_n))
+}
+
+/// An owner- and generation-checked read of the bucket's rows in key order.
+async fn snapshot(engine: &Arc<Engine>, id: &BucketId, owner: &str, generation: u64) -> Result<Vec<Record>> {
+    let (store, id, owner) = (engine.store.clone(), id.clone(), owner.to_string());
+    let now = engine.clock.now();
+    blocking(move || {
+        let txn = store.read()?;
+        let meta = store.bucket(&id)?.ok_or_else(|| Error::Internal(format!("bucket {id} vanished")))?;
+        crate::model::invariants::lease_is_held(
+            meta.lease_owner.as_deref(),
+            meta.generation,
+            meta.lease_expires_at,
+            &owner,
+            generation,
+            now,
+        )
+        .map_err(|detail| Error::LeaseLost {
+            bucket: id.display(),
+            owner: owner.clone(),
+            generation,
+            detail,
+        })?;
+        drop(txn);
+        store.rows(&id, None, usize::MAX)
+    })
+    .await
+}
+
+/// Creates `key` only if absent, then reads it back and verifies it. An existing object (a
+/// retry, or an upload whose acknowledgement was lost) counts only if it is byte-identical;
+/// an ambiguous failure is resolved by reading the object.
+async fn create_verified(
+    backend: &dyn ArchiveBackend,
+    key: &str,
+    payload: Bytes,
+    verify: impl Fn(&[u8]) -> Result<()>,
+) -> Result<()> {
+    match backend.put_create(key, payload.clone()).await {
+        Ok(PutOutcome::Created) | Ok(PutOutcome::AlreadyExists) => {}
+        Err(e) if e.is_retryable() => {
+            tracing::warn!(key, error = %e, "upload outcome uncertain; reading the object back");
+        }
+        Err(e) => return Err(e),
+    }
+    let stored = backend
+        .get(key)
+        .await?
+        .ok_or_else(|| Error::StorageUnavailable(format!("object `{key}` is absent after its upload")))?;
+    if stored != payload {
+        return Err(Error::Corruption(format!(
+            "object `{key}` read back ({} bytes, sha256 {}) differs from what was written ({} bytes, sha256 {}); it is never overwritten",
+            stored.len(),
+            sha256_hex(&stored),
+            payload.len(),
+            sha256_hex(&payload)
+        )));
+    }
+    keys::check_content_address(key, &sha256_hex(&stored))?;
+    verify(&stored)
+}
+
+/// Verifies a segment's bytes against its manifest entry: hash, row count, row checksum,
+/// and every row parses.
+pub fn verify_segment(info: &SegmentInfo, bytes: &[u8]) -> Result<Vec<Record>> {
+    let sha = sha256_hex(bytes);
+    if sha != info.sha256 || bytes.len() as u64 != info.bytes {
+        return Err(Error::Corruption(format!(
+            "segment `{}`: expected {} bytes sha256 {}, got {} bytes sha256 {sha}",
+            info.key,
+            info.bytes,
+            info.sha256,
+            bytes.len()
+        )));
+    }
+    keys::check_content_address(&info.key, &sha)?;
+    let rows = jsonl::decode_segment(bytes)?;
+    let summary = summarize(&rows);
+    if summary != info.summary || rows.len() as u64 != info.rows {
+        return Err(Error::Corruption(format!(
+            "segment `{}`: rows or row checksum differ from the manifest (rows {} vs {})",
+            info.key,
+            rows.len(),
+            info.rows
+        )));
+    }
+    Ok(rows)
+}
+
+async fn cleanup(
+    engine: &Arc<Engine>,
+    owner: &str,
+    id: &BucketId,
+    generation: u64,
+    heartbeat: &Heartbeat,
+) -> Result<u64> {
+    heartbeat.check("cleanup")?;
+    let (store, id, owner, now) = (engine.store.clone(), id.clone(), owner.to_string(), engine.clock.now());
+    let deleted = blocking(move || store.cleanup(id, owner, generation, now)).await?;
+    tracing::info!(rows = deleted, "hot rows deleted");
+    Ok(deleted)
+}
+
+/// Reads and verifies a published archive: the manifest (content address and parse) and
+/// every segment overlapping `[from, to)`.
+pub async fn read_archive(
+    backend: &dyn ArchiveBackend,
+    manifest_key: &str,
+    from: Option<Micros>,
+    to: Option<Micros>,
+) -> Result<Vec<Record>> {
+    let manifest = read_manifest(backend, manifest_key).await?;
+    let mut rows = Vec::new();
+    for segment in &manifest.segments {
+        if from.is_some_and(|f| segment.max_event_time < f) || to.is_some_and(|t| segment.min_event_time >= t) {
+            continue;
+        }
+        let bytes = backend.get(&segment.key).await?.ok_or_else(|| {
+            Error::Corruption(format!("segment `{}` named by `{manifest_key}` is missing", segment.key))
+        })?;
+        rows.extend(verify_segment(segment, &bytes)?);
+    }
+    Ok(rows)
+}
+
+pub async fn read_manifest(backend: &dyn ArchiveBackend, manifest_key: &str) -> Result<Manifest> {
+    let bytes = backend
+        .get(manifest_key)
+        .await?
+        .ok_or_else(|| Error::Corruption(format!("published manifest `{manifest_key}` is missing")))?;
+    keys::check_content_address(manifest_key, &sha256_hex(&bytes))?;
+    let manifest = Manifest::from_bytes(&bytes)?;
+    manifest.check_consistent()?;
+    Ok(manifest)
+}

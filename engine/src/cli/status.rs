@@ -1,0 +1,149 @@
+//! `frostline status`: tables, buckets per state with the age of the oldest in each, due
+//! work, deferrals with their reasons and lease holders.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use crate::engine::Engine;
+use crate::error::Result;
+use crate::model::Micros;
+use crate::model::time::format_rfc3339;
+
+#[derive(Debug, Serialize)]
+pub struct StateCount {
+    pub buckets: u64,
+    pub rows: u64,
+    /// Seconds since the longest-standing bucket entered this state.
+    pub oldest_age_seconds: i64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Deferral {
+    pub bucket: String,
+    pub attempts: u32,
+    pub next_retry_at: Option<String>,
+    pub error: String,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Lease {
+    pub bucket: String,
+    pub owner: String,
+    pub generation: u64,
+    pub expires_at: String,
+}
+
+#[derive(Debug, Serialize)]
+pub struct TableStatus {
+    pub id: String,
+    pub strategy: String,
+    pub retention: String,
+    pub target: String,
+    pub states: BTreeMap<String, StateCount>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Status {
+    pub now: String,
+    pub tables: Vec<TableStatus>,
+    pub due_now: u64,
+    /// Seconds the oldest due action has waited (archival lag), 0 when nothing is due.
+    pub oldest_due_age_seconds: i64,
+    pub unplanned_buckets: u64,
+    pub deferrals: Vec<Deferral>,
+    pub leases: Vec<Lease>,
+    pub outbox_backlog: u64,
+    pub store_poisoned: Option<String>,
+}
+
+pub fn collect(engine: &Engine) -> Result<Status> {
+    let now: Micros = engine.clock.now();
+    let policies = engine.policies();
+    let buckets = engine.store.all_buckets()?;
+    let mut tables = Vec::new();
+    for (id, table) in &policies.tables {
+        let mut states: BTreeMap<String, StateCount> = BTreeMap::new();
+        for b in buckets.iter().filter(|b| &b.id.table == id) {
+            let entry = states.entry(b.state.name().to_string()).or_insert(StateCount {
+                buckets: 0,
+                rows: 0,
+                oldest_age_seconds: 0,
+            });
+            entry.buckets += 1;
+            entry.rows += b.row_count;
+            entry.oldest_age_seconds = entry.oldest_age_seconds.max((now - b.state_since) / 1_000_000);
+        }
+        tables.push(TableStatus {
+            id: id.clone(),
+            strategy: table.strategy.identity().name.clone(),
+            retention: table.retention.name().to_string(),
+            target: format!("{} ({})", table.target_name, table.backend.target()),
+            states,
+        });
+    }
+    let deferrals = buckets
+        .iter()
+        .filter(|b| b.attempts > 0 || (b.plan.is_none() && b.last_error.is_some()))
+        .map(|b| Deferral {
+            bucket: b.id.display(),
+            attempts: b.attempts,
+            next_retry_at: b.next_retry_at.map(format_rfc3339),
+            error: b.last_error.clone().unwrap_or_default(),
+        })
+        .collect();
+    let leases = buckets
+        .iter()
+        .filter(|b| b.lease_owner.is_some() && b.lease_expires_at > now)
+        .map(|b| Lease {
+            bucket: b.id.display(),
+            owner: b.lease_owner.clone().unwrap_or_default(),
+            generation: b.generation,
+            expires_at: format_rfc3339(b.lease_expires_at),
+        })
+        .collect();
+    let oldest_due_age_seconds = match engine.store.earliest_due()? {
+        Some(at) if at <= now => (now - at) / 1_000_000,
+        _ => 0,
+    };
+    Ok(Status {
+        now: format_rfc3339(now),
+        tables,
+        due_now: engine.store.due_count(now)?,
+        oldest_due_age_seconds,
+        unplanned_buckets: engine.store.unplanned(usize::MAX)?.len() as u64,
+        deferrals,
+        leases,
+        outbox_backlog: engine.store.outbox_len()?,
+        store_poisoned: engine.store.poisoned(),
+    })
+}
+
+pub fn print(status: &Status) {
+    println!("now {}", status.now);
+    for t in &status.tables {
+        println!("table {}  strategy={}  retention={}  target={}", t.id, t.strategy, t.retention, t.target);
+        if t.states.is_empty() {
+            println!("  (no buckets)");
+        }
+        for (state, c) in &t.states {
+            println!(
+                "  {state:<26} {:>6} buckets {:>10} rows   oldest {}s in state",
+                c.buckets, c.rows, c.oldest_age_seconds
+            );
+        }
+    }
+    println!(
+        "due now: {}  (oldest waiting {}s)   unplanned: {}   outbox backlog: {}",
+        status.due_now, status.oldest_due_age_seconds, status.unplanned_buckets, status.outbox_backlog
+    );
+    for d in &status.deferrals {
+        println!("deferred {}  attempts={}  retry at {:?}: {}", d.bucket, d.attempts, d.next_retry_at, d.error);
+    }
+    for l in &status.leases {
+        println!("lease {}  owner={} generation={} expires {}", l.bucket, l.owner, l.generation, l.expires_at);
+    }
+    if let Some(p) = &status.store_poisoned {
+        println!("STORE REFUSES WRITES: {p}");
+    }
+}

@@ -1,0 +1,138 @@
+//! The runtime that wires the adapters together: one hot store, one plugin host, the active
+//! policy set, the clock and the settings. Applications append and query through it; the
+//! coordinator runs passes against it.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+
+use crate::clock::SharedClock;
+use crate::error::{Error, Result};
+use crate::model::{BucketDescriptor, Record};
+use crate::plugin::PluginHost;
+use crate::policy::{PolicySet, TablePolicy};
+use crate::settings::Settings;
+use crate::store::schema::TableState;
+use crate::store::{AppendBatch, AppendOutcome, PreparedRow, Store};
+
+/// File name of the hot database inside the data directory.
+pub const DATABASE_FILE: &str = "hot.redb";
+/// Records per atomic append at most.
+pub const APPEND_BATCH_RECORDS_MAX: usize = 10_000;
+
+pub struct Engine {
+    pub store: Store,
+    pub host: PluginHost,
+    pub clock: SharedClock,
+    pub settings: Settings,
+    pub data_dir: PathBuf,
+    policies: RwLock<Arc<PolicySet>>,
+}
+
+impl Engine {
+    /// Opens the data directory and loads the policy directory. Every table's strategy is
+    /// registered (or checked against the one its buckets were made with).
+    pub fn open(data_dir: &Path, policies_dir: &Path, settings: Settings, clock: SharedClock) -> Result<Arc<Engine>> {
+        std::fs::create_dir_all(data_dir).map_err(|e| Error::io(data_dir, e))?;
+        let store = Store::open(&data_dir.join(DATABASE_FILE))?;
+        let host = PluginHost::new(Some(data_dir.join("plugin-cache")))?;
+        let policies = crate::policy::load(policies_dir, data_dir, &host, &settings)?;
+        let engine = Engine {
+            store,
+            host,
+            clock,
+            settings,
+            data_dir: data_dir.to_path_buf(),
+            policies: RwLock::new(Arc::new(policies)),
+        };
+        engine.register_tables()?;
+        Ok(Arc::new(engine))
+    }
+
+    fn register_tables(&self) -> Result<()> {
+        let now = self.clock.now();
+        for table in self.policies().tables.values() {
+            self.store.register_table(TableState {
+                id: table.id.clone(),
+                strategy: table.strategy.identity().clone(),
+                created_at: now,
+            })?;
+        }
+        Ok(())
+    }
+
+    /// The active policy set; work started under it finishes under it.
+    pub fn policies(&self) -> Arc<PolicySet> {
+        self.policies.read().expect("policy lock").clone()
+    }
+
+    /// Appends records to a table. Each batch of up to `APPEND_BATCH_RECORDS_MAX` records is
+    /// atomic and acknowledged after its commit; an identical duplicate is accepted unchanged.
+    pub fn append(&self, table: &str, records: Vec<Record>) -> Result<AppendOutcome> {
+        let policies = self.policies();
+        let policy = policies.table(table)?.clone();
+        let mut total = AppendOutcome::default();
+        for chunk in records.chunks(APPEND_BATCH_RECORDS_MAX) {
+            let outcome = self.append_batch(&policy, chunk.to_vec())?;
+            total.appended += outcome.appended;
+            total.duplicates += outcome.duplicates;
+        }
+        Ok(total)
+    }
+
+    fn append_batch(&self, policy: &TablePolicy, records: Vec<Record>) -> Result<AppendOutcome> {
+        for (i, record) in records.iter().enumerate() {
+            record.validate().map_err(|e| Error::InvalidInput(format!("record {}: {e}", i + 1)))?;
+            for (field, bytes) in [("partition_key", &record.partition_key), ("sort_key", &record.sort_key)] {
+                if std::str::from_utf8(bytes).is_err() {
+                    return Err(Error::InvalidInput(format!("record {}: {field} must be UTF-8", i + 1)));
+                }
+            }
+            serde_json::from_str::<&serde_json::value::RawValue>(&record.body)
+                .map_err(|e| Error::InvalidInput(format!("record {}: body is not JSON: {e}", i + 1)))?;
+        }
+        let times: Vec<i64> = records.iter().map(|r| r.event_time).collect();
+        let descriptors = policy.strategy.buckets_for(&times)?;
+        let writable_horizons = match policy.writable_buckets {
+            Some(n) => Some(self.horizons(policy, &descriptors, n)?),
+            None => None,
+        };
+        let rows = records
+            .into_iter()
+            .zip(descriptors)
+            .map(|(record, descriptor)| PreparedRow { descriptor, record })
+            .collect();
+        self.store.append(AppendBatch {
+            table: policy.id.clone(),
+            strategy: policy.strategy.identity().fingerprint(),
+            rows,
+            writable_horizons,
+            writable_buckets: policy.writable_buckets.unwrap_or(0),
+            now: self.clock.now(),
+        })
+    }
+
+    /// For each bucket, the start of the bucket `n` strategy buckets later: once a partition
+    /// has a bucket starting there, this one is no longer among its `n` newest.
+    fn horizons(&self, policy: &TablePolicy, descriptors: &[BucketDescriptor], n: u32) -> Result<HashMap<String, i64>> {
+        let mut out = HashMap::new();
+        for d in descriptors {
+            if out.contains_key(&d.key) {
+                continue;
+            }
+            let mut current = d.clone();
+            for _ in 0..n {
+                match policy.strategy.bucket_for(current.end) {
+                    Ok(next) => current = next,
+                    // Past the strategy's range there is no newer bucket that could exist.
+                    Err(_) => {
+                        current.start = i64::MAX;
+                        break;
+                    }
+                }
+            }
+            out.insert(d.key.clone(), current.start);
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,78 @@
+//! The manifest: the published description of one archived bucket. Created last, content-
+//! addressed like the segments, and recorded in the hot store at publication.
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use super::Format;
+use crate::error::{Error, Result};
+use crate::model::rows::RowSummary;
+use crate::model::{BucketDescriptor, Micros, RetentionPlan};
+
+pub const MANIFEST_VERSION: u32 = 1;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SegmentInfo {
+    pub key: String,
+    pub sha256: String,
+    pub bytes: u64,
+    pub rows: u64,
+    pub min_event_time: Micros,
+    pub max_event_time: Micros,
+    pub summary: RowSummary,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Manifest {
+    pub version: u32,
+    pub table: String,
+    pub partition_key: String,
+    pub bucket: BucketDescriptor,
+    /// The strategy that made the bucket: name, plugin hash, configuration fingerprint.
+    pub strategy: String,
+    pub generation: u64,
+    pub format: Format,
+    /// Where the archive was written (store URL and prefix), so a table can move later.
+    pub target: String,
+    /// The retention plan in force when the bucket was archived, for audits.
+    pub policy: Option<RetentionPlan>,
+    pub summary: RowSummary,
+    pub bytes: u64,
+    pub segments: Vec<SegmentInfo>,
+    pub created_at: Micros,
+}
+
+impl Manifest {
+    pub fn to_bytes(&self) -> Vec<u8> {
+        serde_json::to_vec_pretty(self).expect("a manifest always serializes")
+    }
+
+    pub fn from_bytes(bytes: &[u8]) -> Result<Manifest> {
+        let manifest: Manifest =
+            serde_json::from_slice(bytes).map_err(|e| Error::Corruption(format!("manifest does not parse: {e}")))?;
+        if manifest.version > MANIFEST_VERSION {
+            return Err(Error::Corruption(format!(
+                "manifest version {} is newer than this binary's {MANIFEST_VERSION}",
+                manifest.version
+            )));
+        }
+        Ok(manifest)
+    }
+
+    /// Checks that the segments add up to the manifest's totals.
+    pub fn check_consistent(&self) -> Result<()> {
+        let rows: u64 = self.segments.iter().map(|s| s.rows).sum();
+        let bytes: u64 = self.segments.iter().map(|s| s.bytes).sum();
+        if rows != self.summary.rows || bytes != self.bytes {
+            return Err(Error::Corruption(format!(
+                "manifest totals rows={} bytes={} differ from its segments rows={rows} bytes={bytes}",
+                self.summary.rows, self.bytes
+            )));
+        }
+        Ok(())
+    }
+}
+
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}

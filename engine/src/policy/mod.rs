@@ -1,0 +1,246 @@
+//! The policy directory: strict TOML files declaring tables, their plugins and archive
+//! targets, validated as a whole into a `PolicySet` of ready-to-use plugins and backends.
+//! (Hot reload and holds build on this; see policies/README.md for the format.)
+//!
+//! Imports the core, the plugin host and object storage.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde::Deserialize;
+
+use crate::error::{Error, Result};
+use crate::format::Format;
+use crate::model::{self, BucketStrategy, RetentionPolicy};
+use crate::plugin::{PluginHost, PluginLimits, PluginSource, Role, builtin};
+use crate::settings::Settings;
+use crate::storage::{ArchiveBackend, ObjectStoreBackend};
+
+/// The target every table uses unless it names another: a directory in the data directory.
+pub const DEFAULT_TARGET: &str = "local";
+/// Bound on `writable_buckets` (buckets are stepped through one by one to find the horizon).
+pub const WRITABLE_BUCKETS_MAX: u32 = 10_000;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawFile {
+    #[serde(default)]
+    table: Vec<RawTable>,
+    #[serde(default)]
+    target: Vec<RawTarget>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTable {
+    id: String,
+    strategy: Option<RawPlugin>,
+    writable_buckets: Option<u32>,
+    format: Option<Format>,
+    retention: Option<RawPlugin>,
+    target: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPlugin {
+    /// `builtin:NAME` or a path relative to the policy directory.
+    plugin: String,
+    sha256: Option<String>,
+    config: Option<toml::Table>,
+    time_limit_ms: Option<u64>,
+    memory_limit_mib: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTarget {
+    name: String,
+    url: String,
+}
+
+/// One table, ready to use.
+pub struct TablePolicy {
+    pub id: String,
+    pub strategy: Arc<dyn BucketStrategy>,
+    pub retention: Arc<dyn RetentionPolicy>,
+    pub writable_buckets: Option<u32>,
+    pub format: Format,
+    pub target_name: String,
+    pub backend: Arc<dyn ArchiveBackend>,
+    /// The file that declared it.
+    pub file: PathBuf,
+}
+
+/// A whole, validated policy directory.
+pub struct PolicySet {
+    pub tables: BTreeMap<String, Arc<TablePolicy>>,
+    pub targets: BTreeMap<String, Arc<dyn ArchiveBackend>>,
+    pub dir: PathBuf,
+}
+
+impl PolicySet {
+    pub fn table(&self, id: &str) -> Result<&Arc<TablePolicy>> {
+        self.tables.get(id).ok_or_else(|| {
+            Error::InvalidInput(format!(
+                "no table `{id}` in the policy directory {}; declared tables: {}",
+                self.dir.display(),
+                self.tables.keys().cloned().collect::<Vec<_>>().join(", ")
+            ))
+        })
+    }
+}
+
+fn invalid(file: &Path, what: impl std::fmt::Display) -> Error {
+    Error::InvalidInput(format!("{}: {what}", file.display()))
+}
+
+/// Loads every `*.toml` file of `dir`. The default target `local` is `data_dir/archive`
+/// unless a file declares a target of that name.
+pub fn load(dir: &Path, data_dir: &Path, host: &PluginHost, settings: &Settings) -> Result<PolicySet> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(|e| Error::InvalidInput(format!("cannot read the policy directory {}: {e}", dir.display())))?
+        .filter_map(|entry| entry.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "toml"))
+        .collect();
+    files.sort();
+    let mut raw_tables: Vec<(PathBuf, RawTable)> = Vec::new();
+    let mut raw_targets: BTreeMap<String, (PathBuf, String)> = BTreeMap::new();
+    for file in &files {
+        let text = std::fs::read_to_string(file).map_err(|e| invalid(file, format!("cannot read: {e}")))?;
+        let parsed: RawFile = toml::from_str(&text).map_err(|e| invalid(file, e))?;
+        for target in parsed.target {
+            if let Some((other, _)) = raw_targets.get(&target.name) {
+                return Err(invalid(file, format!("target `{}` is also declared in {}", target.name, other.display())));
+            }
+            raw_targets.insert(target.name, (file.clone(), target.url));
+        }
+        for table in parsed.table {
+            raw_tables.push((file.clone(), table));
+        }
+    }
+    raw_targets
+        .entry(DEFAULT_TARGET.to_string())
+        .or_insert_with(|| (dir.to_path_buf(), format!("file://{}", data_dir.join("archive").display())));
+
+    let mut targets: BTreeMap<String, Arc<dyn ArchiveBackend>> = BTreeMap::new();
+    for (name, (file, url)) in &raw_targets {
+        let backend = ObjectStoreBackend::from_url(url).map_err(|e| invalid(file, format!("target `{name}`: {e}")))?;
+        targets.insert(name.clone(), Arc::new(backend));
+    }
+
+    let mut tables = BTreeMap::new();
+    for (file, raw) in raw_tables {
+        model::validate_table_id(&raw.id).map_err(|e| invalid(&file, e))?;
+        if let Some(existing) = tables.get(&raw.id) {
+            let existing: &Arc<TablePolicy> = existing;
+            return Err(invalid(&file, format!("table `{}` is also declared in {}", raw.id, existing.file.display())));
+        }
+        if let Some(n) = raw.writable_buckets {
+            if n == 0 || n > WRITABLE_BUCKETS_MAX {
+                return Err(invalid(
+                    &file,
+                    format!("table `{}`: writable_buckets = {n} is outside 1..={WRITABLE_BUCKETS_MAX}", raw.id),
+                ));
+            }
+        }
+        let target_name = raw.target.clone().unwrap_or_else(|| DEFAULT_TARGET.to_string());
+        let backend = targets.get(&target_name).cloned().ok_or_else(|| {
+            invalid(&file, format!("table `{}`: no target named `{target_name}`; declare it with [[target]]", raw.id))
+        })?;
+        let strategy_ref = raw.strategy.unwrap_or_else(|| RawPlugin::builtin(builtin::DEFAULT_STRATEGY));
+        let retention_ref = raw.retention.unwrap_or_else(|| RawPlugin::builtin(builtin::DEFAULT_RETENTION));
+        let context = |role: &str| format!("table `{}` {role}", raw.id);
+        let (loaded, config) =
+            load_plugin(host, dir, &file, &strategy_ref, Role::BucketStrategy, &context("strategy"), None)?;
+        let strategy = crate::plugin::strategy::WasmStrategy::new(loaded, config)
+            .map_err(|e| invalid(&file, format!("{}: {e}", context("strategy"))))?;
+        let (loaded, config) = load_plugin(
+            host,
+            dir,
+            &file,
+            &retention_ref,
+            Role::RetentionPolicy,
+            &context("retention"),
+            settings.eligible_before,
+        )?;
+        let retention = crate::plugin::retention::WasmRetention::new(loaded, config)
+            .map_err(|e| invalid(&file, format!("{}: {e}", context("retention"))))?;
+        tables.insert(
+            raw.id.clone(),
+            Arc::new(TablePolicy {
+                id: raw.id,
+                strategy: Arc::new(strategy),
+                retention: Arc::new(retention),
+                writable_buckets: raw.writable_buckets,
+                format: raw.format.unwrap_or_default(),
+                target_name,
+                backend,
+                file,
+            }),
+        );
+    }
+    Ok(PolicySet { tables, targets, dir: dir.to_path_buf() })
+}
+
+impl RawPlugin {
+    fn builtin(name: &str) -> Self {
+        RawPlugin { plugin: name.to_string(), sha256: None, config: None, time_limit_ms: None, memory_limit_mib: None }
+    }
+}
+
+fn load_plugin(
+    host: &PluginHost,
+    dir: &Path,
+    file: &Path,
+    raw: &RawPlugin,
+    role: Role,
+    context: &str,
+    eligible_before: Option<model::Micros>,
+) -> Result<(Arc<crate::plugin::LoadedPlugin>, String)> {
+    let mut config = raw.config.clone().unwrap_or_default();
+    // The process-wide cutoff applies to the built-in policy unless its config sets its own rule.
+    if raw.plugin == builtin::DEFAULT_RETENTION
+        && !config.contains_key("cutoff")
+        && !config.contains_key("archive_after")
+    {
+        if let Some(cutoff) = eligible_before {
+            config.insert("cutoff".into(), toml::Value::String(model::time::format_rfc3339(cutoff)));
+        }
+    }
+    let config_json = if config.is_empty() {
+        String::new()
+    } else {
+        serde_json::to_string(&config).map_err(|e| invalid(file, format!("{context}: config: {e}")))?
+    };
+    let (source, config) = if raw.plugin.starts_with(builtin::BUILTIN_PREFIX) {
+        let b = builtin::find(&raw.plugin).ok_or_else(|| {
+            let names: Vec<String> = builtin::BUILTINS.iter().map(|b| format!("builtin:{}", b.name)).collect();
+            invalid(file, format!("{context}: unknown plugin `{}`; built-ins are {}", raw.plugin, names.join(", ")))
+        })?;
+        let config = b.effective_config(&config_json).map_err(|e| invalid(file, format!("{context}: {e}")))?;
+        (b.source(), config)
+    } else {
+        let path = dir.join(&raw.plugin);
+        (PluginSource::from_file(&path).map_err(|e| invalid(file, format!("{context}: {e}")))?, config_json)
+    };
+    if let Some(pin) = &raw.sha256 {
+        let actual = crate::format::manifest::sha256_hex(&source.bytes);
+        if !actual.eq_ignore_ascii_case(pin) {
+            return Err(invalid(
+                file,
+                format!("{context}: `{}` has SHA-256 {actual}, not the pinned {pin}", raw.plugin),
+            ));
+        }
+    }
+    let mut limits = PluginLimits::default();
+    if let Some(ms) = raw.time_limit_ms {
+        limits.call_ms = ms;
+    }
+    if let Some(mib) = raw.memory_limit_mib {
+        limits.memory_bytes = (mib as usize).saturating_mul(1024 * 1024);
+    }
+    let loaded = host.load(&source, role, limits).map_err(|e| invalid(file, format!("{context}: {e}")))?;
+    Ok((loaded, config))
+}

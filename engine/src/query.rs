@@ -1,0 +1,131 @@
+//! Reads across hot and cold: records of a table (or one partition) in `(event_time,
+//! sort_key, partition_key)` order, hot buckets from redb and published ones through their
+//! manifest with every hash checked, paginated by a cursor that names a position, not an
+//! offset, so it stays correct when a bucket is archived between two pages.
+
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::engine::Engine;
+use crate::error::{Error, Result};
+use crate::model::{BucketState, Micros, Record};
+
+pub const QUERY_LIMIT_DEFAULT: usize = 1_000;
+pub const QUERY_LIMIT_MAX: usize = 100_000;
+
+#[derive(Debug, Clone, Default)]
+pub struct QueryRequest {
+    pub table: String,
+    pub partition_key: Option<Vec<u8>>,
+    /// Inclusive lower bound on event time.
+    pub from: Option<Micros>,
+    /// Exclusive upper bound on event time.
+    pub to: Option<Micros>,
+    pub limit: usize,
+    pub cursor: Option<String>,
+}
+
+/// The position after the last record of a page.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct Cursor {
+    t: Micros,
+    s: String,
+    p: String,
+}
+
+impl Cursor {
+    fn encode(&self) -> String {
+        hex::encode(serde_json::to_vec(self).expect("cursor serializes"))
+    }
+
+    fn decode(text: &str) -> Result<Cursor> {
+        hex::decode(text)
+            .ok()
+            .and_then(|bytes| serde_json::from_slice(&bytes).ok())
+            .ok_or_else(|| Error::InvalidInput(format!("`{text}` is not a cursor returned by a previous query")))
+    }
+}
+
+fn order_key(r: &Record) -> (Micros, &[u8], &[u8]) {
+    (r.event_time, &r.sort_key, &r.partition_key)
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct QueryPage {
+    pub records: Vec<Record>,
+    /// Present when more records may follow.
+    pub next_cursor: Option<String>,
+}
+
+pub async fn query(engine: &Arc<Engine>, request: QueryRequest) -> Result<QueryPage> {
+    let limit = if request.limit == 0 { QUERY_LIMIT_DEFAULT } else { request.limit };
+    if limit > QUERY_LIMIT_MAX {
+        return Err(Error::InvalidInput(format!("limit {limit} is above the maximum {QUERY_LIMIT_MAX}")));
+    }
+    let cursor = request.cursor.as_deref().map(Cursor::decode).transpose()?;
+    let policies = engine.policies();
+    let table = policies.table(&request.table)?.clone();
+    let store = engine.store.clone();
+    let (table_id, partition) = (request.table.clone(), request.partition_key.clone());
+    let mut buckets = tokio::task::spawn_blocking(move || store.buckets(&table_id, partition.as_deref()))
+        .await
+        .map_err(|e| Error::Internal(e.to_string()))??;
+    let lower = match (&cursor, request.from) {
+        (Some(c), Some(f)) => Some(c.t.max(f)),
+        (Some(c), None) => Some(c.t),
+        (None, f) => f,
+    };
+    buckets.retain(|b| {
+        b.state != BucketState::Expired
+            && lower.is_none_or(|l| b.descriptor.end > l)
+            && request.to.is_none_or(|t| b.descriptor.start < t)
+    });
+    buckets.sort_by_key(|b| b.descriptor.start);
+
+    let after = |r: &Record| match &cursor {
+        Some(c) => order_key(r) > (c.t, c.s.as_bytes(), c.p.as_bytes()),
+        None => true,
+    };
+    let in_range =
+        |r: &Record| request.from.is_none_or(|f| r.event_time >= f) && request.to.is_none_or(|t| r.event_time < t);
+    let mut collected: Vec<Record> = Vec::new();
+    for bucket in buckets {
+        if collected.len() >= limit && bucket.descriptor.start > collected[limit - 1].event_time {
+            // Every later bucket starts after the last record of a full page.
+            break;
+        }
+        let rows = match bucket.state {
+            BucketState::Archived { .. } => {
+                let key = bucket.manifest_key.clone().ok_or_else(|| {
+                    Error::Internal(format!("bucket {} is archived but names no manifest", bucket.id))
+                })?;
+                crate::archive::read_archive(table.backend.as_ref(), &key, lower, request.to).await?
+            }
+            _ => {
+                let store = engine.store.clone();
+                let id = bucket.id.clone();
+                tokio::task::spawn_blocking(move || store.rows(&id, None, usize::MAX))
+                    .await
+                    .map_err(|e| Error::Internal(e.to_string()))??
+            }
+        };
+        collected.extend(rows.into_iter().filter(|r| in_range(r) && after(r)));
+        collected.sort_by(|a, b| order_key(a).cmp(&order_key(b)));
+    }
+    let more = collected.len() > limit;
+    collected.truncate(limit);
+    let next_cursor = if more || collected.len() == limit {
+        collected.last().map(|r| {
+            Cursor {
+                t: r.event_time,
+                s: String::from_utf8_lossy(&r.sort_key).into_owned(),
+                p: String::from_utf8_lossy(&r.partition_key).into_owned(),
+            }
+            .encode()
+        })
+    } else {
+        None
+    };
+    Ok(QueryPage { records: collected, next_cursor })
+}

@@ -1,0 +1,161 @@
+//! Process settings (DESIGN.md section 6), as flags and environment variables, validated once
+//! at start into typed values.
+
+use crate::error::{Error, Result};
+use crate::model::Micros;
+use crate::model::time::MICROS_PER_SECOND;
+
+pub const INTERVAL_SECONDS_DEFAULT: u64 = 15;
+pub const LEASE_SECONDS_DEFAULT: u64 = 60;
+pub const RETRY_SECONDS_DEFAULT: u64 = 15;
+pub const SCAN_LIMIT_DEFAULT: usize = 64;
+pub const SCAN_LIMIT_MAX: usize = 100_000;
+
+/// Settings that were replaced; setting one is refused with the way forward.
+const OBSOLETE: &[(&str, &str)] = &[
+    (
+        "ARCHIVER_KEEP_HOT_BUCKETS",
+        "it was replaced by ARCHIVER_ELIGIBLE_BEFORE (an RFC 3339 cutoff applied to bucket_end) and the retention policy's overrides",
+    ),
+    (
+        "ARCHIVER_ELIGIBLE_THROUGH_YEAR",
+        "it was replaced by ARCHIVER_ELIGIBLE_BEFORE: write ARCHIVER_ELIGIBLE_BEFORE=<year+1>-01-01T00:00:00Z",
+    ),
+];
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct ArchiverArgs {
+    /// Buckets ending at or before this RFC 3339 time are due (built-in retention only);
+    /// default: 1 January of the previous UTC year.
+    #[arg(long, env = "ARCHIVER_ELIGIBLE_BEFORE")]
+    pub eligible_before: Option<String>,
+    /// Seconds between archival passes.
+    #[arg(long, env = "ARCHIVER_INTERVAL_SECONDS", default_value_t = INTERVAL_SECONDS_DEFAULT)]
+    pub interval_seconds: u64,
+    /// Lease length in seconds.
+    #[arg(long, env = "ARCHIVER_LEASE_SECONDS", default_value_t = LEASE_SECONDS_DEFAULT)]
+    pub lease_seconds: u64,
+    /// Lease renewal period in seconds (default: a third of the lease).
+    #[arg(long, env = "ARCHIVER_LEASE_RENEWAL_SECONDS")]
+    pub lease_renewal_seconds: Option<u64>,
+    /// Seconds before a deferred bucket is retried.
+    #[arg(long, env = "ARCHIVER_RETRY_SECONDS", default_value_t = RETRY_SECONDS_DEFAULT)]
+    pub retry_seconds: u64,
+    /// Due buckets looked at per pass.
+    #[arg(long, env = "ARCHIVER_SCAN_LIMIT", default_value_t = SCAN_LIMIT_DEFAULT)]
+    pub scan_limit: usize,
+}
+
+impl Default for ArchiverArgs {
+    fn default() -> Self {
+        ArchiverArgs {
+            eligible_before: None,
+            interval_seconds: INTERVAL_SECONDS_DEFAULT,
+            lease_seconds: LEASE_SECONDS_DEFAULT,
+            lease_renewal_seconds: None,
+            retry_seconds: RETRY_SECONDS_DEFAULT,
+            scan_limit: SCAN_LIMIT_DEFAULT,
+        }
+    }
+}
+
+/// Validated settings with units in their names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settings {
+    pub eligible_before: Option<Micros>,
+    pub interval_us: Micros,
+    pub lease_us: Micros,
+    pub lease_renewal_us: Micros,
+    pub retry_us: Micros,
+    pub scan_limit: usize,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        ArchiverArgs::default().validate_with(|_| None).expect("defaults are valid")
+    }
+}
+
+impl ArchiverArgs {
+    pub fn validate(&self) -> Result<Settings> {
+        self.validate_with(|name| std::env::var_os(name).map(|v| v.to_string_lossy().into_owned()))
+    }
+
+    /// Validates with an injectable environment lookup (for the obsolete settings).
+    pub fn validate_with(&self, env: impl Fn(&str) -> Option<String>) -> Result<Settings> {
+        for (name, why) in OBSOLETE {
+            if env(name).is_some() {
+                return Err(Error::InvalidInput(format!("{name} is no longer supported: {why}; unset it")));
+            }
+        }
+        let positive = |name: &str, v: u64| {
+            if v == 0 {
+                Err(Error::InvalidInput(format!("{name} must be at least 1 second")))
+            } else {
+                Ok(v as i64 * MICROS_PER_SECOND)
+            }
+        };
+        let lease_us = positive("ARCHIVER_LEASE_SECONDS", self.lease_seconds)?;
+        let lease_renewal_us = match self.lease_renewal_seconds {
+            Some(s) => positive("ARCHIVER_LEASE_RENEWAL_SECONDS", s)?,
+            None => (lease_us / 3).max(1),
+        };
+        if lease_renewal_us >= lease_us {
+            return Err(Error::InvalidInput(format!(
+                "ARCHIVER_LEASE_RENEWAL_SECONDS ({}) must be shorter than ARCHIVER_LEASE_SECONDS ({}), or the lease \
+                 lapses between renewals",
+                lease_renewal_us / MICROS_PER_SECOND,
+                self.lease_seconds
+            )));
+        }
+        if self.scan_limit == 0 || self.scan_limit > SCAN_LIMIT_MAX {
+            return Err(Error::InvalidInput(format!("ARCHIVER_SCAN_LIMIT must be 1 to {SCAN_LIMIT_MAX}")));
+        }
+        let eligible_before = match &self.eligible_before {
+            Some(text) => Some(
+                crate::model::time::parse_rfc3339(text)
+                    .map_err(|e| Error::InvalidInput(format!("ARCHIVER_ELIGIBLE_BEFORE: {e}")))?,
+            ),
+            None => None,
+        };
+        Ok(Settings {
+            eligible_before,
+            interval_us: positive("ARCHIVER_INTERVAL_SECONDS", self.interval_seconds)?,
+            lease_us,
+            lease_renewal_us,
+            retry_us: positive("ARCHIVER_RETRY_SECONDS", self.retry_seconds)?,
+            scan_limit: self.scan_limit,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renewal_must_be_nonzero_and_shorter_than_the_lease() {
+        let ok = ArchiverArgs { lease_seconds: 60, lease_renewal_seconds: Some(59), ..Default::default() };
+        assert!(ok.validate_with(|_| None).is_ok());
+        let equal = ArchiverArgs { lease_seconds: 60, lease_renewal_seconds: Some(60), ..Default::default() };
+        assert!(equal.validate_with(|_| None).unwrap_err().to_string().contains("shorter"));
+        let zero = ArchiverArgs { lease_renewal_seconds: Some(0), ..Default::default() };
+        assert!(zero.validate_with(|_| None).is_err());
+        assert_eq!(Settings::default().lease_renewal_us, 20 * MICROS_PER_SECOND);
+    }
+
+    #[test]
+    fn obsolete_settings_point_to_eligible_before() {
+        for name in ["ARCHIVER_KEEP_HOT_BUCKETS", "ARCHIVER_ELIGIBLE_THROUGH_YEAR"] {
+            let err =
+                ArchiverArgs::default().validate_with(|n| (n == name).then(|| "2".into())).unwrap_err().to_string();
+            assert!(err.contains(name) && err.contains("ARCHIVER_ELIGIBLE_BEFORE"), "{err}");
+        }
+    }
+
+    #[test]
+    fn eligible_before_must_be_rfc3339() {
+        let bad = ArchiverArgs { eligible_before: Some("2024".into()), ..Default::default() };
+        assert!(bad.validate_with(|_| None).unwrap_err().to_string().contains("ARCHIVER_ELIGIBLE_BEFORE"));
+    }
+}

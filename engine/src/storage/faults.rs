@@ -1,0 +1,149 @@
+//! A fault-injecting `ArchiveBackend` decorator for tests: errors, latency, corrupted reads, a
+//! write that lands but reports failure (a lost acknowledgement), and a write that does not
+//! land at all. Rules match an operation and a key substring and fire a bounded number of times.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+
+use super::{ArchiveBackend, PutOutcome};
+use crate::error::{Error, Result};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    Put,
+    Get,
+    Delete,
+    List,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Fault {
+    /// Fail without doing anything.
+    Error,
+    /// Do the operation, then report failure (a lost acknowledgement).
+    LandThenError,
+    /// Return bytes with one bit flipped (reads only).
+    CorruptRead,
+    /// Wait, then do the operation.
+    Delay(Duration),
+}
+
+#[derive(Debug, Clone)]
+pub struct FaultRule {
+    pub op: Op,
+    /// The rule applies to keys containing this text ("" matches every key).
+    pub key_contains: String,
+    pub fault: Fault,
+    /// How many more times it fires; `None` is forever.
+    pub remaining: Option<u32>,
+}
+
+#[derive(Debug)]
+pub struct FaultyBackend {
+    inner: Arc<dyn ArchiveBackend>,
+    rules: Mutex<Vec<FaultRule>>,
+    fired: Mutex<Vec<(Op, String, Fault)>>,
+}
+
+impl FaultyBackend {
+    pub fn new(inner: Arc<dyn ArchiveBackend>) -> Arc<Self> {
+        Arc::new(FaultyBackend { inner, rules: Mutex::new(Vec::new()), fired: Mutex::new(Vec::new()) })
+    }
+
+    pub fn add(&self, op: Op, key_contains: &str, fault: Fault, times: Option<u32>) {
+        self.rules.lock().expect("rules").push(FaultRule {
+            op,
+            key_contains: key_contains.to_string(),
+            fault,
+            remaining: times,
+        });
+    }
+
+    pub fn clear(&self) {
+        self.rules.lock().expect("rules").clear();
+    }
+
+    /// Every fault that fired, in order.
+    pub fn fired(&self) -> Vec<(Op, String, Fault)> {
+        self.fired.lock().expect("fired").clone()
+    }
+
+    fn take(&self, op: Op, key: &str) -> Option<Fault> {
+        let mut rules = self.rules.lock().expect("rules");
+        let index = rules.iter().position(|r| r.op == op && key.contains(&r.key_contains) && r.remaining != Some(0))?;
+        let rule = &mut rules[index];
+        if let Some(n) = rule.remaining.as_mut() {
+            *n -= 1;
+        }
+        let fault = rule.fault.clone();
+        self.fired.lock().expect("fired").push((op, key.to_string(), fault.clone()));
+        Some(fault)
+    }
+
+    fn injected(op: Op, key: &str) -> Error {
+        Error::StorageUnavailable(format!("injected fault: {op:?} `{key}`"))
+    }
+}
+
+#[async_trait]
+impl ArchiveBackend for FaultyBackend {
+    fn target(&self) -> &str {
+        self.inner.target()
+    }
+
+    async fn put_create(&self, key: &str, bytes: Bytes) -> Result<PutOutcome> {
+        match self.take(Op::Put, key) {
+            Some(Fault::Error) => Err(Self::injected(Op::Put, key)),
+            Some(Fault::LandThenError) => {
+                self.inner.put_create(key, bytes).await?;
+                Err(Self::injected(Op::Put, key))
+            }
+            Some(Fault::Delay(d)) => {
+                tokio::time::sleep(d).await;
+                self.inner.put_create(key, bytes).await
+            }
+            _ => self.inner.put_create(key, bytes).await,
+        }
+    }
+
+    async fn get(&self, key: &str) -> Result<Option<Bytes>> {
+        match self.take(Op::Get, key) {
+            Some(Fault::Error) | Some(Fault::LandThenError) => Err(Self::injected(Op::Get, key)),
+            Some(Fault::CorruptRead) => Ok(self.inner.get(key).await?.map(|b| {
+                let mut v = b.to_vec();
+                if let Some(first) = v.first_mut() {
+                    *first ^= 0x01;
+                } else {
+                    v.push(b'!');
+                }
+                Bytes::from(v)
+            })),
+            Some(Fault::Delay(d)) => {
+                tokio::time::sleep(d).await;
+                self.inner.get(key).await
+            }
+            None => self.inner.get(key).await,
+        }
+    }
+
+    async fn delete(&self, key: &str) -> Result<()> {
+        match self.take(Op::Delete, key) {
+            Some(Fault::Error) => Err(Self::injected(Op::Delete, key)),
+            Some(Fault::LandThenError) => {
+                self.inner.delete(key).await?;
+                Err(Self::injected(Op::Delete, key))
+            }
+            _ => self.inner.delete(key).await,
+        }
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<String>> {
+        match self.take(Op::List, prefix) {
+            Some(Fault::Error) => Err(Self::injected(Op::List, prefix)),
+            _ => self.inner.list(prefix).await,
+        }
+    }
+}

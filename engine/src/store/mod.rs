@@ -1,0 +1,977 @@
+//! The embedded hot store on redb: records, bucket metadata, the due index, manifests, upload
+//! intents and the outbox, with every protocol transition as one fenced transaction.
+//!
+//! redb allows one writer at a time, so every write goes through one writer thread fed by a
+//! channel. Appends that arrive together are committed in one transaction (group commit) and
+//! each is acknowledged only after that commit returns. A failed commit poisons the store: it
+//! refuses every later write, visibly, until the process reopens it. Reads use their own read
+//! transactions and never wait for the writer.
+//!
+//! Imports the core (`model`, `error`); knows nothing of plugins, object storage or the API.
+
+pub mod encoding;
+pub mod schema;
+
+use std::any::Any;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+
+use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, WriteTransaction};
+
+use self::schema::*;
+use crate::error::{Error, Result};
+use crate::model::invariants;
+use crate::model::rows::{RowSummary, RowSummer};
+use crate::model::{BucketDescriptor, BucketState, Micros, Record, RetentionPlan};
+
+/// Appends gathered into one transaction at most.
+pub const GROUP_COMMIT_REQUESTS_MAX: usize = 256;
+
+/// A record ready to append: its bucket is already known.
+#[derive(Debug, Clone)]
+pub struct PreparedRow {
+    pub descriptor: BucketDescriptor,
+    pub record: Record,
+}
+
+/// One atomic append: every row is applied or none is.
+#[derive(Debug, Clone)]
+pub struct AppendBatch {
+    pub table: String,
+    /// Fingerprint of the table's strategy, stored on new buckets.
+    pub strategy: String,
+    pub rows: Vec<PreparedRow>,
+    /// For each bucket key in the batch, the start of the bucket `writable_buckets` steps after
+    /// it: the bucket is too old to write once the partition has a bucket starting there or
+    /// later. Absent when the table sets no limit.
+    pub writable_horizons: Option<HashMap<String, Micros>>,
+    pub writable_buckets: u32,
+    pub now: Micros,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct AppendOutcome {
+    pub appended: u64,
+    /// Records whose identity and body were already stored: accepted without change.
+    pub duplicates: u64,
+}
+
+type TxnFn = Box<dyn FnOnce(&WriteTransaction) -> Result<Box<dyn Any + Send>> + Send>;
+
+enum WriteRequest {
+    Append { batch: AppendBatch, reply: mpsc::SyncSender<Result<AppendOutcome>> },
+    Txn { f: TxnFn, reply: mpsc::SyncSender<Result<Box<dyn Any + Send>>> },
+}
+
+struct StoreInner {
+    db: Arc<Database>,
+    path: PathBuf,
+    sender: Mutex<Option<mpsc::Sender<WriteRequest>>>,
+    poisoned: Arc<Mutex<Option<String>>>,
+    writer: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+impl Drop for StoreInner {
+    fn drop(&mut self) {
+        self.sender.lock().expect("sender").take();
+        if let Some(handle) = self.writer.lock().expect("writer").take() {
+            let _ = handle.join();
+        }
+    }
+}
+
+/// The hot store. Cheap to clone; all clones share one database and one writer.
+#[derive(Clone)]
+pub struct Store {
+    inner: Arc<StoreInner>,
+}
+
+fn db_err(e: impl std::fmt::Display) -> Error {
+    Error::Database(e.to_string())
+}
+
+impl Store {
+    /// Opens (or creates) the database at `path`. A database held by another process is
+    /// refused with a message that says so.
+    pub fn open(path: &Path) -> Result<Store> {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+        }
+        let db = Database::create(path).map_err(|e| match e {
+            redb::DatabaseError::DatabaseAlreadyOpen => {
+                Error::AlreadyOpen { path: path.parent().unwrap_or(path).to_path_buf() }
+            }
+            other => Error::Database(format!("cannot open {}: {other}", path.display())),
+        })?;
+        let db = Arc::new(db);
+        init_schema(&db)?;
+        let (sender, receiver) = mpsc::channel();
+        let poisoned = Arc::new(Mutex::new(None));
+        let writer = {
+            let db = db.clone();
+            let poisoned = poisoned.clone();
+            std::thread::Builder::new()
+                .name("frostline-writer".into())
+                .spawn(move || writer_loop(&db, receiver, &poisoned))
+                .map_err(|e| Error::Internal(format!("cannot start the writer thread: {e}")))?
+        };
+        Ok(Store {
+            inner: Arc::new(StoreInner {
+                db,
+                path: path.to_path_buf(),
+                sender: Mutex::new(Some(sender)),
+                poisoned,
+                writer: Mutex::new(Some(writer)),
+            }),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.inner.path
+    }
+
+    /// `Some(reason)` once a commit has failed; the store then refuses writes.
+    pub fn poisoned(&self) -> Option<String> {
+        self.inner.poisoned.lock().expect("poison flag").clone()
+    }
+
+    fn send(&self, request: WriteRequest) -> Result<()> {
+        let guard = self.inner.sender.lock().expect("sender");
+        let sender = guard.as_ref().ok_or_else(|| Error::Internal("the store is closed".into()))?;
+        sender.send(request).map_err(|_| Error::Internal("the writer thread has stopped".into()))
+    }
+
+    /// Appends one batch atomically; returns after the commit that holds it.
+    pub fn append(&self, batch: AppendBatch) -> Result<AppendOutcome> {
+        let (reply, answer) = mpsc::sync_channel(1);
+        self.send(WriteRequest::Append { batch, reply })?;
+        answer.recv().map_err(|_| Error::Internal("the writer dropped an append".into()))?
+    }
+
+    /// Runs `f` in its own write transaction on the writer thread and commits it.
+    pub fn write<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&WriteTransaction) -> Result<T> + Send + 'static,
+    ) -> Result<T> {
+        let (reply, answer) = mpsc::sync_channel(1);
+        let f: TxnFn = Box::new(move |txn| f(txn).map(|v| Box::new(v) as Box<dyn Any + Send>));
+        self.send(WriteRequest::Txn { f, reply })?;
+        let value = answer.recv().map_err(|_| Error::Internal("the writer dropped a transaction".into()))??;
+        Ok(*value.downcast::<T>().expect("the writer returns what the closure made"))
+    }
+
+    pub fn read(&self) -> Result<redb::ReadTransaction> {
+        self.inner.db.begin_read().map_err(db_err)
+    }
+
+    // ----- reads -----
+
+    pub fn table_state(&self, table: &str) -> Result<Option<TableState>> {
+        let txn = self.read()?;
+        let t = txn.open_table(TABLES).map_err(db_err)?;
+        t.get(table).map_err(db_err)?.map(|v| decode_value(v.value())).transpose()
+    }
+
+    pub fn bucket(&self, id: &BucketId) -> Result<Option<BucketMeta>> {
+        let txn = self.read()?;
+        let t = txn.open_table(BUCKETS).map_err(db_err)?;
+        t.get(id.encode().as_slice()).map_err(db_err)?.map(|v| decode_value(v.value())).transpose()
+    }
+
+    /// Every bucket of a table (or of one partition), in key order.
+    pub fn buckets(&self, table: &str, partition_key: Option<&[u8]>) -> Result<Vec<BucketMeta>> {
+        let txn = self.read()?;
+        let t = txn.open_table(BUCKETS).map_err(db_err)?;
+        let prefix = BucketId::table_prefix(table, partition_key);
+        let end = encoding::prefix_end(&prefix);
+        let mut out = Vec::new();
+        for entry in t.range(prefix.as_slice()..end.as_slice()).map_err(db_err)? {
+            let (_, v) = entry.map_err(db_err)?;
+            out.push(decode_value(v.value())?);
+        }
+        Ok(out)
+    }
+
+    /// Every bucket of every table.
+    pub fn all_buckets(&self) -> Result<Vec<BucketMeta>> {
+        let txn = self.read()?;
+        let t = txn.open_table(BUCKETS).map_err(db_err)?;
+        let mut out = Vec::new();
+        for entry in t.iter().map_err(db_err)? {
+            let (_, v) = entry.map_err(db_err)?;
+            out.push(decode_value(v.value())?);
+        }
+        Ok(out)
+    }
+
+    /// Buckets whose action is due at or before `now`, soonest first, at most `limit`.
+    pub fn due(&self, now: Micros, limit: usize) -> Result<Vec<(Micros, BucketId)>> {
+        let txn = self.read()?;
+        let t = txn.open_table(DUE).map_err(db_err)?;
+        let end = due_key_bound(now);
+        let mut out = Vec::new();
+        for entry in t.range(..end.as_slice()).map_err(db_err)?.take(limit) {
+            let (k, _) = entry.map_err(db_err)?;
+            out.push(decode_due_key(k.value())?);
+        }
+        Ok(out)
+    }
+
+    /// The earliest due time in the index, for status (archival lag) and scheduling.
+    pub fn earliest_due(&self) -> Result<Option<Micros>> {
+        let txn = self.read()?;
+        let t = txn.open_table(DUE).map_err(db_err)?;
+        let first = t.first().map_err(db_err)?;
+        first.map(|(k, _)| decode_due_key(k.value()).map(|(at, _)| at)).transpose()
+    }
+
+    pub fn due_count(&self, now: Micros) -> Result<u64> {
+        let txn = self.read()?;
+        let t = txn.open_table(DUE).map_err(db_err)?;
+        let end = due_key_bound(now);
+        let mut n = 0;
+        for entry in t.range(..end.as_slice()).map_err(db_err)? {
+            entry.map_err(db_err)?;
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    /// Buckets that have no retention plan yet, at most `limit`.
+    pub fn unplanned(&self, limit: usize) -> Result<Vec<BucketId>> {
+        let txn = self.read()?;
+        let t = txn.open_table(UNPLANNED).map_err(db_err)?;
+        let mut out = Vec::new();
+        for entry in t.iter().map_err(db_err)?.take(limit) {
+            let (k, _) = entry.map_err(db_err)?;
+            out.push(BucketId::decode(&mut encoding::Reader::new(k.value()))?);
+        }
+        Ok(out)
+    }
+
+    /// The hot rows of a bucket in clustering order, from `after` (exclusive) when given.
+    pub fn rows(&self, id: &BucketId, after: Option<(Micros, &[u8])>, limit: usize) -> Result<Vec<Record>> {
+        let txn = self.read()?;
+        scan_rows(&txn.open_table(RECORDS).map_err(db_err)?, id, after, limit)
+    }
+
+    pub fn manifest(&self, id: &BucketId, generation: u64) -> Result<Option<crate::format::manifest::Manifest>> {
+        let txn = self.read()?;
+        let t = txn.open_table(MANIFESTS).map_err(db_err)?;
+        t.get(generation_key(id, generation).as_slice()).map_err(db_err)?.map(|v| decode_value(v.value())).transpose()
+    }
+
+    pub fn outbox(&self, limit: usize) -> Result<Vec<OutboxEvent>> {
+        let txn = self.read()?;
+        let t = txn.open_table(OUTBOX).map_err(db_err)?;
+        let mut out = Vec::new();
+        for entry in t.iter().map_err(db_err)?.take(limit) {
+            let (_, v) = entry.map_err(db_err)?;
+            out.push(decode_value(v.value())?);
+        }
+        Ok(out)
+    }
+
+    pub fn outbox_len(&self) -> Result<u64> {
+        let txn = self.read()?;
+        txn.open_table(OUTBOX).map_err(db_err)?.len().map_err(db_err)
+    }
+
+    pub fn intents(&self) -> Result<Vec<UploadIntent>> {
+        let txn = self.read()?;
+        let t = txn.open_table(INTENTS).map_err(db_err)?;
+        let mut out = Vec::new();
+        for entry in t.iter().map_err(db_err)? {
+            let (_, v) = entry.map_err(db_err)?;
+            out.push(decode_value(v.value())?);
+        }
+        Ok(out)
+    }
+
+    // ----- protocol transactions -----
+
+    /// Records a table's strategy the first time it is seen; afterwards refuses a different one.
+    pub fn register_table(&self, state: TableState) -> Result<TableState> {
+        self.write(move |txn| {
+            let mut t = txn.open_table(TABLES).map_err(db_err)?;
+            let existing: Option<TableState> =
+                t.get(state.id.as_str()).map_err(db_err)?.map(|v| decode_value(v.value())).transpose()?;
+            match existing {
+                Some(existing) if existing.strategy != state.strategy => Err(Error::Conflict(format!(
+                    "table `{}` was created with strategy {} (config {}), not {} (config {}); a table's strategy \
+                     never changes: create a new table id",
+                    state.id,
+                    existing.strategy.name,
+                    existing.strategy.config,
+                    state.strategy.name,
+                    state.strategy.config
+                ))),
+                Some(existing) => Ok(existing),
+                None => {
+                    t.insert(state.id.as_str(), encode_value(&state)?.as_slice()).map_err(db_err)?;
+                    Ok(state)
+                }
+            }
+        })
+    }
+
+    /// Stores a bucket's retention plan and schedules its next action.
+    pub fn set_plan(&self, id: BucketId, plan: RetentionPlan, now: Micros) -> Result<()> {
+        self.write(move |txn| {
+            let mut meta = load_meta(txn, &id)?;
+            txn.open_table(UNPLANNED).map_err(db_err)?.remove(id.encode().as_slice()).map_err(db_err)?;
+            let due_at = match meta.state {
+                BucketState::Hot => plan.archive_at,
+                _ => meta.due_at,
+            };
+            meta.plan = Some(plan);
+            schedule(txn, &mut meta, due_at)?;
+            meta_touch(&mut meta, now, None);
+            save_meta(txn, &meta)
+        })
+    }
+
+    /// Records that planning failed for a bucket; it stays unplanned and is retried later.
+    pub fn note_plan_error(&self, id: BucketId, error: String) -> Result<()> {
+        self.write(move |txn| {
+            let mut meta = load_meta(txn, &id)?;
+            meta.last_error = Some(format!("retention plan: {error}"));
+            save_meta(txn, &meta)
+        })
+    }
+
+    /// Claims a due bucket for `owner`: a hot bucket whose archive time has come, an
+    /// archiving bucket whose retry is due or whose lease expired, or a published bucket whose
+    /// cleanup is pending and unowned. Increments the generation (the fencing token).
+    pub fn claim(&self, id: BucketId, owner: String, now: Micros, lease_us: Micros) -> Result<Option<BucketMeta>> {
+        self.write(move |txn| {
+            let mut meta = load_meta(txn, &id)?;
+            let lease_free = meta.lease_owner.is_none() || meta.lease_expires_at <= now;
+            let claimable = match meta.state {
+                BucketState::Hot => meta.plan.as_ref().and_then(|p| p.archive_at).is_some_and(|at| at <= now),
+                BucketState::Archiving => lease_free && meta.next_retry_at.is_none_or(|at| at <= now),
+                BucketState::Archived { hot_deleted: false } => {
+                    lease_free && meta.next_retry_at.is_none_or(|at| at <= now)
+                }
+                _ => false,
+            };
+            if !claimable {
+                return Ok(None);
+            }
+            if meta.state == BucketState::Hot {
+                invariants::transition_is_allowed(meta.state, BucketState::Archiving).map_err(Error::Internal)?;
+                meta_touch(&mut meta, now, Some(BucketState::Archiving));
+            }
+            meta.generation += 1;
+            meta.lease_owner = Some(owner);
+            meta.lease_expires_at = now + lease_us;
+            meta.next_retry_at = None;
+            // If this worker dies, the lease expiry is when another one takes over.
+            let lease_expires_at = meta.lease_expires_at;
+            schedule(txn, &mut meta, Some(lease_expires_at))?;
+            save_meta(txn, &meta)?;
+            Ok(Some(meta))
+        })
+    }
+
+    /// Extends a held lease. Fails (and changes nothing) when the lease is no longer held.
+    pub fn renew(&self, id: BucketId, owner: String, generation: u64, now: Micros, lease_us: Micros) -> Result<Micros> {
+        self.write(move |txn| {
+            let mut meta = load_meta(txn, &id)?;
+            check_lease(&meta, &owner, generation, now)?;
+            meta.lease_expires_at = now + lease_us;
+            let lease_expires_at = meta.lease_expires_at;
+            schedule(txn, &mut meta, Some(lease_expires_at))?;
+            save_meta(txn, &meta)?;
+            Ok(meta.lease_expires_at)
+        })
+    }
+
+    /// Records, before the first upload, which keys this claim is about to write.
+    pub fn record_intent(&self, intent: UploadIntent, owner: String, now: Micros) -> Result<()> {
+        self.write(move |txn| {
+            let meta = load_meta(txn, &intent.bucket)?;
+            check_lease(&meta, &owner, intent.generation, now)?;
+            let key = generation_key(&intent.bucket, intent.generation);
+            txn.open_table(INTENTS)
+                .map_err(db_err)?
+                .insert(key.as_slice(), encode_value(&intent)?.as_slice())
+                .map_err(db_err)?;
+            Ok(())
+        })
+    }
+
+    /// The read cut-over: in one fenced transaction the bucket becomes
+    /// `Archived{hot_deleted:false}`, the manifest is recorded and an outbox event written.
+    pub fn publish(
+        &self,
+        id: BucketId,
+        owner: String,
+        generation: u64,
+        now: Micros,
+        manifest: crate::format::manifest::Manifest,
+        manifest_key: String,
+    ) -> Result<BucketMeta> {
+        self.write(move |txn| {
+            let mut meta = load_meta(txn, &id)?;
+            check_lease(&meta, &owner, generation, now)?;
+            let next = BucketState::Archived { hot_deleted: false };
+            invariants::transition_is_allowed(meta.state, next).map_err(Error::Internal)?;
+            txn.open_table(MANIFESTS)
+                .map_err(db_err)?
+                .insert(generation_key(&id, generation).as_slice(), encode_value(&manifest)?.as_slice())
+                .map_err(db_err)?;
+            meta_touch(&mut meta, now, Some(next));
+            meta.manifest_key = Some(manifest_key.clone());
+            meta.archived_at = Some(now);
+            meta.attempts = 0;
+            meta.last_error = None;
+            // Cleanup is due at once, and stays due if this worker dies.
+            schedule(txn, &mut meta, Some(now))?;
+            save_meta(txn, &meta)?;
+            push_outbox(
+                txn,
+                "bucket_archived",
+                &meta,
+                now,
+                serde_json::json!({"manifest_key": manifest_key, "rows": manifest.summary.rows}),
+            )?;
+            Ok(meta)
+        })
+    }
+
+    /// A failure before publication: the bucket stays fenced (`Archiving`), its lease is
+    /// released and it is retried at `retry_at`.
+    pub fn defer(
+        &self,
+        id: BucketId,
+        owner: String,
+        generation: u64,
+        now: Micros,
+        error: String,
+        retry_at: Micros,
+    ) -> Result<()> {
+        self.write(move |txn| {
+            let mut meta = load_meta(txn, &id)?;
+            if meta.lease_owner.as_deref() != Some(owner.as_str()) || meta.generation != generation {
+                // Someone else owns it now; their outcome decides.
+                return Ok(());
+            }
+            meta.attempts += 1;
+            meta.last_error = Some(error.clone());
+            meta.lease_owner = None;
+            meta.lease_expires_at = now;
+            meta.next_retry_at = Some(retry_at);
+            schedule(txn, &mut meta, Some(retry_at))?;
+            save_meta(txn, &meta)?;
+            push_outbox(txn, "bucket_deferred", &meta, now, serde_json::json!({"error": error, "retry_at": retry_at}))
+        })
+    }
+
+    /// Deletes the hot rows of a published bucket, in a separately fenced transaction that
+    /// first checks the rows against the manifest's count, key range and checksum.
+    pub fn cleanup(&self, id: BucketId, owner: String, generation: u64, now: Micros) -> Result<u64> {
+        self.write(move |txn| {
+            let mut meta = load_meta(txn, &id)?;
+            check_lease(&meta, &owner, generation, now)?;
+            let next = BucketState::Archived { hot_deleted: true };
+            invariants::transition_is_allowed(meta.state, next).map_err(Error::Internal)?;
+            let manifest_generation = published_generation(txn, &id)?
+                .ok_or_else(|| Error::Internal(format!("bucket {id} is published but has no manifest")))?;
+            let manifest: crate::format::manifest::Manifest = {
+                let t = txn.open_table(MANIFESTS).map_err(db_err)?;
+                let v =
+                    t.get(generation_key(&id, manifest_generation).as_slice()).map_err(db_err)?.ok_or_else(|| {
+                        Error::Internal(format!("manifest of bucket {id} generation {manifest_generation} is missing"))
+                    })?;
+                decode_value(v.value())?
+            };
+            let mut records = txn.open_table(RECORDS).map_err(db_err)?;
+            let prefix = id.encode();
+            let end = encoding::prefix_end(&prefix);
+            let mut summer = RowSummer::default();
+            let mut keys = Vec::new();
+            for entry in records.range(prefix.as_slice()..end.as_slice()).map_err(db_err)? {
+                let (k, v) = entry.map_err(db_err)?;
+                let record = row_to_record(k.value(), v.value())?;
+                summer.push(&record);
+                keys.push(k.value().to_vec());
+            }
+            let hot: RowSummary = summer.finish();
+            invariants::hot_rows_match_manifest(&hot, &manifest.summary)
+                .map_err(|why| Error::Corruption(format!("refusing to delete the hot rows of {id}: {why}")))?;
+            for key in &keys {
+                records.remove(key.as_slice()).map_err(db_err)?;
+            }
+            drop(records);
+            meta_touch(&mut meta, now, Some(next));
+            meta.hot_deleted_at = Some(now);
+            meta.lease_owner = None;
+            meta.lease_expires_at = now;
+            txn.open_table(INTENTS)
+                .map_err(db_err)?
+                .retain_in(prefix.as_slice()..end.as_slice(), |_, _| false)
+                .map_err(db_err)?;
+            let expire_at = meta.plan.as_ref().and_then(|p| p.expire_at);
+            // Expiry of archives is scheduled by the retention lifecycle; until it exists the
+            // bucket leaves the due index here.
+            let _ = expire_at;
+            schedule(txn, &mut meta, None)?;
+            save_meta(txn, &meta)?;
+            push_outbox(txn, "hot_rows_deleted", &meta, now, serde_json::json!({"rows": hot.rows}))?;
+            Ok(hot.rows)
+        })
+    }
+
+    /// Removes delivered outbox events.
+    pub fn ack_outbox(&self, sequences: Vec<u64>) -> Result<()> {
+        self.write(move |txn| {
+            let mut t = txn.open_table(OUTBOX).map_err(db_err)?;
+            for s in sequences {
+                t.remove(s.to_be_bytes().as_slice()).map_err(db_err)?;
+            }
+            Ok(())
+        })
+    }
+}
+
+fn due_key_bound(now: Micros) -> Vec<u8> {
+    // Every due key at `now` starts with the encoded `now`; the bound is just past them.
+    let mut bound = Vec::new();
+    encoding::put_i64(&mut bound, now);
+    encoding::prefix_end(&bound)
+}
+
+fn init_schema(db: &Database) -> Result<()> {
+    let txn = db.begin_write().map_err(db_err)?;
+    {
+        let mut meta = txn.open_table(META).map_err(db_err)?;
+        let stored = meta.get(META_SCHEMA_VERSION).map_err(db_err)?.map(|v| v.value().to_vec());
+        match stored {
+            None => {
+                meta.insert(META_SCHEMA_VERSION, SCHEMA_VERSION.to_be_bytes().as_slice()).map_err(db_err)?;
+            }
+            Some(bytes) => {
+                let version = u32::from_be_bytes(
+                    bytes.as_slice().try_into().map_err(|_| Error::Corruption("malformed schema version".into()))?,
+                );
+                if version > SCHEMA_VERSION {
+                    return Err(Error::Corruption(format!(
+                        "the data directory has schema version {version}, newer than this binary's {SCHEMA_VERSION}; \
+                         run a newer frostline"
+                    )));
+                }
+            }
+        }
+        // Create every table so readers never meet a missing one.
+        txn.open_table(TABLES).map_err(db_err)?;
+        txn.open_table(RECORDS).map_err(db_err)?;
+        txn.open_table(BUCKETS).map_err(db_err)?;
+        txn.open_table(BUCKETS_BY_TIME).map_err(db_err)?;
+        txn.open_table(DUE).map_err(db_err)?;
+        txn.open_table(UNPLANNED).map_err(db_err)?;
+        txn.open_table(MANIFESTS).map_err(db_err)?;
+        txn.open_table(INTENTS).map_err(db_err)?;
+        txn.open_table(OUTBOX).map_err(db_err)?;
+    }
+    txn.commit().map_err(db_err)
+}
+
+fn writer_loop(db: &Database, receiver: mpsc::Receiver<WriteRequest>, poisoned: &Mutex<Option<String>>) {
+    while let Ok(first) = receiver.recv() {
+        let mut group = vec![first];
+        while group.len() < GROUP_COMMIT_REQUESTS_MAX {
+            match receiver.try_recv() {
+                Ok(request) => group.push(request),
+                Err(_) => break,
+            }
+        }
+        let mut appends = Vec::new();
+        for request in group {
+            match request {
+                WriteRequest::Append { batch, reply } => appends.push((batch, reply)),
+                WriteRequest::Txn { f, reply } => {
+                    // Appends that arrived before this transaction commit first, in order.
+                    commit_appends(db, std::mem::take(&mut appends), poisoned);
+                    let _ = reply.send(run_txn(db, f, poisoned));
+                }
+            }
+        }
+        commit_appends(db, appends, poisoned);
+    }
+}
+
+fn poison_check(poisoned: &Mutex<Option<String>>) -> Result<()> {
+    match &*poisoned.lock().expect("poison flag") {
+        Some(reason) => Err(Error::StorePoisoned(reason.clone())),
+        None => Ok(()),
+    }
+}
+
+fn commit(txn: WriteTransaction, poisoned: &Mutex<Option<String>>) -> Result<()> {
+    txn.commit().map_err(|e| {
+        let reason = format!("commit failed: {e}");
+        tracing::error!(%reason, "the hot store refuses further writes until it is reopened");
+        *poisoned.lock().expect("poison flag") = Some(reason.clone());
+        Error::StorePoisoned(reason)
+    })
+}
+
+fn run_txn(db: &Database, f: TxnFn, poisoned: &Mutex<Option<String>>) -> Result<Box<dyn Any + Send>> {
+    poison_check(poisoned)?;
+    let txn = db.begin_write().map_err(db_err)?;
+    match f(&txn) {
+        Ok(value) => {
+            commit(txn, poisoned)?;
+            Ok(value)
+        }
+        Err(e) => {
+            let _ = txn.abort();
+            Err(e)
+        }
+    }
+}
+
+type AppendReply = mpsc::SyncSender<Result<AppendOutcome>>;
+
+fn commit_appends(db: &Database, appends: Vec<(AppendBatch, AppendReply)>, poisoned: &Mutex<Option<String>>) {
+    if appends.is_empty() {
+        return;
+    }
+    let fail_all = |appends: Vec<(AppendBatch, AppendReply)>, error: &dyn Fn() -> Error| {
+        for (_, reply) in appends {
+            let _ = reply.send(Err(error()));
+        }
+    };
+    if let Err(e) = poison_check(poisoned) {
+        let message = e.to_string();
+        return fail_all(appends, &|| Error::StorePoisoned(message.clone()));
+    }
+    let txn = match db.begin_write() {
+        Ok(txn) => txn,
+        Err(e) => {
+            let message = e.to_string();
+            return fail_all(appends, &|| Error::Database(message.clone()));
+        }
+    };
+    let mut outcomes = Vec::with_capacity(appends.len());
+    for (batch, _) in &appends {
+        outcomes.push(apply_batch(&txn, batch));
+    }
+    match commit(txn, poisoned) {
+        Ok(()) => {
+            for ((_, reply), outcome) in appends.into_iter().zip(outcomes) {
+                let _ = reply.send(outcome);
+            }
+        }
+        Err(e) => {
+            let message = e.to_string();
+            fail_all(appends, &|| Error::StorePoisoned(message.clone()));
+        }
+    }
+}
+
+/// Validates a whole batch against the transaction's state, then applies it. Nothing is
+/// written unless every row passes, so a refused batch leaves no trace.
+fn apply_batch(txn: &WriteTransaction, batch: &AppendBatch) -> Result<AppendOutcome> {
+    let mut records = txn.open_table(RECORDS).map_err(db_err)?;
+    let mut buckets = txn.open_table(BUCKETS).map_err(db_err)?;
+    let mut by_time = txn.open_table(BUCKETS_BY_TIME).map_err(db_err)?;
+
+    // Phase 1: check everything, touching nothing.
+    let mut metas: HashMap<BucketId, (BucketMeta, bool)> = HashMap::new();
+    let mut newest_start: HashMap<Vec<u8>, Option<Micros>> = HashMap::new();
+    let mut pending: HashMap<Vec<u8>, &StoredRowRef<'_>> = HashMap::new();
+    let rows: Vec<(BucketId, Vec<u8>, StoredRowRef<'_>)> = batch
+        .rows
+        .iter()
+        .map(|row| {
+            let id = BucketId {
+                table: batch.table.clone(),
+                partition_key: row.record.partition_key.clone(),
+                bucket_key: row.descriptor.key.clone(),
+            };
+            let key = record_key(&id, row.record.event_time, &row.record.sort_key);
+            (id, key, StoredRowRef { row })
+        })
+        .collect();
+    for (id, _, row) in &rows {
+        if !metas.contains_key(id) {
+            let existing: Option<BucketMeta> =
+                buckets.get(id.encode().as_slice()).map_err(db_err)?.map(|v| decode_value(v.value())).transpose()?;
+            let is_new = existing.is_none();
+            let meta = existing.unwrap_or_else(|| new_bucket_meta(id.clone(), &row.row.descriptor, batch));
+            if !meta.state.accepts_appends() {
+                return Err(Error::BucketFenced {
+                    table: id.table.clone(),
+                    bucket: id.display(),
+                    state: meta.state.to_string(),
+                });
+            }
+            if meta.descriptor != row.row.descriptor {
+                return Err(Error::Conflict(format!(
+                    "bucket {id} is stored as [{}, {}) but the strategy now answers [{}, {})",
+                    meta.descriptor.start, meta.descriptor.end, row.row.descriptor.start, row.row.descriptor.end
+                )));
+            }
+            metas.insert(id.clone(), (meta, is_new));
+        }
+    }
+    if let Some(horizons) = &batch.writable_horizons {
+        for (id, (meta, _)) in &metas {
+            let partition = id.partition_key.clone();
+            let stored_newest = match newest_start.get(&partition) {
+                Some(v) => *v,
+                None => {
+                    let prefix = BucketId::table_prefix(&id.table, Some(&id.partition_key));
+                    let end = encoding::prefix_end(&prefix);
+                    let last = by_time.range(prefix.as_slice()..end.as_slice()).map_err(db_err)?.next_back();
+                    let v = match last {
+                        Some(entry) => Some(decode_by_time_key(entry.map_err(db_err)?.0.value())?.1),
+                        None => None,
+                    };
+                    newest_start.insert(partition.clone(), v);
+                    v
+                }
+            };
+            let batch_newest = metas
+                .iter()
+                .filter(|(other, _)| other.partition_key == partition)
+                .map(|(_, (m, _))| m.descriptor.start)
+                .max();
+            let newest = stored_newest.max(batch_newest);
+            if let (Some(horizon), Some(newest)) = (horizons.get(&id.bucket_key), newest) {
+                if newest >= *horizon {
+                    return Err(Error::BucketNotWritable {
+                        table: id.table.clone(),
+                        bucket: id.display(),
+                        writable_buckets: batch.writable_buckets,
+                    });
+                }
+            }
+            let _ = meta;
+        }
+    }
+    let mut duplicates = 0u64;
+    let mut fresh = Vec::new();
+    for (id, key, row) in &rows {
+        let stored = row.stored();
+        if let Some(previous) = pending.get(key) {
+            if previous.stored() != stored {
+                return Err(identity_conflict(id, row));
+            }
+            duplicates += 1;
+            continue;
+        }
+        if let Some(existing) = records.get(key.as_slice()).map_err(db_err)? {
+            let existing: StoredRow = decode_value(existing.value())?;
+            if existing != stored {
+                return Err(identity_conflict(id, row));
+            }
+            duplicates += 1;
+            continue;
+        }
+        pending.insert(key.clone(), row);
+        fresh.push((id, key, row));
+    }
+
+    // Phase 2: apply.
+    for (id, key, row) in &fresh {
+        records.insert(key.as_slice(), encode_value(&row.stored())?.as_slice()).map_err(db_err)?;
+        let (meta, _) = metas.get_mut(*id).expect("checked above");
+        meta.row_count += 1;
+        meta.byte_count += row.row.record.body.len() as u64;
+        meta.tenant.observe(row.row.record.tenant.as_deref());
+        meta.kind.observe(row.row.record.kind.as_deref());
+    }
+    let mut unplanned = txn.open_table(UNPLANNED).map_err(db_err)?;
+    for (id, (meta, is_new)) in &metas {
+        buckets.insert(id.encode().as_slice(), encode_value(meta)?.as_slice()).map_err(db_err)?;
+        if *is_new {
+            by_time.insert(by_time_key(id, meta.descriptor.start).as_slice(), ()).map_err(db_err)?;
+            unplanned.insert(id.encode().as_slice(), ()).map_err(db_err)?;
+        }
+    }
+    Ok(AppendOutcome { appended: fresh.len() as u64, duplicates })
+}
+
+struct StoredRowRef<'a> {
+    row: &'a PreparedRow,
+}
+
+impl StoredRowRef<'_> {
+    fn stored(&self) -> StoredRow {
+        StoredRow {
+            tenant: self.row.record.tenant.clone(),
+            kind: self.row.record.kind.clone(),
+            body: self.row.record.body.clone(),
+        }
+    }
+}
+
+fn identity_conflict(id: &BucketId, row: &StoredRowRef<'_>) -> Error {
+    Error::Conflict(format!(
+        "a record with identity (bucket {id}, event_time {}, sort_key `{}`) already exists with a different body; \
+         nothing in this batch was applied",
+        row.row.record.event_time,
+        String::from_utf8_lossy(&row.row.record.sort_key)
+    ))
+}
+
+fn new_bucket_meta(id: BucketId, descriptor: &BucketDescriptor, batch: &AppendBatch) -> BucketMeta {
+    BucketMeta {
+        id,
+        descriptor: descriptor.clone(),
+        strategy: batch.strategy.clone(),
+        state: BucketState::Hot,
+        generation: 0,
+        lease_owner: None,
+        lease_expires_at: 0,
+        attempts: 0,
+        next_retry_at: None,
+        last_error: None,
+        manifest_key: None,
+        row_count: 0,
+        byte_count: 0,
+        tenant: Shared::Unset,
+        kind: Shared::Unset,
+        plan: None,
+        due_at: None,
+        created_at: batch.now,
+        state_since: batch.now,
+        archived_at: None,
+        hot_deleted_at: None,
+    }
+}
+
+pub(crate) fn row_to_record(key: &[u8], value: &[u8]) -> Result<Record> {
+    let (bucket, event_time, sort_key) = decode_record_key(key)?;
+    let row: StoredRow = decode_value(value)?;
+    Ok(Record {
+        partition_key: bucket.partition_key,
+        event_time,
+        sort_key,
+        tenant: row.tenant,
+        kind: row.kind,
+        body: row.body,
+    })
+}
+
+fn scan_rows(
+    table: &impl ReadableTable<&'static [u8], &'static [u8]>,
+    id: &BucketId,
+    after: Option<(Micros, &[u8])>,
+    limit: usize,
+) -> Result<Vec<Record>> {
+    let prefix = id.encode();
+    let end = encoding::prefix_end(&prefix);
+    let start = match after {
+        Some((t, sort_key)) => {
+            let mut k = record_key(id, t, sort_key);
+            k.push(0); // strictly after
+            k
+        }
+        None => prefix.clone(),
+    };
+    let mut out = Vec::new();
+    for entry in table.range(start.as_slice()..end.as_slice()).map_err(db_err)?.take(limit) {
+        let (k, v) = entry.map_err(db_err)?;
+        out.push(row_to_record(k.value(), v.value())?);
+    }
+    Ok(out)
+}
+
+fn load_meta(txn: &WriteTransaction, id: &BucketId) -> Result<BucketMeta> {
+    let t = txn.open_table(BUCKETS).map_err(db_err)?;
+    let v =
+        t.get(id.encode().as_slice()).map_err(db_err)?.ok_or_else(|| Error::InvalidInput(format!("no bucket {id}")))?;
+    decode_value(v.value())
+}
+
+fn save_meta(txn: &WriteTransaction, meta: &BucketMeta) -> Result<()> {
+    let mut t = txn.open_table(BUCKETS).map_err(db_err)?;
+    t.insert(meta.id.encode().as_slice(), encode_value(meta)?.as_slice()).map_err(db_err)?;
+    Ok(())
+}
+
+fn meta_touch(meta: &mut BucketMeta, now: Micros, state: Option<BucketState>) {
+    if let Some(state) = state {
+        if state != meta.state {
+            meta.state = state;
+            meta.state_since = now;
+        }
+    }
+}
+
+/// Moves the bucket's due-index entry to `due_at` (or removes it).
+fn schedule(txn: &WriteTransaction, meta: &mut BucketMeta, due_at: Option<Micros>) -> Result<()> {
+    let mut due = txn.open_table(DUE).map_err(db_err)?;
+    if let Some(old) = meta.due_at {
+        due.remove(due_key(old, &meta.id).as_slice()).map_err(db_err)?;
+    }
+    if let Some(at) = due_at {
+        due.insert(due_key(at, &meta.id).as_slice(), ()).map_err(db_err)?;
+    }
+    meta.due_at = due_at;
+    Ok(())
+}
+
+fn check_lease(meta: &BucketMeta, owner: &str, generation: u64, now: Micros) -> Result<()> {
+    invariants::lease_is_held(
+        meta.lease_owner.as_deref(),
+        meta.generation,
+        meta.lease_expires_at,
+        owner,
+        generation,
+        now,
+    )
+    .map_err(|detail| Error::LeaseLost { bucket: meta.id.display(), owner: owner.to_string(), generation, detail })
+}
+
+/// The generation of the bucket's published manifest: the newest one recorded.
+fn published_generation(txn: &WriteTransaction, id: &BucketId) -> Result<Option<u64>> {
+    let t = txn.open_table(MANIFESTS).map_err(db_err)?;
+    let prefix = id.encode();
+    let end = encoding::prefix_end(&prefix);
+    let last = t.range(prefix.as_slice()..end.as_slice()).map_err(db_err)?.next_back();
+    match last {
+        None => Ok(None),
+        Some(entry) => {
+            let (k, _) = entry.map_err(db_err)?;
+            let mut r = encoding::Reader::new(&k.value()[prefix.len()..]);
+            Ok(Some(r.u64()?))
+        }
+    }
+}
+
+fn push_outbox(
+    txn: &WriteTransaction,
+    kind: &str,
+    meta: &BucketMeta,
+    now: Micros,
+    detail: serde_json::Value,
+) -> Result<()> {
+    let mut m = txn.open_table(META).map_err(db_err)?;
+    let sequence = match m.get(META_OUTBOX_SEQUENCE).map_err(db_err)? {
+        Some(v) => {
+            u64::from_be_bytes(v.value().try_into().map_err(|_| Error::Corruption("outbox sequence".into()))?) + 1
+        }
+        None => 1,
+    };
+    m.insert(META_OUTBOX_SEQUENCE, sequence.to_be_bytes().as_slice()).map_err(db_err)?;
+    let event = OutboxEvent {
+        sequence,
+        kind: kind.to_string(),
+        bucket: meta.id.clone(),
+        generation: meta.generation,
+        at: now,
+        detail,
+    };
+    txn.open_table(OUTBOX)
+        .map_err(db_err)?
+        .insert(sequence.to_be_bytes().as_slice(), encode_value(&event)?.as_slice())
+        .map_err(db_err)?;
+    Ok(())
+}

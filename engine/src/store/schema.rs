@@ -1,0 +1,261 @@
+//! Every redb table frostline uses, its key layout, its value type and the schema version.
+//!
+//! Keys use the order-preserving encoding of `encoding`. Values are MessagePack (rmp-serde)
+//! envelopes `{v: version, ...}`, so a later schema can read an older value and upgrade it.
+//!
+//! | table            | key                                              | value          |
+//! |------------------|--------------------------------------------------|----------------|
+//! | `meta`           | name                                             | bytes          |
+//! | `tables`         | table id                                         | `TableState`   |
+//! | `records`        | bucket id ‖ event_time ‖ sort_key                | `StoredRow`    |
+//! | `buckets`        | bucket id = table ‖ partition ‖ bucket_key       | `BucketMeta`   |
+//! | `buckets_by_time`| table ‖ partition ‖ start ‖ bucket_key            | ()             |
+//! | `due`            | due_at ‖ bucket id                               | ()             |
+//! | `unplanned`      | bucket id                                        | ()             |
+//! | `manifests`      | bucket id ‖ generation                           | `Manifest`     |
+//! | `intents`        | bucket id ‖ generation                           | `UploadIntent` |
+//! | `outbox`         | sequence (u64)                                   | `OutboxEvent`  |
+
+use redb::TableDefinition;
+use serde::{Deserialize, Serialize};
+
+use super::encoding::{self, Reader};
+use crate::error::{Error, Result};
+use crate::model::{BucketDescriptor, BucketState, Micros, RetentionPlan};
+
+/// Bumped on any incompatible change of a table or value; `Store::open` refuses a newer one
+/// and upgrades an older one.
+pub const SCHEMA_VERSION: u32 = 1;
+
+pub const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
+pub const TABLES: TableDefinition<&str, &[u8]> = TableDefinition::new("tables");
+pub const RECORDS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("records");
+pub const BUCKETS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("buckets");
+pub const BUCKETS_BY_TIME: TableDefinition<&[u8], ()> = TableDefinition::new("buckets_by_time");
+pub const DUE: TableDefinition<&[u8], ()> = TableDefinition::new("due");
+pub const UNPLANNED: TableDefinition<&[u8], ()> = TableDefinition::new("unplanned");
+pub const MANIFESTS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("manifests");
+pub const INTENTS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("intents");
+pub const OUTBOX: TableDefinition<&[u8], &[u8]> = TableDefinition::new("outbox");
+
+pub const META_SCHEMA_VERSION: &str = "schema_version";
+pub const META_OUTBOX_SEQUENCE: &str = "outbox_sequence";
+
+/// Identifies one bucket: `(table, partition_key, bucket_key)`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct BucketId {
+    pub table: String,
+    pub partition_key: Vec<u8>,
+    pub bucket_key: String,
+}
+
+impl BucketId {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.table.len() + self.partition_key.len() + self.bucket_key.len() + 6);
+        encoding::put_bytes(&mut out, self.table.as_bytes());
+        encoding::put_bytes(&mut out, &self.partition_key);
+        encoding::put_bytes(&mut out, self.bucket_key.as_bytes());
+        out
+    }
+
+    pub fn decode(reader: &mut Reader<'_>) -> Result<Self> {
+        let table =
+            String::from_utf8(reader.bytes()?).map_err(|_| Error::Corruption("table id is not UTF-8".into()))?;
+        let partition_key = reader.bytes()?;
+        let bucket_key =
+            String::from_utf8(reader.bytes()?).map_err(|_| Error::Corruption("bucket key is not UTF-8".into()))?;
+        Ok(BucketId { table, partition_key, bucket_key })
+    }
+
+    /// Prefix of every bucket of a table (and partition, when given).
+    pub fn table_prefix(table: &str, partition_key: Option<&[u8]>) -> Vec<u8> {
+        let mut out = Vec::new();
+        encoding::put_bytes(&mut out, table.as_bytes());
+        if let Some(p) = partition_key {
+            encoding::put_bytes(&mut out, p);
+        }
+        out
+    }
+
+    pub fn display(&self) -> String {
+        format!("{}/{}/{}", self.table, String::from_utf8_lossy(&self.partition_key), self.bucket_key)
+    }
+}
+
+impl std::fmt::Display for BucketId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.display())
+    }
+}
+
+pub fn record_key(bucket: &BucketId, event_time: Micros, sort_key: &[u8]) -> Vec<u8> {
+    let mut out = bucket.encode();
+    encoding::put_i64(&mut out, event_time);
+    encoding::put_bytes(&mut out, sort_key);
+    out
+}
+
+/// Splits a record key into its bucket, event time and sort key.
+pub fn decode_record_key(key: &[u8]) -> Result<(BucketId, Micros, Vec<u8>)> {
+    let mut r = Reader::new(key);
+    let bucket = BucketId::decode(&mut r)?;
+    let event_time = r.i64()?;
+    let sort_key = r.bytes()?;
+    Ok((bucket, event_time, sort_key))
+}
+
+pub fn by_time_key(bucket: &BucketId, start: Micros) -> Vec<u8> {
+    let mut out = BucketId::table_prefix(&bucket.table, Some(&bucket.partition_key));
+    encoding::put_i64(&mut out, start);
+    encoding::put_bytes(&mut out, bucket.bucket_key.as_bytes());
+    out
+}
+
+pub fn decode_by_time_key(key: &[u8]) -> Result<(BucketId, Micros)> {
+    let mut r = Reader::new(key);
+    let table = String::from_utf8(r.bytes()?).map_err(|_| Error::Corruption("table id is not UTF-8".into()))?;
+    let partition_key = r.bytes()?;
+    let start = r.i64()?;
+    let bucket_key = String::from_utf8(r.bytes()?).map_err(|_| Error::Corruption("bucket key is not UTF-8".into()))?;
+    Ok((BucketId { table, partition_key, bucket_key }, start))
+}
+
+pub fn due_key(due_at: Micros, bucket: &BucketId) -> Vec<u8> {
+    let mut out = Vec::new();
+    encoding::put_i64(&mut out, due_at);
+    out.extend_from_slice(&bucket.encode());
+    out
+}
+
+pub fn decode_due_key(key: &[u8]) -> Result<(Micros, BucketId)> {
+    let mut r = Reader::new(key);
+    let due_at = r.i64()?;
+    Ok((due_at, BucketId::decode(&mut r)?))
+}
+
+pub fn generation_key(bucket: &BucketId, generation: u64) -> Vec<u8> {
+    let mut out = bucket.encode();
+    encoding::put_u64(&mut out, generation);
+    out
+}
+
+/// A record as stored in the hot table (its identity lives in the key).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoredRow {
+    pub tenant: Option<String>,
+    pub kind: Option<String>,
+    pub body: String,
+}
+
+/// What the bucket's records share, for the retention policy's facts.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Shared {
+    /// No record has set it.
+    Unset,
+    /// Every record so far has this value.
+    One(String),
+    /// Records differ.
+    Mixed,
+}
+
+impl Shared {
+    pub fn observe(&mut self, value: Option<&str>) {
+        *self = match (&*self, value) {
+            (Shared::Unset, Some(v)) => Shared::One(v.to_string()),
+            (Shared::One(current), Some(v)) if current == v => return,
+            (Shared::Unset, None) => return,
+            (Shared::One(_), None) | (Shared::One(_), Some(_)) => Shared::Mixed,
+            (Shared::Mixed, _) => return,
+        };
+    }
+
+    pub fn single(&self) -> Option<String> {
+        match self {
+            Shared::One(v) => Some(v.clone()),
+            _ => None,
+        }
+    }
+}
+
+/// One row per bucket: everything the protocol needs to decide and to fence.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BucketMeta {
+    pub id: BucketId,
+    pub descriptor: BucketDescriptor,
+    /// `StrategyIdentity::fingerprint` of the strategy that made the bucket.
+    pub strategy: String,
+    pub state: BucketState,
+    /// The fencing token; every claim increments it.
+    pub generation: u64,
+    pub lease_owner: Option<String>,
+    pub lease_expires_at: Micros,
+    pub attempts: u32,
+    pub next_retry_at: Option<Micros>,
+    pub last_error: Option<String>,
+    pub manifest_key: Option<String>,
+    pub row_count: u64,
+    pub byte_count: u64,
+    pub tenant: Shared,
+    pub kind: Shared,
+    pub plan: Option<RetentionPlan>,
+    /// When the bucket's next action is due (the key of its `due` entry), if any.
+    pub due_at: Option<Micros>,
+    pub created_at: Micros,
+    /// When the state last changed, so status can show each state's age.
+    pub state_since: Micros,
+    pub archived_at: Option<Micros>,
+    pub hot_deleted_at: Option<Micros>,
+}
+
+/// Per-table state the engine must remember across restarts and policy changes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TableState {
+    pub id: String,
+    /// The strategy that made the table's buckets; it may never change.
+    pub strategy: crate::model::StrategyIdentity,
+    pub created_at: Micros,
+}
+
+/// Before the first upload of a claim: what it is about to write (invariant 10).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UploadIntent {
+    pub bucket: BucketId,
+    pub generation: u64,
+    pub target: String,
+    pub keys: Vec<String>,
+    pub recorded_at: Micros,
+}
+
+/// A durable event, delivered at least once to the configured sinks.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OutboxEvent {
+    pub sequence: u64,
+    pub kind: String,
+    pub bucket: BucketId,
+    pub generation: u64,
+    pub at: Micros,
+    pub detail: serde_json::Value,
+}
+
+#[derive(Serialize, Deserialize)]
+struct Envelope<T> {
+    v: u32,
+    value: T,
+}
+
+pub fn encode_value<T: Serialize>(value: &T) -> Result<Vec<u8>> {
+    rmp_serde::to_vec_named(&Envelope { v: SCHEMA_VERSION, value })
+        .map_err(|e| Error::Internal(format!("cannot encode a stored value: {e}")))
+}
+
+pub fn decode_value<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T> {
+    let envelope: Envelope<T> =
+        rmp_serde::from_slice(bytes).map_err(|e| Error::Corruption(format!("cannot decode a stored value: {e}")))?;
+    if envelope.v > SCHEMA_VERSION {
+        return Err(Error::Corruption(format!(
+            "a stored value has schema version {} but this binary knows {SCHEMA_VERSION}; upgrade frostline",
+            envelope.v
+        )));
+    }
+    Ok(envelope.value)
+}
