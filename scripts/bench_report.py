@@ -19,11 +19,16 @@ def number(value):
     return f"{value:.3f}"
 
 
+def ratio(value):
+    """`0.117 (8.5x slower)` below 1, else the plain number."""
+    if value < 1:
+        return f"{value:.3f} ({1 / value:.1f}x slower)"
+    return number(value)
+
+
 def ratio_text(figure):
     baseline = figure.get("baseline")
-    if not baseline:
-        return ""
-    return f"{baseline['ratio']:.3f}"
+    return ratio(baseline["ratio"]) if baseline else ""
 
 
 def escape(text):
@@ -46,6 +51,10 @@ def render(doc):
     w(doc["command"])
     w("```")
     w("")
+    w("The Python and JavaScript rows need the example components: build them with "
+      "`plugins/examples/build.sh DIR` and set `FROSTLINE_EXAMPLE_PLUGINS=DIR`; without it they are skipped. "
+      "The first run builds wasmtime in release mode (several minutes).")
+    w("")
     w(f"- Machine: {machine['cpu_model']}, {machine['nproc']} cores, "
       f"{machine['memory_bytes'] / 2**30:.1f} GiB RAM; load average {machine['loadavg_start']} at the "
       f"start, {machine['loadavg_end']} at the end.")
@@ -58,7 +67,7 @@ def render(doc):
       "native Rust) are sampled round by round, one sample of each per round, so load from elsewhere "
       "hits both alike. Slow compiles of large components are repeated fewer times in the default run "
       "(see the Runs column).")
-    w(f"- Ratio = baseline median / figure median ({doc['ratio_definition']}).")
+    w(f"- Ratio: {doc['ratio_definition']}.")
     w("")
 
     figures = doc["figures"]
@@ -71,13 +80,23 @@ def render(doc):
         for f in missed:
             t = f["target"]
             b = f["baseline"]
-            w(f"| {f['scenario']} | {escape(f['name'])} | ratio {b['ratio']:.3f} "
+            w(f"| {f['scenario']} | {escape(f['name'])} | ratio {ratio(b['ratio'])}: "
               f"({number(f['median'])} vs {number(b['median'])} {f['unit']}) | "
               f"ratio >= {t['ratio_min']}: {escape(t['about'])} | {escape(b['name'])} |")
     else:
-        targeted = [f for f in figures if f.get("target")]
-        w(f"None: all {len(targeted)} figures with a target met it." if targeted
-          else "None: no figure in this run has a target.")
+        w("None.")
+    met = [f for f in figures if f.get("target") and f["target"]["met"]]
+    if met:
+        w("")
+        w("Targets met:")
+        w("")
+        for f in met:
+            t = f["target"]
+            w(f"- {f['scenario']} / {f['name']}: ratio {ratio(f['baseline']['ratio'])} "
+              f"(target >= {t['ratio_min']}: {t['about']}).")
+    if not missed and not met:
+        w("")
+        w("No figure in this run has a target.")
     w("")
 
     for scenario in doc["scenarios"]:

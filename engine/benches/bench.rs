@@ -23,6 +23,7 @@ use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail, ensure};
@@ -34,6 +35,7 @@ use frostline::plugin::retention::WasmRetention;
 use frostline::plugin::strategy::WasmStrategy;
 use frostline::plugin::{LoadedPlugin, PluginHost, PluginLimits, PluginSource, Role};
 use serde::Serialize;
+use sha2::{Digest as _, Sha256};
 
 const REPEATS_DEFAULT: usize = 7;
 /// How long one sample of a per-operation figure runs.
@@ -80,7 +82,17 @@ const SCENARIOS: &[Scenario] = &[
     // Append and archive scenarios go here.
 ];
 
-fn main() -> Result<()> {
+fn main() -> std::process::ExitCode {
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("frostline-bench: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> Result<()> {
     let raw_args: Vec<String> = std::env::args().skip(1).collect();
     let options = Options::parse(&raw_args)?;
     if options.help {
@@ -139,8 +151,12 @@ fn main() -> Result<()> {
             let target = f.target.as_ref().expect("filtered on target");
             let ratio = f.baseline.as_ref().map_or(f64::NAN, |b| b.ratio);
             println!(
-                "  {} / {}: ratio {ratio:.3}, target >= {} ({})",
-                f.scenario, f.name, target.ratio_min, target.about
+                "  {} / {}: ratio {}, target >= {} ({})",
+                f.scenario,
+                f.name,
+                ratio_text(ratio),
+                target.ratio_min,
+                target.about
             );
         }
     }
@@ -276,7 +292,7 @@ impl Unit {
     }
 
     /// Converts a duration in nanoseconds into this unit.
-    fn from_ns(self, ns: f64) -> f64 {
+    fn scale_ns(self, ns: f64) -> f64 {
         match self {
             Unit::NsPerCall | Unit::NsPerTime | Unit::Bytes => ns,
             Unit::Micros => ns / 1e3,
@@ -421,7 +437,7 @@ impl Bench {
                 let start = Instant::now();
                 (c.run)(n).with_context(|| format!("while timing `{}`", c.name))?;
                 let elapsed_ns = start.elapsed().as_nanos() as f64;
-                out.push(c.unit.from_ns(elapsed_ns / (n * c.work_per_op) as f64));
+                out.push(c.unit.scale_ns(elapsed_ns / (n * c.work_per_op) as f64));
             }
         }
         Ok(cases
@@ -448,7 +464,7 @@ impl Bench {
             let input = setup().with_context(|| format!("while setting up `{name}`"))?;
             let start = Instant::now();
             let output = run(input).with_context(|| format!("while timing `{name}`"))?;
-            samples.push(unit.from_ns(start.elapsed().as_nanos() as f64));
+            samples.push(unit.scale_ns(start.elapsed().as_nanos() as f64));
             drop(output);
         }
         Ok(Figure::new(self.scenario, name, unit, samples, 1))
@@ -486,7 +502,7 @@ fn calibrate(run: &mut dyn FnMut(u64) -> Result<()>, sample_ns: u64) -> Result<u
     }
 }
 
-const NAME_WIDTH: usize = 58;
+const NAME_WIDTH: usize = 74;
 
 fn print_header() {
     println!(
@@ -497,7 +513,7 @@ fn print_header() {
 
 fn print_row(f: &Figure) {
     let vs = match &f.baseline {
-        Some(b) => format!("{:.3} vs {}", b.ratio, b.name),
+        Some(b) => format!("{} vs {}", ratio_text(b.ratio), b.name),
         None => String::new(),
     };
     let missed = match &f.target {
@@ -514,6 +530,11 @@ fn print_row(f: &Figure) {
         f.samples.len()
     );
     let _ = std::io::stdout().flush();
+}
+
+/// `0.126 (7.9x slower)`, `1.106`, `218.7`.
+fn ratio_text(ratio: f64) -> String {
+    if ratio < 1.0 { format!("{ratio:.3} ({:.1}x slower)", 1.0 / ratio) } else { number(ratio) }
 }
 
 /// A number with about four significant digits and no exponent.
@@ -690,11 +711,16 @@ fn plugin_call(bench: &mut Bench) -> Result<()> {
         let batch = spread_times(size);
         let [wasm, native]: [Figure; 2] = bench
             .compare(vec![
-                case(format!("WASM buckets-for, batch of {size} (ask_uncached)"), Unit::NsPerTime, size as u64, || {
-                    black_box(strategy.ask_uncached(black_box(&batch))?);
-                    Ok(())
-                }),
-                case(format!("native bucket_for, batch of {size}"), Unit::NsPerTime, size as u64, || {
+                case(
+                    format!("WASM buckets-for, batch of {size}, 130 years (ask_uncached)"),
+                    Unit::NsPerTime,
+                    size as u64,
+                    || {
+                        black_box(strategy.ask_uncached(black_box(&batch))?);
+                        Ok(())
+                    },
+                ),
+                case(format!("native bucket_for, batch of {size}, 130 years"), Unit::NsPerTime, size as u64, || {
                     black_box(native_batch(black_box(&batch)).map_err(anyhow::Error::msg)?);
                     Ok(())
                 }),
@@ -713,7 +739,9 @@ fn plugin_call(bench: &mut Bench) -> Result<()> {
         strategy.buckets_for(&one_year)?;
         cached_sets.push(("batch of 1000, sorted, one year", one_year));
     }
+    let calls = || strategy.counters().calls.load(Ordering::Relaxed);
     for (label, set) in cached_sets {
+        let calls_before = calls();
         let [cached, native]: [Figure; 2] = bench
             .compare(vec![
                 case(
@@ -732,15 +760,17 @@ fn plugin_call(bench: &mut Bench) -> Result<()> {
             ])?
             .try_into()
             .expect("two cases");
+        // The figure is of the cache only if the plugin was never asked while it was timed.
+        let asked = calls() - calls_before;
+        ensure!(asked == 0, "the cached path called the plugin {asked} times; its buckets were not all known");
         let cached = cached
             .against(&native)
             .with_target(CACHED_PATH_RATIO_MIN, "the cached strategy path runs at >= 95% of native speed");
         bench.push(native);
         bench.push(cached);
     }
-    let calls = strategy.counters().calls.load(std::sync::atomic::Ordering::Relaxed);
-    let faults = strategy.counters().faults.load(std::sync::atomic::Ordering::Relaxed);
-    ensure!(faults == 0, "the strategy faulted {faults} times during {calls} calls");
+    let faults = strategy.counters().faults.load(Ordering::Relaxed);
+    ensure!(faults == 0, "the strategy faulted {faults} times during {} calls", calls());
     Ok(())
 }
 
@@ -827,7 +857,7 @@ fn plugin_load(bench: &mut Bench) -> Result<()> {
         // The first compile's cache directory is kept for the cached loads.
         let mut cache_dir: Option<tempfile::TempDir> = None;
         let compile = bench.time_each(
-            format!("{}: compile (fresh host, empty cache dir)", subject.label),
+            format!("{}: compile (new host, empty cache)", subject.label),
             Unit::Millis,
             compile_repeats,
             || {
@@ -852,7 +882,7 @@ fn plugin_load(bench: &mut Bench) -> Result<()> {
 
         let mut last_loaded: Option<Arc<LoadedPlugin>> = None;
         let cached = bench.time_each(
-            format!("{}: cached load (fresh host, warm cache dir)", subject.label),
+            format!("{}: cached load (new host, warm cache)", subject.label),
             Unit::Millis,
             repeats,
             || Ok(PluginHost::new(Some(cache_path.clone()))?),
@@ -868,6 +898,45 @@ fn plugin_load(bench: &mut Bench) -> Result<()> {
         bench.push(compile);
         bench.push(cached);
 
+        // What a cached load must still do whatever the cache holds: hash the component (its
+        // identity) and read, verify and map the compiled artifact, which is larger.
+        let artifact_bytes = std::fs::metadata(artifact_path(&cache_path)?)?.len();
+        bench.push(Figure::new(
+            bench.scenario,
+            format!("{}: compiled artifact size", subject.label),
+            Unit::Bytes,
+            vec![artifact_bytes as f64],
+            1,
+        ));
+        let [hash]: [Figure; 1] = bench
+            .compare(vec![case(
+                format!("{}: SHA-256 of the component (every load)", subject.label),
+                Unit::Millis,
+                1,
+                || {
+                    black_box(Sha256::digest(black_box(&subject.source.bytes[..])));
+                    Ok(())
+                },
+            )])?
+            .try_into()
+            .expect("one case");
+        bench.push(hash);
+        let artifact_path = artifact_path(&cache_path)?;
+        let [check]: [Figure; 1] = bench
+            .compare(vec![case(
+                format!("{}: read + SHA-256 of the artifact (cached)", subject.label),
+                Unit::Millis,
+                1,
+                || {
+                    let bytes = std::fs::read(black_box(&artifact_path))?;
+                    black_box(Sha256::digest(&bytes));
+                    Ok(())
+                },
+            )])?
+            .try_into()
+            .expect("one case");
+        bench.push(check);
+
         let loaded = last_loaded.context("no cached load ran")?;
         let [instantiate]: [Figure; 1] = bench
             .compare(vec![case(
@@ -881,6 +950,19 @@ fn plugin_load(bench: &mut Bench) -> Result<()> {
         bench.push(instantiate);
     }
     Ok(())
+}
+
+/// The one compiled artifact in a cache directory.
+fn artifact_path(cache_dir: &Path) -> Result<PathBuf> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(cache_dir)? {
+        let path = entry?.path();
+        if path.extension().is_some_and(|e| e == "cwasm") {
+            found.push(path);
+        }
+    }
+    ensure!(found.len() == 1, "expected one compiled artifact in {}, found {}", cache_dir.display(), found.len());
+    Ok(found.remove(0))
 }
 
 fn constructor_name(role: Role) -> &'static str {

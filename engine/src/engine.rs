@@ -61,6 +61,13 @@ impl Engine {
         Ok(())
     }
 
+    /// Swaps in a new, fully validated policy set atomically. Work in flight keeps the set it
+    /// started with (it holds an `Arc` to it).
+    pub fn install_policies(&self, set: PolicySet) -> Result<()> {
+        *self.policies.write().expect("policy lock") = Arc::new(set);
+        self.register_tables()
+    }
+
     /// The active policy set; work started under it finishes under it.
     pub fn policies(&self) -> Arc<PolicySet> {
         self.policies.read().expect("policy lock").clone()

@@ -27,7 +27,11 @@ pub fn example_plugin(file: &str) -> PluginSource {
 /// One host per test binary keeps compile work down; tests that need their own cache make one.
 pub fn shared_host() -> &'static PluginHost {
     static HOST: OnceLock<PluginHost> = OnceLock::new();
-    HOST.get_or_init(|| PluginHost::new(None).expect("plugin host"))
+    HOST.get_or_init(|| {
+        // A compiled cache beside the test binary makes reruns skip compilation.
+        let cache = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("plugin-cache");
+        PluginHost::new(Some(cache)).expect("plugin host")
+    })
 }
 
 pub fn load(
@@ -50,4 +54,121 @@ pub fn run_frostline(args: &[&str]) -> Output {
 
 pub fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// An engine on temporary directories with a manual clock.
+pub struct TestEngine {
+    pub engine: std::sync::Arc<frostline::engine::Engine>,
+    pub clock: std::sync::Arc<frostline::clock::ManualClock>,
+    /// Kept so the directories live as long as the engine.
+    _dir: tempfile::TempDir,
+}
+
+pub fn t(text: &str) -> i64 {
+    frostline::model::time::parse_rfc3339(text).unwrap()
+}
+
+impl TestEngine {
+    /// `policy` is the text of `policies/tables.toml`.
+    pub fn new(policy: &str, now: &str) -> TestEngine {
+        let dir = tempfile::tempdir().unwrap();
+        let policies = dir.path().join("policies");
+        std::fs::create_dir_all(&policies).unwrap();
+        std::fs::write(policies.join("tables.toml"), policy).unwrap();
+        let clock = frostline::clock::ManualClock::new(t(now));
+        let engine = frostline::engine::Engine::open(
+            &dir.path().join("data"),
+            &policies,
+            frostline::settings::Settings::default(),
+            clock.clone(),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        TestEngine { engine, clock, _dir: dir }
+    }
+
+    /// Replaces one table's archive backend (to inject faults).
+    pub fn with_backend(&self, table: &str, backend: std::sync::Arc<dyn frostline::storage::ArchiveBackend>) {
+        let current = self.engine.policies();
+        let mut tables = current.tables.clone();
+        let old = tables.get(table).unwrap().clone();
+        tables.insert(
+            table.to_string(),
+            std::sync::Arc::new(frostline::policy::TablePolicy {
+                id: old.id.clone(),
+                strategy: old.strategy.clone(),
+                retention: old.retention.clone(),
+                writable_buckets: old.writable_buckets,
+                format: old.format,
+                target_name: old.target_name.clone(),
+                backend,
+                file: old.file.clone(),
+            }),
+        );
+        self.engine
+            .install_policies(frostline::policy::PolicySet {
+                tables,
+                targets: current.targets.clone(),
+                dir: current.dir.clone(),
+            })
+            .unwrap();
+    }
+
+    pub fn backend(&self, table: &str) -> std::sync::Arc<dyn frostline::storage::ArchiveBackend> {
+        self.engine.policies().tables.get(table).unwrap().backend.clone()
+    }
+
+    pub fn pass(&self) -> frostline::archive::PassReport {
+        runtime().block_on(frostline::archive::run_pass(&self.engine, "test-worker")).unwrap()
+    }
+
+    pub fn query_all(&self, table: &str) -> Vec<frostline::model::Record> {
+        let mut out = Vec::new();
+        let mut cursor = None;
+        loop {
+            let page = runtime()
+                .block_on(frostline::query::query(
+                    &self.engine,
+                    frostline::query::QueryRequest { table: table.into(), limit: 97, cursor, ..Default::default() },
+                ))
+                .unwrap_or_else(|e| panic!("{e}"));
+            out.extend(page.records);
+            match page.next_cursor {
+                Some(c) => cursor = Some(c),
+                None => return out,
+            }
+        }
+    }
+}
+
+pub fn runtime() -> &'static tokio::runtime::Runtime {
+    static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+    RT.get_or_init(|| tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap())
+}
+
+/// Records over `days` days from `start`, `per_day` each, over a few partitions and tenants.
+pub fn records(start: &str, days: i64, per_day: i64) -> Vec<frostline::model::Record> {
+    let day = 86_400_000_000i64;
+    let mut out = Vec::new();
+    for d in 0..days {
+        for i in 0..per_day {
+            let n = d * per_day + i;
+            out.push(frostline::model::Record {
+                partition_key: format!("p{}", n % 3).into_bytes(),
+                event_time: t(start) + d * day + i * 1_000_000,
+                sort_key: format!("{n:06}").into_bytes(),
+                tenant: Some(["acme", "globex"][(n % 2) as usize].to_string()),
+                kind: Some("reading".into()),
+                body: format!(r#"{{"n":{n},"v":"{}"}}"#, "x".repeat((n % 50) as usize)),
+            });
+        }
+    }
+    out
+}
+
+/// Sorts records the way queries return them.
+pub fn sorted(mut records: Vec<frostline::model::Record>) -> Vec<frostline::model::Record> {
+    records.sort_by(|a, b| {
+        (a.event_time, &a.sort_key, &a.partition_key).cmp(&(b.event_time, &b.sort_key, &b.partition_key))
+    });
+    records
 }

@@ -30,20 +30,6 @@ pub fn transition_is_allowed(from: BucketState, to: BucketState) -> Result<(), S
     if from.can_transition_to(to) { Ok(()) } else { Err(format!("no transition from {from} to {to}")) }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn stale_workers_are_refused() {
-        assert!(lease_is_held(Some("a"), 3, 100, "a", 3, 99).is_ok());
-        assert!(lease_is_held(Some("a"), 3, 100, "a", 3, 100).unwrap_err().contains("expired"));
-        assert!(lease_is_held(Some("a"), 4, 100, "a", 3, 50).unwrap_err().contains("generation"));
-        assert!(lease_is_held(Some("b"), 3, 100, "a", 3, 50).unwrap_err().contains("owner"));
-        assert!(lease_is_held(None, 3, 100, "a", 3, 50).is_err());
-    }
-}
-
 /// Invariant 9: the hot rows about to be deleted are exactly the rows the manifest holds.
 pub fn hot_rows_match_manifest(
     hot: &super::rows::RowSummary,
@@ -62,4 +48,18 @@ pub fn hot_rows_match_manifest(
         return Err(format!("hot row checksum {} != manifest row checksum {}", hot.checksum, manifest.checksum));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stale_workers_are_refused() {
+        assert!(lease_is_held(Some("a"), 3, 100, "a", 3, 99).is_ok());
+        assert!(lease_is_held(Some("a"), 3, 100, "a", 3, 100).unwrap_err().contains("expired"));
+        assert!(lease_is_held(Some("a"), 4, 100, "a", 3, 50).unwrap_err().contains("generation"));
+        assert!(lease_is_held(Some("b"), 3, 100, "a", 3, 50).unwrap_err().contains("owner"));
+        assert!(lease_is_held(None, 3, 100, "a", 3, 50).is_err());
+    }
 }

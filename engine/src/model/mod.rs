@@ -85,21 +85,21 @@ impl Record {
                 self.sort_key.len()
             )));
         }
-        if let Some(tenant) = &self.tenant {
-            if !is_visible_ascii(tenant, TENANT_BYTES_MAX) {
-                return Err(Error::InvalidInput(format!(
-                    "tenant `{}` must be 1 to {TENANT_BYTES_MAX} bytes of visible ASCII",
-                    tenant.escape_debug()
-                )));
-            }
+        if let Some(tenant) = &self.tenant
+            && !is_visible_ascii(tenant, TENANT_BYTES_MAX)
+        {
+            return Err(Error::InvalidInput(format!(
+                "tenant `{}` must be 1 to {TENANT_BYTES_MAX} bytes of visible ASCII",
+                tenant.escape_debug()
+            )));
         }
-        if let Some(kind) = &self.kind {
-            if !is_visible_ascii(kind, KIND_BYTES_MAX) {
-                return Err(Error::InvalidInput(format!(
-                    "kind `{}` must be 1 to {KIND_BYTES_MAX} bytes of visible ASCII",
-                    kind.escape_debug()
-                )));
-            }
+        if let Some(kind) = &self.kind
+            && !is_visible_ascii(kind, KIND_BYTES_MAX)
+        {
+            return Err(Error::InvalidInput(format!(
+                "kind `{}` must be 1 to {KIND_BYTES_MAX} bytes of visible ASCII",
+                kind.escape_debug()
+            )));
         }
         if self.body.len() > RECORD_BODY_BYTES_MAX {
             return Err(Error::InvalidInput(format!(

@@ -90,11 +90,11 @@ impl CompiledCache {
             reason: format!("it is not a valid component: {e:#}"),
         })?;
         self.compiled.fetch_add(1, Ordering::Relaxed);
-        if let Some(path) = &artifact {
-            if let Err(e) = store_artifact(&component, path) {
-                // The cache only saves time; a plugin still loads without it.
-                tracing::warn!(artifact = %path.display(), error = %e, "cannot write the compiled plugin cache");
-            }
+        if let Some(path) = &artifact
+            && let Err(e) = store_artifact(&component, path)
+        {
+            // The cache only saves time; a plugin still loads without it.
+            tracing::warn!(artifact = %path.display(), error = %e, "cannot write the compiled plugin cache");
         }
         self.remember(hash, &component);
         Ok(component)

@@ -193,10 +193,10 @@ pub fn check_strategy(strategy: &WasmStrategy, seed: u64) -> Result<ConformanceR
         if let Ok(Ok(next)) = ask(d.end) {
             next_adjacent.case(adjacent(&d, &next));
         }
-        if let Some(before) = d.start.checked_sub(1) {
-            if let Ok(Ok(prev)) = ask(before) {
-                prev_adjacent.case(adjacent(&prev, &d));
-            }
+        if let Some(before) = d.start.checked_sub(1)
+            && let Ok(Ok(prev)) = ask(before)
+        {
+            prev_adjacent.case(adjacent(&prev, &d));
         }
         match keys.get(&d.key) {
             Some(&(s, e)) if (s, e) != (d.start, d.end) => {

@@ -92,13 +92,14 @@ impl WasmStrategy {
         check_descriptor(t, d)?;
         let cache = self.cache.read().expect("strategy cache");
         // A new bucket must not overlap a known one: neighbours neither overlap nor differ.
-        if let Some((_, before)) = cache.range(..d.end).next_back() {
-            if before.end > d.start && before != d {
-                return Err(format!(
-                    "bucket {} [{}, {}) overlaps the earlier answer {} [{}, {})",
-                    d.key, d.start, d.end, before.key, before.start, before.end
-                ));
-            }
+        if let Some((_, before)) = cache.range(..d.end).next_back()
+            && before.end > d.start
+            && before != d
+        {
+            return Err(format!(
+                "bucket {} [{}, {}) overlaps the earlier answer {} [{}, {})",
+                d.key, d.start, d.end, before.key, before.start, before.end
+            ));
         }
         Ok(())
     }

@@ -137,13 +137,13 @@ pub fn load(dir: &Path, data_dir: &Path, host: &PluginHost, settings: &Settings)
             let existing: &Arc<TablePolicy> = existing;
             return Err(invalid(&file, format!("table `{}` is also declared in {}", raw.id, existing.file.display())));
         }
-        if let Some(n) = raw.writable_buckets {
-            if n == 0 || n > WRITABLE_BUCKETS_MAX {
-                return Err(invalid(
-                    &file,
-                    format!("table `{}`: writable_buckets = {n} is outside 1..={WRITABLE_BUCKETS_MAX}", raw.id),
-                ));
-            }
+        if let Some(n) = raw.writable_buckets
+            && (n == 0 || n > WRITABLE_BUCKETS_MAX)
+        {
+            return Err(invalid(
+                &file,
+                format!("table `{}`: writable_buckets = {n} is outside 1..={WRITABLE_BUCKETS_MAX}", raw.id),
+            ));
         }
         let target_name = raw.target.clone().unwrap_or_else(|| DEFAULT_TARGET.to_string());
         let backend = targets.get(&target_name).cloned().ok_or_else(|| {
@@ -204,10 +204,9 @@ fn load_plugin(
     if raw.plugin == builtin::DEFAULT_RETENTION
         && !config.contains_key("cutoff")
         && !config.contains_key("archive_after")
+        && let Some(cutoff) = eligible_before
     {
-        if let Some(cutoff) = eligible_before {
-            config.insert("cutoff".into(), toml::Value::String(model::time::format_rfc3339(cutoff)));
-        }
+        config.insert("cutoff".into(), toml::Value::String(model::time::format_rfc3339(cutoff)));
     }
     let config_json = if config.is_empty() {
         String::new()

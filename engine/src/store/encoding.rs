@@ -108,15 +108,17 @@ mod tests {
 
     #[test]
     fn order_is_preserved_for_bytes_and_times() {
+        // Sorted by hand: a shorter string sorts before any string it prefixes, byte strings
+        // containing 0x00 after those without at that position, times numerically.
         let mut keys = vec![
             enc(&[b"a", b""], 5),
             enc(&[b"a", b"\0"], -5),
-            enc(&[b"a\0", b""], 0),
             enc(&[b"a", b"b"], i64::MIN),
-            enc(&[b"ab", b""], 0),
             enc(&[b"a", b"b"], -1),
             enc(&[b"a", b"b"], 0),
             enc(&[b"a", b"b"], i64::MAX),
+            enc(&[b"a\0", b""], 0),
+            enc(&[b"ab", b""], 0),
         ];
         let expected = keys.clone();
         keys.reverse();

@@ -742,14 +742,14 @@ fn apply_batch(txn: &WriteTransaction, batch: &AppendBatch) -> Result<AppendOutc
                 .map(|(_, (m, _))| m.descriptor.start)
                 .max();
             let newest = stored_newest.max(batch_newest);
-            if let (Some(horizon), Some(newest)) = (horizons.get(&id.bucket_key), newest) {
-                if newest >= *horizon {
-                    return Err(Error::BucketNotWritable {
-                        table: id.table.clone(),
-                        bucket: id.display(),
-                        writable_buckets: batch.writable_buckets,
-                    });
-                }
+            if let (Some(horizon), Some(newest)) = (horizons.get(&id.bucket_key), newest)
+                && newest >= *horizon
+            {
+                return Err(Error::BucketNotWritable {
+                    table: id.table.clone(),
+                    bucket: id.display(),
+                    writable_buckets: batch.writable_buckets,
+                });
             }
             let _ = meta;
         }
@@ -897,11 +897,11 @@ fn save_meta(txn: &WriteTransaction, meta: &BucketMeta) -> Result<()> {
 }
 
 fn meta_touch(meta: &mut BucketMeta, now: Micros, state: Option<BucketState>) {
-    if let Some(state) = state {
-        if state != meta.state {
-            meta.state = state;
-            meta.state_since = now;
-        }
+    if let Some(state) = state
+        && state != meta.state
+    {
+        meta.state = state;
+        meta.state_since = now;
     }
 }
 

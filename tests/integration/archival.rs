@@ -1,0 +1,433 @@
+//! The archival protocol through the library, with a manual clock and the fault-injecting
+//! store: every phase can fail and every record stays readable; stale workers are refused;
+//! the fence, the ingest guard, idempotent appends and group commit hold.
+
+use frostline::clock::Clock;
+
+use frostline::model::{BucketState, Record};
+use frostline::storage::faults::{Fault, FaultyBackend, Op};
+use frostline::store::schema::BucketId;
+use frostline::{Error, ErrorKind};
+
+use crate::support::*;
+
+const DAILY: &str = r#"
+[[table]]
+id = "r"
+strategy = { plugin = "builtin:calendar-day-utc" }
+retention = { plugin = "builtin:eligible-before", config = { archive_after = "1d" } }
+"#;
+
+/// A manifest of `rows` for driving the store's fenced transactions directly.
+fn manifest_of(
+    descriptor: &frostline::model::BucketDescriptor,
+    generation: u64,
+    rows: &[Record],
+) -> frostline::format::manifest::Manifest {
+    frostline::format::manifest::Manifest {
+        version: 1,
+        table: "r".into(),
+        partition_key: "p0".into(),
+        bucket: descriptor.clone(),
+        strategy: "test".into(),
+        generation,
+        format: frostline::format::Format::Jsonl,
+        target: "memory://".into(),
+        policy: None,
+        summary: frostline::model::rows::summarize(rows),
+        bytes: 0,
+        segments: vec![],
+        created_at: 0,
+    }
+}
+
+fn states(e: &TestEngine) -> Vec<BucketState> {
+    e.engine.store.buckets("r", None).unwrap().into_iter().map(|b| b.state).collect()
+}
+
+fn hot_rows(e: &TestEngine) -> usize {
+    e.engine
+        .store
+        .buckets("r", None)
+        .unwrap()
+        .iter()
+        .map(|b| e.engine.store.rows(&b.id, None, usize::MAX).unwrap().len())
+        .sum()
+}
+
+#[test]
+fn a_pass_archives_due_buckets_and_every_record_reads_back_identically() {
+    let e = TestEngine::new(DAILY, "2024-03-10T00:00:00Z");
+    let input = records("2024-03-01T00:00:00Z", 5, 40);
+    e.engine.append("r", input.clone()).unwrap();
+    e.engine.append("r", records("2024-03-09T00:00:00Z", 1, 10)).unwrap();
+    let report = e.pass();
+    // Days 1-5 ended more than a day ago; day 9 ends at the 10th, due on the 11th.
+    assert_eq!(report.archived, 15, "{report:?}");
+    assert_eq!(report.errors, Vec::<String>::new());
+    let archived = states(&e).iter().filter(|s| **s == BucketState::Archived { hot_deleted: true }).count();
+    assert_eq!(archived, 15);
+    assert_eq!(hot_rows(&e), 10, "only the hot day keeps hot rows");
+    let mut expected = input;
+    expected.extend(records("2024-03-09T00:00:00Z", 1, 10));
+    assert_eq!(e.query_all("r"), sorted(expected));
+}
+
+fn assert_fault_defers_then_recovers(fault_op: Op, key_part: &str, fault: Fault) {
+    let e = TestEngine::new(DAILY, "2024-03-10T00:00:00Z");
+    let faulty = FaultyBackend::new(e.backend("r"));
+    e.with_backend("r", faulty.clone());
+    let input = records("2024-03-01T00:00:00Z", 1, 30);
+    e.engine.append("r", input.clone()).unwrap();
+    faulty.add(fault_op, key_part, fault.clone(), None);
+    let report = e.pass();
+    assert!(!faulty.fired().is_empty(), "{fault_op:?} {fault:?} never fired");
+    assert_eq!(report.archived, 0, "{fault_op:?} {key_part} {fault:?}: {report:?}");
+    assert_eq!(report.deferred, 3, "{report:?}");
+    assert!(states(&e).iter().all(|s| *s == BucketState::Archiving), "fenced while deferred");
+    assert_eq!(e.query_all("r"), sorted(input.clone()), "every record readable while deferred");
+    let deferred = e.engine.store.buckets("r", None).unwrap();
+    assert!(deferred.iter().all(|b| b.attempts == 1 && b.last_error.is_some()));
+    // Not retried before ARCHIVER_RETRY_SECONDS.
+    assert_eq!(e.pass().archived, 0);
+    faulty.clear();
+    e.clock.advance(16_000_000);
+    let report = e.pass();
+    assert_eq!(report.archived, 3, "{report:?}");
+    assert_eq!(hot_rows(&e), 0);
+    assert_eq!(e.query_all("r"), sorted(input));
+}
+
+#[test]
+fn a_failed_segment_upload_defers_and_a_later_pass_completes() {
+    assert_fault_defers_then_recovers(Op::Put, "seg-", Fault::Error);
+}
+
+#[test]
+fn a_failed_manifest_upload_defers_and_a_later_pass_completes() {
+    assert_fault_defers_then_recovers(Op::Put, "manifest-", Fault::Error);
+}
+
+#[test]
+fn a_corrupted_read_back_defers_and_a_later_pass_completes() {
+    assert_fault_defers_then_recovers(Op::Get, "seg-", Fault::CorruptRead);
+}
+
+#[test]
+fn a_failed_read_back_defers_and_a_later_pass_completes() {
+    assert_fault_defers_then_recovers(Op::Get, "manifest-", Fault::Error);
+}
+
+#[test]
+fn a_lost_acknowledgement_is_resolved_by_reading_the_object() {
+    let e = TestEngine::new(DAILY, "2024-03-10T00:00:00Z");
+    let faulty = FaultyBackend::new(e.backend("r"));
+    e.with_backend("r", faulty.clone());
+    let input = records("2024-03-01T00:00:00Z", 1, 30);
+    e.engine.append("r", input.clone()).unwrap();
+    faulty.add(Op::Put, "", Fault::LandThenError, None);
+    let report = e.pass();
+    assert_eq!(report.archived, 3, "uploads landed; reading them back resolves the doubt: {report:?}");
+    assert_eq!(e.query_all("r"), sorted(input));
+}
+
+#[test]
+fn an_existing_object_with_other_bytes_is_never_overwritten() {
+    let e = TestEngine::new(DAILY, "2024-03-10T00:00:00Z");
+    let input = records("2024-03-01T00:00:00Z", 1, 3);
+    e.engine.append("r", input.clone()).unwrap();
+    // Archive once in a scratch engine to learn a segment key, then plant different bytes there.
+    let scratch = TestEngine::new(DAILY, "2024-03-10T00:00:00Z");
+    scratch.engine.append("r", input.clone()).unwrap();
+    scratch.pass();
+    let key = scratch
+        .engine
+        .store
+        .buckets("r", None)
+        .unwrap()
+        .iter()
+        .map(|b| {
+            let m = runtime()
+                .block_on(frostline::archive::read_manifest(
+                    scratch.backend("r").as_ref(),
+                    b.manifest_key.as_ref().unwrap(),
+                ))
+                .unwrap();
+            m.segments[0].key.clone()
+        })
+        .next()
+        .unwrap();
+    runtime().block_on(e.backend("r").put_create(&key, bytes::Bytes::from_static(b"planted"))).unwrap();
+    let report = e.pass();
+    assert_eq!(report.deferred, 1, "{report:?}");
+    assert!(report.errors[0].contains("never overwritten"), "{:?}", report.errors);
+    let planted = runtime().block_on(e.backend("r").get(&key)).unwrap().unwrap();
+    assert_eq!(&planted[..], b"planted");
+    assert_eq!(e.query_all("r"), sorted(input));
+}
+
+#[test]
+fn cleanup_refuses_when_hot_rows_differ_from_the_manifest() {
+    // Pins invariant 9: a peer deleted rows its snapshot did not contain.
+    let input = records("2024-03-01T00:00:00Z", 1, 3);
+    let lease = 60_000_000;
+    let e = TestEngine::new(DAILY, "2024-03-10T00:00:00Z");
+    e.engine.append("r", input.clone()).unwrap();
+    let store = e.engine.store.clone();
+    e.clock.set(t("2024-03-01T12:00:00Z"));
+    e.pass(); // plans, nothing due yet
+    e.clock.set(t("2024-03-10T00:00:00Z"));
+    let id = store.buckets("r", None).unwrap()[0].id.clone();
+    let claimed = store.claim(id.clone(), "w".into(), e.clock.now(), lease).unwrap().unwrap();
+    let rows = store.rows(&id, None, usize::MAX).unwrap();
+    let manifest = manifest_of(&claimed.descriptor, claimed.generation, &rows);
+    store.publish(id.clone(), "w".into(), claimed.generation, e.clock.now(), manifest, "m".into()).unwrap();
+    // An extra row appears (a bug elsewhere) after the manifest was made.
+    let extra_key = frostline::store::schema::record_key(&id, claimed.descriptor.start + 1, b"extra");
+    let value = frostline::store::schema::encode_value(&frostline::store::schema::StoredRow {
+        tenant: None,
+        kind: None,
+        body: "{}".into(),
+    })
+    .unwrap();
+    store
+        .write(move |txn| {
+            txn.open_table(frostline::store::schema::RECORDS)
+                .unwrap()
+                .insert(extra_key.as_slice(), value.as_slice())
+                .unwrap();
+            Ok(())
+        })
+        .unwrap();
+    let err = store.cleanup(id.clone(), "w".into(), claimed.generation, e.clock.now()).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::DataCorruption, "{err}");
+    assert!(err.to_string().contains("hot rows"), "{err}");
+    assert_eq!(store.rows(&id, None, usize::MAX).unwrap().len(), rows.len() + 1, "nothing deleted");
+    assert_eq!(store.bucket(&id).unwrap().unwrap().state, BucketState::Archived { hot_deleted: false });
+}
+
+#[test]
+fn a_stale_worker_can_neither_publish_nor_delete() {
+    let e = TestEngine::new(DAILY, "2024-03-01T12:00:00Z");
+    e.engine.append("r", records("2024-03-01T00:00:00Z", 1, 3)).unwrap();
+    e.pass(); // plan only
+    e.clock.set(t("2024-03-10T00:00:00Z"));
+    let store = e.engine.store.clone();
+    let id = store.buckets("r", None).unwrap()[0].id.clone();
+    let lease = 60_000_000;
+    let a = store.claim(id.clone(), "A".into(), e.clock.now(), lease).unwrap().unwrap();
+    assert!(store.claim(id.clone(), "B".into(), e.clock.now(), lease).unwrap().is_none(), "lease held");
+    // A stalls past its lease; B takes over with a new generation.
+    e.clock.advance(lease + 1);
+    let b = store.claim(id.clone(), "B".into(), e.clock.now(), lease).unwrap().unwrap();
+    assert_eq!(b.generation, a.generation + 1);
+    let rows = store.rows(&id, None, usize::MAX).unwrap();
+    let manifest = |generation| manifest_of(&a.descriptor, generation, &rows);
+    let stale = store.publish(id.clone(), "A".into(), a.generation, e.clock.now(), manifest(a.generation), "ma".into());
+    assert!(matches!(stale, Err(Error::LeaseLost { .. })), "{stale:?}");
+    let stale = store.cleanup(id.clone(), "A".into(), a.generation, e.clock.now());
+    assert!(matches!(stale, Err(Error::LeaseLost { .. })), "{stale:?}");
+    // A worker with the right owner but an old generation is refused too.
+    let stale = store.publish(id.clone(), "B".into(), a.generation, e.clock.now(), manifest(a.generation), "ma".into());
+    assert!(matches!(stale, Err(Error::LeaseLost { .. })), "{stale:?}");
+    store.publish(id.clone(), "B".into(), b.generation, e.clock.now(), manifest(b.generation), "mb".into()).unwrap();
+    assert_eq!(store.cleanup(id.clone(), "B".into(), b.generation, e.clock.now()).unwrap(), rows.len() as u64);
+    let meta = store.bucket(&id).unwrap().unwrap();
+    assert_eq!(meta.manifest_key.as_deref(), Some("mb"));
+    assert_eq!(meta.state, BucketState::Archived { hot_deleted: true });
+}
+
+#[test]
+fn a_pending_cleanup_is_taken_over_after_the_lease_expires() {
+    let e = TestEngine::new(DAILY, "2024-03-01T12:00:00Z");
+    let input = records("2024-03-01T00:00:00Z", 1, 3);
+    e.engine.append("r", input.clone()).unwrap();
+    e.pass();
+    e.clock.set(t("2024-03-10T00:00:00Z"));
+    // Worker A publishes, then dies before cleanup.
+    let store = e.engine.store.clone();
+    let id = store.buckets("r", None).unwrap()[0].id.clone();
+    let a = store.claim(id.clone(), "A".into(), e.clock.now(), 60_000_000).unwrap().unwrap();
+    let rows = store.rows(&id, None, usize::MAX).unwrap();
+    let manifest = manifest_of(&a.descriptor, a.generation, &rows);
+    store.publish(id.clone(), "A".into(), a.generation, e.clock.now(), manifest, "ma".into()).unwrap();
+    // A dies here. Its lease expires; the next pass claims the pending cleanup and finishes it.
+    e.clock.advance(61_000_000);
+    let report = e.pass();
+    assert!(report.cleaned >= 1, "{report:?}");
+    let meta = store.bucket(&id).unwrap().unwrap();
+    assert_eq!(meta.state, BucketState::Archived { hot_deleted: true });
+    assert!(meta.generation > a.generation);
+}
+
+#[test]
+fn appends_to_an_archiving_bucket_are_refused_and_change_nothing() {
+    let e = TestEngine::new(DAILY, "2024-03-01T12:00:00Z");
+    e.engine.append("r", records("2024-03-01T00:00:00Z", 1, 3)).unwrap();
+    e.pass();
+    e.clock.set(t("2024-03-10T00:00:00Z"));
+    let store = e.engine.store.clone();
+    let id = store.buckets("r", None).unwrap()[0].id.clone();
+    store.claim(id.clone(), "A".into(), e.clock.now(), 60_000_000).unwrap().unwrap();
+    let before = store.rows(&id, None, usize::MAX).unwrap();
+    let late = Record {
+        partition_key: id.partition_key.clone(),
+        event_time: t("2024-03-01T05:00:00Z"),
+        sort_key: b"late".to_vec(),
+        tenant: None,
+        kind: None,
+        body: "{}".into(),
+    };
+    let elsewhere = Record { event_time: t("2024-03-05T05:00:00Z"), ..late.clone() };
+    let err = e.engine.append("r", vec![elsewhere, late]).unwrap_err();
+    assert!(matches!(err, Error::BucketFenced { .. }), "{err}");
+    assert_eq!(store.rows(&id, None, usize::MAX).unwrap(), before);
+    assert_eq!(store.buckets("r", None).unwrap().len(), 3, "the other record of the refused batch was not applied");
+}
+
+#[test]
+fn identical_duplicates_are_accepted_and_different_bodies_conflict() {
+    let e = TestEngine::new(DAILY, "2024-03-10T00:00:00Z");
+    let input = records("2024-03-01T00:00:00Z", 1, 5);
+    assert_eq!(e.engine.append("r", input.clone()).unwrap().appended, 5);
+    let again = e.engine.append("r", input.clone()).unwrap();
+    assert_eq!((again.appended, again.duplicates), (0, 5));
+    let mut changed = input.clone();
+    changed[2].body = r#"{"different":true}"#.into();
+    changed.push(Record { sort_key: b"new".to_vec(), ..input[0].clone() });
+    let err = e.engine.append("r", changed).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Conflict, "{err}");
+    assert_eq!(e.query_all("r"), sorted(input), "nothing of the refused batch applied");
+}
+
+#[test]
+fn writable_buckets_guard_refuses_old_buckets_and_accepts_recent_ones() {
+    let policy = r#"
+[[table]]
+id = "r"
+writable_buckets = 2
+strategy = { plugin = "builtin:calendar-day-utc" }
+"#;
+    let e = TestEngine::new(policy, "2024-03-10T00:00:00Z");
+    let rec = |day: &str| Record {
+        partition_key: b"p".to_vec(),
+        event_time: t(day),
+        sort_key: day.as_bytes().to_vec(),
+        tenant: None,
+        kind: None,
+        body: "1".into(),
+    };
+    e.engine.append("r", vec![rec("2024-03-05T00:00:00Z")]).unwrap();
+    // Obeyed: the previous day is among the 2 newest buckets.
+    e.engine.append("r", vec![rec("2024-03-04T10:00:00Z")]).unwrap();
+    // Violated: two days back is not.
+    let err = e.engine.append("r", vec![rec("2024-03-03T10:00:00Z")]).unwrap_err();
+    assert!(matches!(err, Error::BucketNotWritable { writable_buckets: 2, .. }), "{err}");
+    // Another partition has its own newest buckets.
+    e.engine.append("r", vec![Record { partition_key: b"q".to_vec(), ..rec("2024-03-03T10:00:00Z") }]).unwrap();
+}
+
+#[test]
+fn concurrent_appends_are_group_committed_and_all_acknowledged() {
+    let e = TestEngine::new(DAILY, "2024-03-10T00:00:00Z");
+    let engine = e.engine.clone();
+    let threads: Vec<_> = (0..8)
+        .map(|w| {
+            let engine = engine.clone();
+            std::thread::spawn(move || {
+                for i in 0..50 {
+                    let r = Record {
+                        partition_key: format!("w{w}").into_bytes(),
+                        event_time: t("2024-03-09T00:00:00Z") + i,
+                        sort_key: format!("{i}").into_bytes(),
+                        tenant: None,
+                        kind: None,
+                        body: format!("{i}"),
+                    };
+                    engine.append("r", vec![r]).unwrap();
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    assert_eq!(e.query_all("r").len(), 400);
+}
+
+#[test]
+fn the_cursor_stays_correct_when_a_bucket_is_archived_between_pages() {
+    let e = TestEngine::new(DAILY, "2024-03-01T12:00:00Z");
+    let input = records("2024-03-01T00:00:00Z", 4, 25);
+    e.engine.append("r", input.clone()).unwrap();
+    e.pass(); // plans; nothing due yet
+    let page = |cursor| {
+        runtime()
+            .block_on(frostline::query::query(
+                &e.engine,
+                frostline::query::QueryRequest { table: "r".into(), limit: 30, cursor, ..Default::default() },
+            ))
+            .unwrap()
+    };
+    let first = page(None);
+    e.clock.set(t("2024-03-20T00:00:00Z"));
+    assert_eq!(e.pass().archived, 12, "every bucket archived between the pages");
+    let mut seen = first.records.clone();
+    let mut cursor = first.next_cursor;
+    while let Some(c) = cursor {
+        let p = page(Some(c));
+        seen.extend(p.records);
+        cursor = p.next_cursor;
+    }
+    assert_eq!(seen, sorted(input));
+}
+
+#[test]
+fn a_retention_plugin_fault_defers_planning_and_never_archives() {
+    // A bucket whose plan failed stays unplanned: it is never due, so nothing is archived.
+    let e = TestEngine::new(DAILY, "2024-03-10T00:00:00Z");
+    e.engine.append("r", records("2024-03-01T00:00:00Z", 1, 3)).unwrap();
+    let store = e.engine.store.clone();
+    assert_eq!(store.unplanned(100).unwrap().len(), 3);
+    let id: BucketId = store.unplanned(1).unwrap()[0].clone();
+    store.note_plan_error(id.clone(), "policy fault".into()).unwrap();
+    assert_eq!(store.unplanned(100).unwrap().len(), 3, "a failed plan leaves the bucket unplanned");
+    assert!(store.due(i64::MAX, 100).unwrap().is_empty(), "unplanned buckets are never due");
+}
+
+#[test]
+fn a_newer_schema_is_refused_with_a_clear_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("hot.redb");
+    {
+        let db = redb::Database::create(&path).unwrap();
+        let txn = db.begin_write().unwrap();
+        txn.open_table(frostline::store::schema::META)
+            .unwrap()
+            .insert("schema_version", 99u32.to_be_bytes().as_slice())
+            .unwrap();
+        txn.commit().unwrap();
+    }
+    let err = frostline::store::Store::open(&path).err().unwrap().to_string();
+    assert!(err.contains("schema version 99") && err.contains("newer"), "{err}");
+}
+
+#[test]
+fn a_database_written_by_schema_1_opens_and_reads() {
+    // Compatibility: a data directory made by this schema version reopens with its rows.
+    let e = TestEngine::new(DAILY, "2024-03-10T00:00:00Z");
+    let input = records("2024-03-01T00:00:00Z", 1, 5);
+    e.engine.append("r", input).unwrap();
+    let path = e.engine.store.path().to_path_buf();
+    drop(e.engine);
+    let store = frostline::store::Store::open(&path).unwrap();
+    assert_eq!(store.buckets("r", None).unwrap().iter().map(|b| b.row_count).sum::<u64>(), 5);
+}
+
+#[test]
+fn a_second_open_of_the_same_database_is_refused() {
+    let e = TestEngine::new(DAILY, "2024-03-10T00:00:00Z");
+    let err = frostline::store::Store::open(e.engine.store.path()).err().unwrap();
+    assert!(matches!(err, Error::AlreadyOpen { .. }), "{err}");
+    assert!(err.to_string().contains("already open in another process"));
+}

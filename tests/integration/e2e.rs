@@ -1,0 +1,235 @@
+//! End to end through the real binary: ingest, archive, query and status on a data directory,
+//! with every archived object checked against the hash in its name and in its manifest.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use sha2::{Digest, Sha256};
+
+use crate::support::*;
+
+const POLICY: &str = r#"
+[[table]]
+id = "events"
+writable_buckets = 48
+strategy = { plugin = "builtin:calendar-month-utc" }
+retention = { plugin = "builtin:eligible-before" }
+"#;
+
+struct Dirs {
+    _root: tempfile::TempDir,
+    data: String,
+    policies: String,
+}
+
+fn dirs(policy: &str) -> Dirs {
+    let root = tempfile::tempdir().unwrap();
+    let policies = root.path().join("policies");
+    std::fs::create_dir_all(&policies).unwrap();
+    std::fs::write(policies.join("tables.toml"), policy).unwrap();
+    Dirs { data: root.path().join("data").display().to_string(), policies: policies.display().to_string(), _root: root }
+}
+
+fn frostline(d: &Dirs, args: &[&str], stdin: Option<&str>) -> std::process::Output {
+    let mut command = Command::new(frostline_bin());
+    command
+        .args(args)
+        .args(["--data", &d.data, "--policies", &d.policies])
+        .env("ARCHIVER_ELIGIBLE_BEFORE", "2025-01-01T00:00:00Z")
+        .env_remove("ARCHIVER_KEEP_HOT_BUCKETS")
+        .env_remove("ARCHIVER_ELIGIBLE_THROUGH_YEAR")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = command.spawn().unwrap();
+    {
+        use std::io::Write;
+        let mut pipe = child.stdin.take().unwrap();
+        if let Some(text) = stdin {
+            pipe.write_all(text.as_bytes()).unwrap();
+        }
+    }
+    child.wait_with_output().unwrap()
+}
+
+/// About three years of records over four partitions and two tenants, as JSON lines.
+fn three_years() -> (String, Vec<serde_json::Value>) {
+    let mut lines = Vec::new();
+    let start = t("2023-01-01T00:00:00Z");
+    let step = 3 * 365 * 86_400_000_000i64 / 3_000;
+    for i in 0..3_000i64 {
+        let time = start + i * step + (i % 7) * 1_000;
+        let value = serde_json::json!({
+            "partition_key": format!("site-{}", i % 4),
+            "event_time": if i % 2 == 0 { serde_json::json!(time) } else { serde_json::json!(frostline::model::time::format_rfc3339(time)) },
+            "sort_key": format!("{i:05}"),
+            "tenant": if i % 2 == 0 { "acme" } else { "globex" },
+            "kind": "reading",
+            "body": {"i": i, "text": "ünïcode ✓", "nested": {"a": [1, 2, {"b": null}]}},
+        });
+        lines.push(value);
+    }
+    let text = lines.iter().map(|v| v.to_string()).collect::<Vec<_>>().join("\n");
+    (text, lines)
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}
+
+fn files_under(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            files_under(&path, out);
+        } else {
+            out.push(path);
+        }
+    }
+}
+
+#[test]
+fn ingest_archive_query_round_trip_through_the_binary() {
+    let d = dirs(POLICY);
+    let (input, lines) = three_years();
+    let ingest = frostline(&d, &["ingest", "--table", "events", "-"], Some(&input));
+    assert!(ingest.status.success(), "{}", text_of(&ingest));
+    assert!(text(&ingest.stdout).contains("\"appended\":3000"), "{}", text(&ingest.stdout));
+
+    let archive = frostline(&d, &["archive", "--once"], None);
+    assert!(archive.status.success(), "{}", text_of(&archive));
+    let report: serde_json::Value = serde_json::from_slice(&archive.stdout).unwrap();
+    // 2023 and 2024 months end by the 2025-01-01 cutoff: 24 months x 4 partitions.
+    assert_eq!(report["archived"], 96, "{report}");
+
+    let status = frostline(&d, &["status", "--json"], None);
+    let status: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    let states = &status["tables"][0]["states"];
+    assert_eq!(states["archived"]["buckets"], 96, "{status}");
+    let hot_rows = states["hot"]["rows"].as_u64().unwrap();
+    let archived_rows = states["archived"]["rows"].as_u64().unwrap();
+    assert_eq!(hot_rows + archived_rows, 3000);
+    assert!(archived_rows > 1_900 && hot_rows > 900, "{status}");
+
+    // The hot rows of archived buckets are gone: the database holds only the hot ones.
+    drop(status);
+    let query = frostline(&d, &["query", "--table", "events", "--limit", "100000"], None);
+    assert!(query.status.success(), "{}", text_of(&query));
+    let got: Vec<serde_json::Value> = text(&query.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let mut expected: Vec<serde_json::Value> = lines
+        .iter()
+        .map(|v| {
+            let mut v = v.clone();
+            let time = match &v["event_time"] {
+                serde_json::Value::String(s) => t(s),
+                n => n.as_i64().unwrap(),
+            };
+            v["event_time"] = time.into();
+            v
+        })
+        .collect();
+    expected.sort_by_key(|v| (v["event_time"].as_i64().unwrap(), v["sort_key"].as_str().unwrap().to_string()));
+    assert_eq!(got.len(), 3000);
+    assert_eq!(got, expected, "every record, identical, in order");
+
+    // Pagination through the binary gives the same records.
+    let mut paged = 0;
+    let mut cursor: Option<String> = None;
+    loop {
+        let mut args = vec!["query", "--table", "events", "--limit", "700"];
+        if let Some(c) = &cursor {
+            args.extend(["--cursor", c.as_str()]);
+        }
+        let page = frostline(&d, &args, None);
+        paged += text(&page.stdout).lines().count();
+        cursor = text(&page.stderr).lines().find_map(|l| l.strip_prefix("next cursor: ").map(str::to_string));
+        if cursor.is_none() {
+            break;
+        }
+    }
+    assert_eq!(paged, 3000);
+
+    // Every object matches the hash in its name, and every segment its manifest entry.
+    let mut files = Vec::new();
+    files_under(&Path::new(&d.data).join("archive"), &mut files);
+    let manifests: Vec<_> =
+        files.iter().filter(|p| p.file_name().unwrap().to_str().unwrap().starts_with("manifest-")).collect();
+    assert_eq!(manifests.len(), 96);
+    let mut named = 0;
+    for path in &files {
+        let bytes = std::fs::read(path).unwrap();
+        let name = path.file_name().unwrap().to_str().unwrap();
+        let hash_in_name = name.split('.').next().unwrap().rsplit('-').next().unwrap();
+        assert!(sha256_hex(&bytes).starts_with(hash_in_name), "{name}");
+    }
+    for manifest_path in manifests {
+        let manifest: serde_json::Value = serde_json::from_slice(&std::fs::read(manifest_path).unwrap()).unwrap();
+        for segment in manifest["segments"].as_array().unwrap() {
+            let path = Path::new(&d.data).join("archive").join(segment["key"].as_str().unwrap());
+            let bytes = std::fs::read(&path).unwrap();
+            assert_eq!(sha256_hex(&bytes), segment["sha256"].as_str().unwrap());
+            assert_eq!(bytes.len() as u64, segment["bytes"].as_u64().unwrap());
+            named += 1;
+        }
+    }
+    assert_eq!(named, files.len() - 96, "every segment is named by a manifest");
+}
+
+fn text_of(o: &std::process::Output) -> String {
+    format!("stdout: {}\nstderr: {}", text(&o.stdout), text(&o.stderr))
+}
+
+#[test]
+fn a_malformed_file_is_refused_whole_with_line_numbers() {
+    let d = dirs(POLICY);
+    let input = "{\"partition_key\":\"a\",\"event_time\":1,\"body\":{}}\n{\"partition_key\":\"a\",\"event_time\":\"soon\",\"body\":{}}\n";
+    let out = frostline(&d, &["ingest", "--table", "events", "-"], Some(input));
+    assert_eq!(out.status.code(), Some(2), "{}", text_of(&out));
+    assert!(text(&out.stderr).contains("line 2:"), "{}", text_of(&out));
+    assert!(text(&out.stderr).contains("nothing was written"));
+    let status = frostline(&d, &["status", "--json"], None);
+    let status: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    assert!(status["tables"][0]["states"].as_object().unwrap().is_empty(), "{status}");
+}
+
+#[test]
+fn obsolete_settings_and_bad_lease_settings_are_refused_at_start() {
+    let d = dirs(POLICY);
+    let out = Command::new(frostline_bin())
+        .args(["status", "--data", &d.data, "--policies", &d.policies])
+        .env("ARCHIVER_KEEP_HOT_BUCKETS", "2")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("ARCHIVER_ELIGIBLE_BEFORE"), "{}", text(&out.stderr));
+    let out = frostline(&d, &["status", "--lease-seconds", "30", "--lease-renewal-seconds", "30"], None);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("shorter"), "{}", text(&out.stderr));
+}
+
+#[test]
+fn a_second_process_on_the_same_data_directory_is_refused() {
+    let d = dirs(POLICY);
+    let mut run = Command::new(frostline_bin())
+        .args(["run", "--data", &d.data, "--policies", &d.policies])
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stderr = run.stderr.take().unwrap();
+    let mut reader = std::io::BufReader::new(stderr);
+    let mut line = String::new();
+    loop {
+        line.clear();
+        use std::io::BufRead;
+        assert!(reader.read_line(&mut line).unwrap() > 0, "run exited early");
+        if line.contains("frostline running") {
+            break;
+        }
+    }
+    let out = frostline(&d, &["status"], None);
+    let _ = run.kill();
+    let _ = run.wait();
+    assert_ne!(out.status.code(), Some(0));
+    assert!(text(&out.stderr).contains("already open in another process"), "{}", text_of(&out));
+}
