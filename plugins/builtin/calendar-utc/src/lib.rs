@@ -45,9 +45,7 @@ fn parse_config(config: &str) -> Result<Unit, String> {
     if config.trim().is_empty() {
         return Ok(Unit::default());
     }
-    serde_json::from_str::<Config>(config)
-        .map(|c| c.unit)
-        .map_err(|e| format!("calendar-utc config: {e}"))
+    serde_json::from_str::<Config>(config).map(|c| c.unit).map_err(|e| format!("calendar-utc config: {e}"))
 }
 
 fn bucket_for(unit: Unit, t: i64) -> Result<BucketDescriptor, String> {
@@ -62,17 +60,9 @@ fn bucket_for(unit: Unit, t: i64) -> Result<BucketDescriptor, String> {
     let days = t.div_euclid(MICROS_PER_DAY);
     let (year, month, day) = civil_from_days(days);
     let (key, start_days, end_days) = match unit {
-        Unit::Year => (
-            format!("year:{year:04}"),
-            days_from_civil(year, 1, 1),
-            days_from_civil(year + 1, 1, 1),
-        ),
+        Unit::Year => (format!("year:{year:04}"), days_from_civil(year, 1, 1), days_from_civil(year + 1, 1, 1)),
         Unit::Month => {
-            let (next_year, next_month) = if month == 12 {
-                (year + 1, 1)
-            } else {
-                (year, month + 1)
-            };
+            let (next_year, next_month) = if month == 12 { (year + 1, 1) } else { (year, month + 1) };
             (
                 format!("month:{year:04}-{month:02}"),
                 days_from_civil(year, month, 1),
@@ -82,11 +72,7 @@ fn bucket_for(unit: Unit, t: i64) -> Result<BucketDescriptor, String> {
         Unit::Day => (format!("day:{year:04}-{month:02}-{day:02}"), days, days + 1),
     };
     // Cannot overflow: the supported range ends at 10000-01-01, far inside i64 microseconds.
-    Ok(BucketDescriptor {
-        key,
-        start: start_days * MICROS_PER_DAY,
-        end: end_days * MICROS_PER_DAY,
-    })
+    Ok(BucketDescriptor { key, start: start_days * MICROS_PER_DAY, end: end_days * MICROS_PER_DAY })
 }
 
 fn buckets_for(unit: Unit, times: &[i64]) -> Result<Vec<BucketDescriptor>, String> {
@@ -94,10 +80,7 @@ fn buckets_for(unit: Unit, times: &[i64]) -> Result<Vec<BucketDescriptor>, Strin
     for (index, &t) in times.iter().enumerate() {
         // Batches are usually sorted, so the previous answer is most often the right one and
         // saves the calendar arithmetic and the key formatting.
-        let cached = out
-            .last()
-            .filter(|last| last.start <= t && t < last.end)
-            .cloned();
+        let cached = out.last().filter(|last| last.start <= t && t < last.end).cloned();
         match cached {
             Some(bucket) => out.push(bucket),
             None => out.push(bucket_for(unit, t).map_err(|e| format!("event time #{index}: {e}"))?),
@@ -140,11 +123,7 @@ mod tests {
 
     fn check(unit: Unit, t: i64, key: &str, start: i64, end: i64) {
         let b = bucket_for(unit, t).unwrap();
-        assert_eq!(
-            (b.key.as_str(), b.start, b.end),
-            (key, start, end),
-            "t = {t}"
-        );
+        assert_eq!((b.key.as_str(), b.start, b.end), (key, start, end), "t = {t}");
         assert!(b.start <= t && t < b.end);
     }
 
@@ -169,54 +148,19 @@ mod tests {
 
     #[test]
     fn leap_years() {
-        check(
-            Unit::Day,
-            at(2024, 2, 29) + 5,
-            "day:2024-02-29",
-            at(2024, 2, 29),
-            at(2024, 3, 1),
-        );
-        check(
-            Unit::Month,
-            at(2000, 2, 15),
-            "month:2000-02",
-            at(2000, 2, 1),
-            at(2000, 3, 1),
-        );
+        check(Unit::Day, at(2024, 2, 29) + 5, "day:2024-02-29", at(2024, 2, 29), at(2024, 3, 1));
+        check(Unit::Month, at(2000, 2, 15), "month:2000-02", at(2000, 2, 1), at(2000, 3, 1));
         assert_eq!(at(2000, 3, 1) - at(2000, 2, 1), 29 * MICROS_PER_DAY);
-        check(
-            Unit::Month,
-            at(1900, 2, 15),
-            "month:1900-02",
-            at(1900, 2, 1),
-            at(1900, 3, 1),
-        );
+        check(Unit::Month, at(1900, 2, 15), "month:1900-02", at(1900, 2, 1), at(1900, 3, 1));
         assert_eq!(at(1900, 3, 1) - at(1900, 2, 1), 28 * MICROS_PER_DAY);
         assert_eq!(at(2024, 1, 1), 1_704_067_200 * MICROS_PER_SECOND);
     }
 
     #[test]
     fn range_edges() {
-        check(
-            Unit::Year,
-            SUPPORTED_START_MICROS,
-            "year:0001",
-            at(1, 1, 1),
-            at(2, 1, 1),
-        );
-        check(
-            Unit::Day,
-            SUPPORTED_END_MICROS - 1,
-            "day:9999-12-31",
-            at(9999, 12, 31),
-            SUPPORTED_END_MICROS,
-        );
-        for t in [
-            SUPPORTED_START_MICROS - 1,
-            SUPPORTED_END_MICROS,
-            i64::MIN,
-            i64::MAX,
-        ] {
+        check(Unit::Year, SUPPORTED_START_MICROS, "year:0001", at(1, 1, 1), at(2, 1, 1));
+        check(Unit::Day, SUPPORTED_END_MICROS - 1, "day:9999-12-31", at(9999, 12, 31), SUPPORTED_END_MICROS);
+        for t in [SUPPORTED_START_MICROS - 1, SUPPORTED_END_MICROS, i64::MIN, i64::MAX] {
             let e = bucket_for(Unit::Year, t).unwrap_err();
             assert!(e.contains(&t.to_string()) && e.contains("0001"), "{e}");
         }
@@ -224,23 +168,12 @@ mod tests {
 
     #[test]
     fn batch_matches_single() {
-        let times = [
-            -1,
-            0,
-            1,
-            at(2024, 2, 29),
-            at(2024, 2, 29) + 1,
-            at(2024, 3, 1),
-            -1,
-        ];
+        let times = [-1, 0, 1, at(2024, 2, 29), at(2024, 2, 29) + 1, at(2024, 3, 1), -1];
         for unit in [Unit::Year, Unit::Month, Unit::Day] {
             let batch = buckets_for(unit, &times).unwrap();
             for (t, b) in times.iter().zip(&batch) {
                 let single = bucket_for(unit, *t).unwrap();
-                assert_eq!(
-                    (&b.key, b.start, b.end),
-                    (&single.key, single.start, single.end)
-                );
+                assert_eq!((&b.key, b.start, b.end), (&single.key, single.start, single.end));
             }
         }
         let e = buckets_for(Unit::Day, &[0, i64::MAX]).unwrap_err();

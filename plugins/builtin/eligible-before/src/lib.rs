@@ -24,8 +24,8 @@ use std::fmt;
 use bindings::exports::frostline::plugin::policy::Guest as PolicyGuest;
 use bindings::frostline::plugin::types::{BucketFacts, RetentionPlan, TimestampMicros};
 use frostline_civil::{
-    MICROS_PER_DAY, MICROS_PER_SECOND, SECONDS_PER_DAY, SECONDS_PER_HOUR, SECONDS_PER_MINUTE,
-    civil_from_days, days_from_civil, days_in_month,
+    MICROS_PER_DAY, MICROS_PER_SECOND, SECONDS_PER_DAY, SECONDS_PER_HOUR, SECONDS_PER_MINUTE, civil_from_days,
+    days_from_civil, days_in_month,
 };
 use serde::Deserialize;
 
@@ -97,28 +97,20 @@ fn parse_policy(config: &str) -> Result<Policy, String> {
     if config.trim().is_empty() {
         return Ok(Policy::default());
     }
-    let raw: RawPolicy =
-        serde_json::from_str(config).map_err(|e| format!("eligible-before config: {e}"))?;
+    let raw: RawPolicy = serde_json::from_str(config).map_err(|e| format!("eligible-before config: {e}"))?;
     if raw.cutoff.is_some() && raw.archive_after.is_some() {
-        return Err(
-            "cutoff and archive_after are mutually exclusive: set at most one of them".into(),
-        );
+        return Err("cutoff and archive_after are mutually exclusive: set at most one of them".into());
     }
     Ok(Policy {
         cutoff: raw
             .cutoff
             .map(|text| {
-                parse_rfc3339(&text)
-                    .map(|micros| Cutoff {
-                        micros,
-                        text: text.clone(),
-                    })
-                    .map_err(|why| {
-                        format!(
-                            "cutoff: {text:?} is not an RFC 3339 time such as \
+                parse_rfc3339(&text).map(|micros| Cutoff { micros, text: text.clone() }).map_err(|why| {
+                    format!(
+                        "cutoff: {text:?} is not an RFC 3339 time such as \
                              \"2025-01-01T00:00:00Z\" ({why})"
-                        )
-                    })
+                    )
+                })
             })
             .transpose()?,
         archive_after: parse_optional_age("archive_after", raw.archive_after)?,
@@ -138,10 +130,7 @@ fn parse_overrides(
         let path = format!("{section}.{key}");
         let fields = RawOverride::deserialize(value).map_err(|e| format!("{path}: {e}"))?;
         let parsed = Override {
-            archive_after: parse_optional_age(
-                &format!("{path}.archive_after"),
-                fields.archive_after,
-            )?,
+            archive_after: parse_optional_age(&format!("{path}.archive_after"), fields.archive_after)?,
             expire_after: parse_optional_age(&format!("{path}.expire_after"), fields.expire_after)?,
         };
         out.insert(key, parsed);
@@ -168,9 +157,7 @@ fn parse_optional_age(field: &str, text: Option<String>) -> Result<Option<Age>, 
 }
 
 fn parse_age(field: &str, text: &str) -> Result<Age, String> {
-    let digits_end = text
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(text.len());
+    let digits_end = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
     let (digits, unit) = text.split_at(digits_end);
     let unit_seconds = match unit {
         "s" => 1,
@@ -191,17 +178,12 @@ fn parse_age(field: &str, text: &str) -> Result<Age, String> {
     let count: i64 = digits.parse().map_err(|_| too_long())?;
     let seconds = count.checked_mul(unit_seconds).ok_or_else(too_long)?;
     if seconds < AGE_SECONDS_MIN {
-        return Err(format!(
-            "{field}: {text} is below the minimum {AGE_SECONDS_MIN}s"
-        ));
+        return Err(format!("{field}: {text} is below the minimum {AGE_SECONDS_MIN}s"));
     }
     if seconds > AGE_SECONDS_MAX {
         return Err(too_long());
     }
-    Ok(Age {
-        micros: seconds * MICROS_PER_SECOND,
-        text: format!("{count}{unit}"),
-    })
+    Ok(Age { micros: seconds * MICROS_PER_SECOND, text: format!("{count}{unit}") })
 }
 
 /// Parses `YYYY-MM-DDTHH:MM:SS[.fraction](Z|±HH:MM)` into microseconds since the epoch.
@@ -214,9 +196,7 @@ fn parse_rfc3339(text: &str) -> Result<i64, String> {
             .get(from..from + len)
             .filter(|s| s.iter().all(u8::is_ascii_digit))
             .ok_or_else(|| format!("expected {len} digits of {what} at byte {from}"))?;
-        Ok(slice
-            .iter()
-            .fold(0, |acc, d| acc * 10 + i64::from(d - b'0')))
+        Ok(slice.iter().fold(0, |acc, d| acc * 10 + i64::from(d - b'0')))
     };
     let separator = |at: usize, allowed: &[u8], what: &str| -> Result<(), String> {
         match b.get(at) {
@@ -258,18 +238,14 @@ fn parse_rfc3339(text: &str) -> Result<i64, String> {
             separator(at + 3, b":", "':'")?;
             let offset_minute = number(at + 4, 2, "offset minutes")?;
             if offset_hour > 23 || offset_minute > 59 {
-                return Err(format!(
-                    "offset {offset_hour:02}:{offset_minute:02} out of range"
-                ));
+                return Err(format!("offset {offset_hour:02}:{offset_minute:02} out of range"));
             }
             at += 6;
             let magnitude = offset_hour * SECONDS_PER_HOUR + offset_minute * SECONDS_PER_MINUTE;
             if sign == b'+' { magnitude } else { -magnitude }
         }
         _ => {
-            return Err(format!(
-                "expected 'Z' or an offset like +01:00 at byte {at}"
-            ));
+            return Err(format!("expected 'Z' or an offset like +01:00 at byte {at}"));
         }
     };
     if at != b.len() {
@@ -286,15 +262,12 @@ fn parse_rfc3339(text: &str) -> Result<i64, String> {
         return Err(format!("time {hour:02}:{minute:02} out of range"));
     }
     if second > 59 {
-        return Err(format!(
-            "second {second} out of range (leap seconds are not supported)"
-        ));
+        return Err(format!("second {second} out of range (leap seconds are not supported)"));
     }
     // Years 0000..=9999 with offsets below a day: all of this fits in i64 microseconds.
     let days = days_from_civil(year, month, day as u32);
     let seconds =
-        days * SECONDS_PER_DAY + hour * SECONDS_PER_HOUR + minute * SECONDS_PER_MINUTE + second
-            - offset_seconds;
+        days * SECONDS_PER_DAY + hour * SECONDS_PER_HOUR + minute * SECONDS_PER_MINUTE + second - offset_seconds;
     Ok(seconds * MICROS_PER_SECOND + fraction_micros)
 }
 
@@ -322,9 +295,7 @@ fn default_archive_at(end: i64) -> i64 {
     let (year, month, day) = civil_from_days(days);
     let starts_year = month == 1 && day == 1 && end.rem_euclid(MICROS_PER_DAY) == 0;
     let first_jan1_year = if starts_year { year } else { year + 1 };
-    days_from_civil(first_jan1_year + 1, 1, 1)
-        .checked_mul(MICROS_PER_DAY)
-        .unwrap_or(i64::MAX)
+    days_from_civil(first_jan1_year + 1, 1, 1).checked_mul(MICROS_PER_DAY).unwrap_or(i64::MAX)
 }
 
 impl Policy {
@@ -346,78 +317,39 @@ impl Policy {
                 Some((Source::Kind(name), age))
             })
         };
-        tenant
-            .or_else(kind)
-            .or_else(|| global.map(|age| (Source::Global, age)))
+        tenant.or_else(kind).or_else(|| global.map(|age| (Source::Global, age)))
     }
 
     fn plan(&self, facts: &BucketFacts) -> RetentionPlan {
         let end = facts.bucket.end;
-        let archive_after = self.select(
-            facts,
-            |o| o.archive_after.as_ref(),
-            self.archive_after.as_ref(),
-        );
+        let archive_after = self.select(facts, |o| o.archive_after.as_ref(), self.archive_after.as_ref());
         let (archive_at, archive_reason) = if let Some((source, age)) = archive_after {
-            (
-                Some(end.saturating_add(age.micros)),
-                format!("{source} archive_after={}", age.text),
-            )
+            (Some(end.saturating_add(age.micros)), format!("{source} archive_after={}", age.text))
         } else if let Some(cutoff) = &self.cutoff {
             if end <= cutoff.micros {
-                (
-                    Some(end),
-                    format!("cutoff {} (the bucket ends by then)", cutoff.text),
-                )
+                (Some(end), format!("cutoff {} (the bucket ends by then)", cutoff.text))
             } else {
-                (
-                    None,
-                    format!("cutoff {} (the bucket ends after it: never)", cutoff.text),
-                )
+                (None, format!("cutoff {} (the bucket ends after it: never)", cutoff.text))
             }
         } else {
-            (
-                Some(default_archive_at(end)),
-                "default cutoff (1 January of the previous year)".to_string(),
-            )
+            (Some(default_archive_at(end)), "default cutoff (1 January of the previous year)".to_string())
         };
-        let expire_after = self.select(
-            facts,
-            |o| o.expire_after.as_ref(),
-            self.expire_after.as_ref(),
-        );
+        let expire_after = self.select(facts, |o| o.expire_after.as_ref(), self.expire_after.as_ref());
         let (expire_at, expire_reason) = match (expire_after, archive_at) {
             (None, _) => (None, "never".to_string()),
-            (Some((source, age)), None) => (
-                None,
-                format!(
-                    "never ({source} expire_after={} but never archived)",
-                    age.text
-                ),
-            ),
+            (Some((source, age)), None) => {
+                (None, format!("never ({source} expire_after={} but never archived)", age.text))
+            }
             (Some((source, age)), Some(archive_at)) => {
                 let expire_at = end.saturating_add(age.micros);
                 if expire_at < archive_at {
-                    (
-                        Some(archive_at),
-                        format!(
-                            "{source} expire_after={}, raised to the archive time",
-                            age.text
-                        ),
-                    )
+                    (Some(archive_at), format!("{source} expire_after={}, raised to the archive time", age.text))
                 } else {
-                    (
-                        Some(expire_at),
-                        format!("{source} expire_after={}", age.text),
-                    )
+                    (Some(expire_at), format!("{source} expire_after={}", age.text))
                 }
             }
         };
-        RetentionPlan {
-            archive_at,
-            expire_at,
-            reason: format!("archive: {archive_reason}; expire: {expire_reason}"),
-        }
+        RetentionPlan { archive_at, expire_at, reason: format!("archive: {archive_reason}; expire: {expire_reason}") }
     }
 }
 
@@ -432,10 +364,7 @@ impl bindings::Guest for Component {
 }
 
 impl PolicyGuest for Component {
-    fn plan(
-        _now: TimestampMicros,
-        buckets: Vec<BucketFacts>,
-    ) -> Vec<Result<RetentionPlan, String>> {
+    fn plan(_now: TimestampMicros, buckets: Vec<BucketFacts>) -> Vec<Result<RetentionPlan, String>> {
         // Plans are absolute instants, so they do not depend on `now`; the host compares them
         // with its clock.
         POLICY.with_borrow(|policy| buckets.iter().map(|facts| Ok(policy.plan(facts))).collect())
@@ -459,11 +388,7 @@ mod tests {
             partition_key: vec![],
             tenant: tenant.map(String::from),
             kind: kind.map(String::from),
-            bucket: BucketDescriptor {
-                key: "k".into(),
-                start,
-                end,
-            },
+            bucket: BucketDescriptor { key: "k".into(), start, end },
             row_count: 1,
             byte_count: 1,
             state: BucketState::Hot,
@@ -480,10 +405,7 @@ mod tests {
         let p = plan("", &facts(None, None, at(2023, 1, 1), at(2024, 1, 1)));
         assert_eq!(p.archive_at, Some(at(2025, 1, 1)));
         assert_eq!(p.expire_at, None);
-        assert_eq!(
-            p.reason,
-            "archive: default cutoff (1 January of the previous year); expire: never"
-        );
+        assert_eq!(p.reason, "archive: default cutoff (1 January of the previous year); expire: never");
         let p = plan("", &facts(None, None, at(2024, 1, 1), at(2024, 1, 2)));
         assert_eq!(p.archive_at, Some(at(2026, 1, 1)));
         let p = plan("{}", &facts(None, None, at(2024, 1, 1), at(2024, 1, 1) + 1));
@@ -509,10 +431,7 @@ mod tests {
         let p = plan(config, &facts(Some("other"), Some("audit"), 0, end));
         assert_eq!(p.archive_at, Some(end + 2 * MICROS_PER_DAY));
         let p = plan(config, &facts(Some("acme"), None, 0, end));
-        assert_eq!(
-            p.reason,
-            "archive: tenant \"acme\" override archive_after=30d; expire: global expire_after=365d"
-        );
+        assert_eq!(p.reason, "archive: tenant \"acme\" override archive_after=30d; expire: global expire_after=365d");
         let p = plan(config, &facts(None, None, 0, end));
         assert_eq!(p.archive_at, Some(end + MICROS_PER_DAY));
         assert_eq!(p.expire_at, Some(end + 365 * MICROS_PER_DAY));
@@ -523,10 +442,7 @@ mod tests {
         let config = r#"{"archive_after":"30d","expire_after":"1d"}"#;
         let p = plan(config, &facts(None, None, 0, 100));
         assert_eq!(p.expire_at, p.archive_at);
-        let p = plan(
-            r#"{"expire_after":"1d"}"#,
-            &facts(None, None, 0, at(2024, 1, 1)),
-        );
+        let p = plan(r#"{"expire_after":"1d"}"#, &facts(None, None, 0, at(2024, 1, 1)));
         assert_eq!(p.expire_at, Some(at(2025, 1, 1)));
     }
 
@@ -548,11 +464,7 @@ mod tests {
     #[test]
     fn extremes_saturate() {
         let config = r#"{"archive_after":"10y","expire_after":"10y"}"#;
-        for (start, end) in [
-            (i64::MIN, i64::MIN),
-            (i64::MAX, i64::MAX),
-            (i64::MIN, i64::MAX),
-        ] {
+        for (start, end) in [(i64::MIN, i64::MIN), (i64::MAX, i64::MAX), (i64::MIN, i64::MAX)] {
             for config in ["", config, r#"{"cutoff":"9999-12-31T23:59:59.999999Z"}"#] {
                 let p = plan(config, &facts(None, None, start, end));
                 if let (Some(a), Some(e)) = (p.archive_at, p.expire_at) {
@@ -579,17 +491,13 @@ mod tests {
         assert!(err(r#"{"archive_after":"d"}"#).contains("not a duration"));
         assert!(err(r#"{"archive_after":"-1d"}"#).contains("not a duration"));
         assert!(err(r#"{"retain":"1d"}"#).contains("retain"));
-        assert!(
-            err(r#"{"kinds":{"k":{"cutoff":"x"}}}"#).starts_with("kinds.k: unknown field `cutoff`")
-        );
+        assert!(err(r#"{"kinds":{"k":{"cutoff":"x"}}}"#).starts_with("kinds.k: unknown field `cutoff`"));
         assert!(err(r#"{"tenants":{"a b":{}}}"#).starts_with("tenants: key \"a b\""));
         assert!(err(r#"{"tenants":{"":{}}}"#).starts_with("tenants: key \"\""));
         let long = "x".repeat(129);
         assert!(err(&format!(r#"{{"kinds":{{"{long}":{{}}}}}}"#)).starts_with("kinds: key"));
         assert!(parse_policy(&format!(r#"{{"kinds":{{"{}":{{}}}}}}"#, "x".repeat(128))).is_ok());
-        assert!(
-            err(r#"{"cutoff":"2025-01-01","archive_after":"1d"}"#).contains("mutually exclusive")
-        );
+        assert!(err(r#"{"cutoff":"2025-01-01","archive_after":"1d"}"#).contains("mutually exclusive"));
         for bad in [
             "2025-01-01",
             "2025-13-01T00:00:00Z",
@@ -601,10 +509,7 @@ mod tests {
             "2025-01-01T00:00:00+0100",
             "2025-01-01T00:00:00Zjunk",
         ] {
-            assert!(
-                err(&format!(r#"{{"cutoff":"{bad}"}}"#)).starts_with("cutoff: "),
-                "{bad}"
-            );
+            assert!(err(&format!(r#"{{"cutoff":"{bad}"}}"#)).starts_with("cutoff: "), "{bad}");
         }
     }
 
@@ -612,14 +517,8 @@ mod tests {
     fn rfc3339() {
         assert_eq!(parse_rfc3339("1970-01-01T00:00:00Z"), Ok(0));
         assert_eq!(parse_rfc3339("1969-12-31T23:59:59.9999999Z"), Ok(-1));
-        assert_eq!(
-            parse_rfc3339("2024-02-29t12:00:00.5z"),
-            Ok(at(2024, 2, 29) + 43_200_500_000)
-        );
-        assert_eq!(
-            parse_rfc3339("1970-01-01T00:00:00-00:30"),
-            Ok(1_800_000_000)
-        );
+        assert_eq!(parse_rfc3339("2024-02-29t12:00:00.5z"), Ok(at(2024, 2, 29) + 43_200_500_000));
+        assert_eq!(parse_rfc3339("1970-01-01T00:00:00-00:30"), Ok(1_800_000_000));
         assert_eq!(parse_rfc3339("0000-01-01T00:00:00Z"), Ok(at(0, 1, 1)));
     }
 }

@@ -37,16 +37,11 @@ pub const fn civil_from_days(days: i64) -> (i64, u32, u32) {
     let z = days + DAYS_0000_03_01_TO_EPOCH;
     let era = z.div_euclid(DAYS_PER_400_YEARS);
     let day_of_era = z - era * DAYS_PER_400_YEARS;
-    let year_of_era =
-        (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
+    let year_of_era = (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
     let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
     let month_from_march = (5 * day_of_year + 2) / 153;
     let day = (day_of_year - (153 * month_from_march + 2) / 5 + 1) as u32;
-    let month = if month_from_march < 10 {
-        month_from_march + 3
-    } else {
-        month_from_march - 9
-    } as u32;
+    let month = if month_from_march < 10 { month_from_march + 3 } else { month_from_march - 9 } as u32;
     let year = year_of_era + era * 400;
     (if month <= 2 { year + 1 } else { year }, month, day)
 }
@@ -162,9 +157,6 @@ mod tests {
     fn formats() {
         assert_eq!(format_utc(0), "1970-01-01T00:00:00Z");
         assert_eq!(format_utc(-1), "1969-12-31T23:59:59.999999Z");
-        assert_eq!(
-            format_utc(days_from_civil(1, 1, 1) * MICROS_PER_DAY - 1),
-            "0000-12-31T23:59:59.999999Z"
-        );
+        assert_eq!(format_utc(days_from_civil(1, 1, 1) * MICROS_PER_DAY - 1), "0000-12-31T23:59:59.999999Z");
     }
 }

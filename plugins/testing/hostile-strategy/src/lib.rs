@@ -90,10 +90,8 @@ fn probe_fs() -> String {
                 seen.push(format!("/etc/hostname = {:?}", text.trim()));
             }
             if let Ok(entries) = dir {
-                let names: Vec<String> = entries
-                    .filter_map(Result::ok)
-                    .map(|e| e.file_name().to_string_lossy().into_owned())
-                    .collect();
+                let names: Vec<String> =
+                    entries.filter_map(Result::ok).map(|e| e.file_name().to_string_lossy().into_owned()).collect();
                 seen.push(format!("/ lists {names:?}"));
             }
             format!("probe-fs: ALLOWED ({})", seen.join("; "))
@@ -103,11 +101,7 @@ fn probe_fs() -> String {
 
 fn probe_env() -> String {
     // The _os variants count without panicking on non-UTF-8 entries.
-    format!(
-        "probe-env: vars={} args={}",
-        std::env::vars_os().count(),
-        std::env::args_os().count()
-    )
+    format!("probe-env: vars={} args={}", std::env::vars_os().count(), std::env::args_os().count())
 }
 
 fn probe_net(port: u16) -> String {
@@ -126,24 +120,14 @@ fn bucket_for(mode: Mode, t: i64) -> Result<BucketDescriptor, String> {
     }
     let unrepresentable = || format!("the hour bucket of {t} does not fit in i64 microseconds");
     let hour = t.div_euclid(MICROS_PER_HOUR);
-    let start = hour
-        .checked_mul(MICROS_PER_HOUR)
-        .ok_or_else(unrepresentable)?;
-    let end = start
-        .checked_add(MICROS_PER_HOUR)
-        .ok_or_else(unrepresentable)?;
-    let mut bucket = BucketDescriptor {
-        key: format!("hour:{hour}"),
-        start,
-        end,
-    };
+    let start = hour.checked_mul(MICROS_PER_HOUR).ok_or_else(unrepresentable)?;
+    let end = start.checked_add(MICROS_PER_HOUR).ok_or_else(unrepresentable)?;
+    let mut bucket = BucketDescriptor { key: format!("hour:{hour}"), start, end };
     match mode {
         Mode::BadContains => {
             bucket.key = format!("hour:{}", hour + 1);
             bucket.start = end;
-            bucket.end = end
-                .checked_add(MICROS_PER_HOUR)
-                .ok_or_else(unrepresentable)?;
+            bucket.end = end.checked_add(MICROS_PER_HOUR).ok_or_else(unrepresentable)?;
         }
         Mode::BadOrder => bucket.end = bucket.start,
         Mode::BadKey => bucket.key.clear(),
@@ -173,9 +157,7 @@ impl bindings::Guest for Component {
             Mode::ProbeFs => return Err(probe_fs()),
             Mode::ProbeEnv => return Err(probe_env()),
             Mode::ProbeNet => {
-                let port = config
-                    .port
-                    .ok_or("probe-net needs the config field \"port\"")?;
+                let port = config.port.ok_or("probe-net needs the config field \"port\"")?;
                 return Err(probe_net(port));
             }
             _ => {}
@@ -192,10 +174,7 @@ impl StrategyGuest for Component {
 
     fn buckets_for(event_times: Vec<TimestampMicros>) -> Result<Vec<BucketDescriptor>, String> {
         let mode = MODE.get();
-        event_times
-            .into_iter()
-            .map(|t| bucket_for(mode, t))
-            .collect()
+        event_times.into_iter().map(|t| bucket_for(mode, t)).collect()
     }
 }
 

@@ -22,12 +22,7 @@ thread_local! {
     static BLOBS: RefCell<BTreeMap<String, Vec<u8>>> = const { RefCell::new(BTreeMap::new()) };
 }
 
-fn list(
-    blobs: &BTreeMap<String, Vec<u8>>,
-    prefix: &str,
-    after: Option<&str>,
-    limit: u32,
-) -> Vec<String> {
+fn list(blobs: &BTreeMap<String, Vec<u8>>, prefix: &str, after: Option<&str>, limit: u32) -> Vec<String> {
     // Keys with the prefix are one contiguous run of the sorted map, so start at the later of
     // the prefix and `after` and stop at the first key without the prefix.
     let from = match after {
@@ -48,8 +43,7 @@ struct Component;
 impl bindings::Guest for Component {
     fn init(config: String) -> Result<(), String> {
         if !config.trim().is_empty() {
-            serde_json::from_str::<Config>(&config)
-                .map_err(|e| format!("memory-archiver config: {e}"))?;
+            serde_json::from_str::<Config>(&config).map_err(|e| format!("memory-archiver config: {e}"))?;
         }
         Ok(())
     }
@@ -74,11 +68,7 @@ impl BackendGuest for Component {
         BLOBS.with_borrow_mut(|blobs| blobs.remove(&key).map(|_| ()).ok_or(BackendError::NotFound))
     }
 
-    fn list(
-        prefix: String,
-        after: Option<String>,
-        limit: u32,
-    ) -> Result<Vec<String>, BackendError> {
+    fn list(prefix: String, after: Option<String>, limit: u32) -> Result<Vec<String>, BackendError> {
         Ok(BLOBS.with_borrow(|blobs| list(blobs, &prefix, after.as_deref(), limit)))
     }
 }
@@ -91,10 +81,8 @@ mod tests {
 
     #[test]
     fn list_bounds() {
-        let blobs: BTreeMap<String, Vec<u8>> = ["a", "b/1", "b/2", "b/3", "c"]
-            .into_iter()
-            .map(|k| (k.to_string(), vec![]))
-            .collect();
+        let blobs: BTreeMap<String, Vec<u8>> =
+            ["a", "b/1", "b/2", "b/3", "c"].into_iter().map(|k| (k.to_string(), vec![])).collect();
         assert_eq!(list(&blobs, "b/", None, 10), ["b/1", "b/2", "b/3"]);
         assert_eq!(list(&blobs, "b/", Some("b/1"), 10), ["b/2", "b/3"]);
         assert_eq!(list(&blobs, "b/", Some("a"), 2), ["b/1", "b/2"]);

@@ -56,11 +56,7 @@ fn year_bucket(t: i64) -> Result<BucketDescriptor, String> {
     let start = micros_from_days(days_from_civil(year, 1, 1));
     let end = micros_from_days(days_from_civil(year + 1, 1, 1));
     match (start, end) {
-        (Some(start), Some(end)) => Ok(BucketDescriptor {
-            key: format!("year:{year:04}"),
-            start,
-            end,
-        }),
+        (Some(start), Some(end)) => Ok(BucketDescriptor { key: format!("year:{year:04}"), start, end }),
         _ => Err(format!("the year of {t} does not fit in i64 microseconds")),
     }
 }
