@@ -27,7 +27,14 @@ pub struct Engine {
     pub settings: Settings,
     pub data_dir: PathBuf,
     policies: RwLock<Arc<PolicySet>>,
+    last_reload: std::sync::Mutex<Option<crate::policy::reload::ReloadOutcome>>,
 }
+
+/// File in the data directory where a running engine publishes its status (read by
+/// `frostline status` while the engine holds the database).
+pub const STATUS_FILE: &str = "status.json";
+/// File in the data directory holding the running engine's process id (for `frostline reload`).
+pub const PID_FILE: &str = "frostline.pid";
 
 impl Engine {
     /// Opens the data directory and loads the policy directory. Every table's strategy is
@@ -44,6 +51,7 @@ impl Engine {
             settings,
             data_dir: data_dir.to_path_buf(),
             policies: RwLock::new(Arc::new(policies)),
+            last_reload: std::sync::Mutex::new(None),
         };
         engine.register_tables()?;
         Ok(Arc::new(engine))
@@ -68,6 +76,24 @@ impl Engine {
         self.register_tables()
     }
 
+    pub fn record_reload(&self, outcome: crate::policy::reload::ReloadOutcome) {
+        *self.last_reload.lock().expect("reload lock") = Some(outcome);
+    }
+
+    pub fn last_reload(&self) -> Option<crate::policy::reload::ReloadOutcome> {
+        self.last_reload.lock().expect("reload lock").clone()
+    }
+
+    /// Writes the current status to `<data>/status.json` (atomically).
+    pub fn write_status_file(&self) -> Result<()> {
+        let status = crate::cli::status::collect(self)?;
+        let path = self.data_dir.join(STATUS_FILE);
+        let tmp = self.data_dir.join(format!("{STATUS_FILE}.tmp"));
+        let bytes = serde_json::to_vec_pretty(&status).map_err(|e| Error::Internal(e.to_string()))?;
+        std::fs::write(&tmp, bytes).map_err(|e| Error::io(&tmp, e))?;
+        std::fs::rename(&tmp, &path).map_err(|e| Error::io(&path, e))
+    }
+
     /// The active policy set; work started under it finishes under it.
     pub fn policies(&self) -> Arc<PolicySet> {
         self.policies.read().expect("policy lock").clone()
@@ -78,6 +104,11 @@ impl Engine {
     pub fn append(&self, table: &str, records: Vec<Record>) -> Result<AppendOutcome> {
         let policies = self.policies();
         let policy = policies.table(table)?.clone();
+        if policies.retired.contains(table) {
+            return Err(Error::InvalidInput(format!(
+                "table `{table}` was removed from the policy directory: it keeps its data and its buckets are                  still archived under its last definition, but it accepts no appends"
+            )));
+        }
         let mut total = AppendOutcome::default();
         for chunk in records.chunks(APPEND_BATCH_RECORDS_MAX) {
             let outcome = self.append_batch(&policy, chunk.to_vec())?;

@@ -227,9 +227,84 @@ fn a_second_process_on_the_same_data_directory_is_refused() {
             break;
         }
     }
-    let out = frostline(&d, &["status"], None);
+    // `status` reads the running engine's status file; anything that opens the store is refused.
+    let out = frostline(
+        &d,
+        &["ingest", "--table", "events", "-"],
+        Some("{\"partition_key\":\"a\",\"event_time\":1,\"body\":1}"),
+    );
     let _ = run.kill();
     let _ = run.wait();
     assert_ne!(out.status.code(), Some(0));
     assert!(text(&out.stderr).contains("already open in another process"), "{}", text_of(&out));
+}
+
+/// Polls `frostline status --json` (served from the running engine's status file) until
+/// `check` holds, for at most 30 s.
+fn wait_for_status(d: &Dirs, what: &str, check: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let out = frostline(d, &["status", "--json"], None);
+        if let Ok(status) = serde_json::from_slice::<serde_json::Value>(&out.stdout) {
+            if check(&status) {
+                return status;
+            }
+            if std::time::Instant::now() > deadline {
+                panic!("timed out waiting for {what}; last status: {status}");
+            }
+        } else if std::time::Instant::now() > deadline {
+            panic!("timed out waiting for {what}; {}", text_of(&out));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn the_running_engine_hot_reloads_on_change_refuses_bad_sets_and_reloads_on_request() {
+    let d = dirs(POLICY);
+    let mut run = Command::new(frostline_bin())
+        .args(["run", "--data", &d.data, "--policies", &d.policies, "--interval-seconds", "1"])
+        .stderr(Stdio::null())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    // The engine publishes its status file once it runs (and watches the directory).
+    let status_file = Path::new(&d.data).join("status.json");
+    let started = std::time::Instant::now();
+    while !status_file.exists() {
+        assert!(started.elapsed() < std::time::Duration::from_secs(30), "the engine did not start");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    wait_for_status(&d, "the first status", |s| s["policy"]["generation"] == 1);
+
+    std::fs::write(Path::new(&d.policies).join("more.toml"), "[[table]]\nid = \"metrics\"\n").unwrap();
+    let status = wait_for_status(&d, "generation 2", |s| s["policy"]["generation"] == 2);
+    assert_eq!(status["policy"]["files"].as_object().unwrap().len(), 2);
+    assert!(status["tables"].as_array().unwrap().iter().any(|t| t["id"] == "metrics"));
+
+    std::fs::write(Path::new(&d.policies).join("broken.toml"), "[[table]]\nid = ").unwrap();
+    let status = wait_for_status(&d, "a refused reload", |s| s["policy"]["last_reload"]["accepted"] == false);
+    let error = status["policy"]["last_reload"]["error"].as_str().unwrap();
+    assert!(error.contains("broken.toml"), "{error}");
+    assert_eq!(status["policy"]["generation"], 2, "the previous set stays active");
+
+    std::fs::remove_file(Path::new(&d.policies).join("broken.toml")).unwrap();
+    wait_for_status(&d, "generation 3", |s| s["policy"]["generation"] == 3);
+
+    let out = Command::new(frostline_bin()).args(["reload", "--data", &d.data]).output().unwrap();
+    assert!(out.status.success(), "{}", text_of(&out));
+    let status = wait_for_status(&d, "a reload by SIGHUP", |s| s["policy"]["last_reload"]["trigger"] == "SIGHUP");
+    assert_eq!(status["policy"]["generation"], 4);
+
+    // SAFETY: signalling our own child process.
+    unsafe { libc::kill(run.id() as i32, libc::SIGTERM) };
+    let started = std::time::Instant::now();
+    let code = loop {
+        if let Some(code) = run.try_wait().unwrap() {
+            break code;
+        }
+        assert!(started.elapsed() < std::time::Duration::from_secs(15), "no exit after SIGTERM");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    assert!(code.success(), "{code:?}");
 }

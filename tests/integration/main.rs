@@ -4,4 +4,5 @@
 mod archival;
 mod e2e;
 mod plugins;
+mod reload;
 mod support;

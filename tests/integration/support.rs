@@ -109,6 +109,10 @@ impl TestEngine {
                 tables,
                 targets: current.targets.clone(),
                 dir: current.dir.clone(),
+                generation: current.generation,
+                files: current.files.clone(),
+                plugins: current.plugins.clone(),
+                retired: current.retired.clone(),
             })
             .unwrap();
     }

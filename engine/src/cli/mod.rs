@@ -101,6 +101,12 @@ pub enum Command {
         #[arg(long)]
         once: bool,
     },
+    /// Ask the running engine of a data directory to reload its policy directory (SIGHUP).
+    Reload {
+        /// The data directory of the running engine.
+        #[arg(long, env = "FROSTLINE_DATA", default_value = "frostline-data")]
+        data: PathBuf,
+    },
     /// Work with plugins.
     #[command(subcommand)]
     Plugin(PluginCommand),
@@ -180,14 +186,51 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Status { engine, json } => {
-            let engine = engine.open()?;
+        Command::Status { engine: args, json } => {
+            let engine = match args.open() {
+                Ok(engine) => engine,
+                Err(e) if matches!(e.downcast_ref::<crate::Error>(), Some(crate::Error::AlreadyOpen { .. })) => {
+                    // A running engine holds the database; it publishes its status in a file.
+                    let path = args.data.join(crate::engine::STATUS_FILE);
+                    let text = std::fs::read_to_string(&path)
+                        .with_context(|| format!("{e:#}; and its status file {} is unreadable", path.display()))?;
+                    if json {
+                        println!("{text}");
+                    } else {
+                        println!("(status published by the running engine)");
+                        println!("{text}");
+                    }
+                    return Ok(ExitCode::SUCCESS);
+                }
+                Err(e) => return Err(e),
+            };
             let status = status::collect(&engine)?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&status)?);
             } else {
                 status::print(&status);
             }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Reload { data } => {
+            // Only an engine that holds the database may be signalled: a pid file left by a
+            // crashed engine could name an unrelated process by now.
+            match crate::store::Store::open(&data.join(crate::engine::DATABASE_FILE)) {
+                Err(crate::Error::AlreadyOpen { .. }) => {}
+                Ok(_) => anyhow::bail!("no engine is running on {}; start one with `frostline run`", data.display()),
+                Err(e) => return Err(e.into()),
+            }
+            let path = data.join(crate::engine::PID_FILE);
+            let pid: i32 = std::fs::read_to_string(&path)
+                .with_context(|| format!("no running engine: cannot read {}", path.display()))?
+                .trim()
+                .parse()
+                .with_context(|| format!("{} does not hold a process id", path.display()))?;
+            // SAFETY: kill(2) with a valid signal number has no memory-safety preconditions.
+            if unsafe { libc::kill(pid, libc::SIGHUP) } != 0 {
+                anyhow::bail!("cannot signal process {pid}: {}", std::io::Error::last_os_error());
+            }
+            println!("asked process {pid} to reload; see `frostline status` for the result");
             Ok(ExitCode::SUCCESS)
         }
         Command::Archive { engine, once } => {
@@ -233,6 +276,12 @@ async fn run_until_idle(engine: &Arc<Engine>, owner: &str) -> crate::Result<crat
 
 async fn run_daemon(engine: Arc<Engine>) -> crate::Result<()> {
     let owner = crate::archive::new_owner_token();
+    let pid_path = engine.data_dir.join(crate::engine::PID_FILE);
+    std::fs::write(&pid_path, std::process::id().to_string()).map_err(|e| crate::Error::io(&pid_path, e))?;
+    let (stop_watch, watch_stopped) = tokio::sync::watch::channel(false);
+    let policy_watcher = crate::policy::reload::start_watcher(&engine.policies().dir)?;
+    let watcher = tokio::spawn(crate::policy::reload::watch(engine.clone(), policy_watcher, watch_stopped));
+    engine.write_status_file()?;
     tracing::info!(owner, data = %engine.data_dir.display(), tables = engine.policies().tables.len(), "frostline running");
     let interval = std::time::Duration::from_micros(engine.settings.interval_us as u64);
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
@@ -252,6 +301,9 @@ async fn run_daemon(engine: Arc<Engine>) -> crate::Result<()> {
             Ok(_) => {}
             Err(e) => tracing::error!(error = %e, "pass failed"),
         }
+        if let Err(e) = engine.write_status_file() {
+            tracing::warn!(error = %e, "cannot write the status file");
+        }
         tokio::select! {
             _ = tokio::time::sleep(interval) => {}
             _ = tokio::signal::ctrl_c() => break,
@@ -260,6 +312,13 @@ async fn run_daemon(engine: Arc<Engine>) -> crate::Result<()> {
     }
     // The step in flight has finished (passes run to completion between checks); a bucket
     // left Archiving is taken over after its lease expires.
+    let _ = stop_watch.send(true);
+    match watcher.await {
+        Ok(Err(e)) => tracing::error!(error = %e, "the policy watcher failed"),
+        Err(e) => tracing::error!(error = %e, "the policy watcher panicked"),
+        Ok(Ok(())) => {}
+    }
+    let _ = std::fs::remove_file(&pid_path);
     tracing::info!("frostline stopped");
     Ok(())
 }

@@ -43,9 +43,20 @@ pub struct TableStatus {
     pub states: BTreeMap<String, StateCount>,
 }
 
+#[derive(Debug, Serialize, serde::Deserialize)]
+pub struct PolicyStatus {
+    pub dir: String,
+    pub generation: u64,
+    pub files: BTreeMap<String, String>,
+    pub plugins: Vec<serde_json::Value>,
+    pub retired_tables: Vec<String>,
+    pub last_reload: Option<serde_json::Value>,
+}
+
 #[derive(Debug, Serialize)]
 pub struct Status {
     pub now: String,
+    pub policy: PolicyStatus,
     pub tables: Vec<TableStatus>,
     pub due_now: u64,
     /// Seconds the oldest due action has waited (archival lag), 0 when nothing is due.
@@ -106,8 +117,17 @@ pub fn collect(engine: &Engine) -> Result<Status> {
         Some(at) if at <= now => (now - at) / 1_000_000,
         _ => 0,
     };
+    let policy = PolicyStatus {
+        dir: policies.dir.display().to_string(),
+        generation: policies.generation,
+        files: policies.files.clone(),
+        plugins: policies.plugins.iter().map(|p| serde_json::to_value(p).unwrap_or_default()).collect(),
+        retired_tables: policies.retired.iter().cloned().collect(),
+        last_reload: engine.last_reload().map(|r| serde_json::to_value(r).unwrap_or_default()),
+    };
     Ok(Status {
         now: format_rfc3339(now),
+        policy,
         tables,
         due_now: engine.store.due_count(now)?,
         oldest_due_age_seconds,
@@ -121,8 +141,42 @@ pub fn collect(engine: &Engine) -> Result<Status> {
 
 pub fn print(status: &Status) {
     println!("now {}", status.now);
+    let p = &status.policy;
+    println!(
+        "policy generation {} from {} ({} files, {} plugins)",
+        p.generation,
+        p.dir,
+        p.files.len(),
+        p.plugins.len()
+    );
+    for (file, sha) in &p.files {
+        println!("  file {file} sha256 {}", &sha[..16.min(sha.len())]);
+    }
+    for plugin in &p.plugins {
+        println!(
+            "  plugin {} {} {} sha256 {}",
+            plugin["table"].as_str().unwrap_or_default(),
+            plugin["role"].as_str().unwrap_or_default(),
+            plugin["plugin"].as_str().unwrap_or_default(),
+            &plugin["sha256"].as_str().unwrap_or_default()[..12]
+        );
+    }
+    if !p.retired_tables.is_empty() {
+        println!("  retired tables (no appends, still archived): {}", p.retired_tables.join(", "));
+    }
+    if let Some(r) = &p.last_reload {
+        match r["accepted"].as_bool() {
+            Some(true) => println!("  last reload: accepted ({})", r["trigger"].as_str().unwrap_or_default()),
+            _ => println!(
+                "  last reload: REFUSED ({}): {}",
+                r["trigger"].as_str().unwrap_or_default(),
+                r["error"].as_str().unwrap_or_default()
+            ),
+        }
+    }
     for t in &status.tables {
-        println!("table {}  strategy={}  retention={}  target={}", t.id, t.strategy, t.retention, t.target);
+        let retired = if p.retired_tables.contains(&t.id) { "  (retired)" } else { "" };
+        println!("table {}  strategy={}  retention={}  target={}{retired}", t.id, t.strategy, t.retention, t.target);
         if t.states.is_empty() {
             println!("  (no buckets)");
         }

@@ -127,14 +127,19 @@ fn edge_times() -> Vec<Micros> {
 /// Runs the strategy checks. The years 1970 to 2100 must always be answered; outside them a
 /// strategy may refuse a time with an error (a supported range), but never trap.
 pub fn check_strategy(strategy: &WasmStrategy, seed: u64) -> Result<ConformanceReport> {
+    check_strategy_cases(strategy, seed, STRATEGY_RANDOM_TIMES)
+}
+
+/// The strategy checks with `random_times` random times (a quick check uses fewer).
+pub fn check_strategy_cases(strategy: &WasmStrategy, seed: u64, random_times: usize) -> Result<ConformanceReport> {
     let typical = t("1970-01-01T00:00:00Z")..t("2100-01-01T00:00:00Z");
     let wide = t("0001-01-01T00:00:00Z")..t("9999-12-31T00:00:00Z");
     let mut rng = StdRng::seed_from_u64(seed);
     let mut times = edge_times();
-    for _ in 0..STRATEGY_RANDOM_TIMES / 2 {
+    for _ in 0..random_times / 2 {
         times.push(rng.random_range(typical.clone()));
     }
-    for _ in 0..STRATEGY_RANDOM_TIMES / 2 {
+    for _ in 0..random_times / 2 {
         times.push(rng.random_range(wide.clone()));
     }
 

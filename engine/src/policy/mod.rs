@@ -4,6 +4,8 @@
 //!
 //! Imports the core, the plugin host and object storage.
 
+pub mod reload;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -78,7 +80,30 @@ pub struct PolicySet {
     pub tables: BTreeMap<String, Arc<TablePolicy>>,
     pub targets: BTreeMap<String, Arc<dyn ArchiveBackend>>,
     pub dir: PathBuf,
+    /// Counts accepted sets since start: 1 for the set loaded at start.
+    pub generation: u64,
+    /// SHA-256 of every policy file, by file name.
+    pub files: BTreeMap<String, String>,
+    /// Every plugin the set loaded.
+    pub plugins: Vec<PluginRecord>,
+    /// Tables removed from the directory: kept (data, archival under their last definition)
+    /// but refusing appends.
+    pub retired: std::collections::BTreeSet<String>,
 }
+
+/// One plugin of a policy set, for status and audits.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct PluginRecord {
+    pub table: String,
+    pub role: Role,
+    pub plugin: String,
+    pub sha256: String,
+    pub time_limit_ms: u64,
+    pub memory_limit_bytes: usize,
+}
+
+/// Random times asked of each strategy by the quick conformance checks at load.
+pub const LOAD_CHECK_STRATEGY_TIMES: usize = 200;
 
 impl PolicySet {
     pub fn table(&self, id: &str) -> Result<&Arc<TablePolicy>> {
@@ -99,16 +124,14 @@ fn invalid(file: &Path, what: impl std::fmt::Display) -> Error {
 /// Loads every `*.toml` file of `dir`. The default target `local` is `data_dir/archive`
 /// unless a file declares a target of that name.
 pub fn load(dir: &Path, data_dir: &Path, host: &PluginHost, settings: &Settings) -> Result<PolicySet> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
-        .map_err(|e| Error::InvalidInput(format!("cannot read the policy directory {}: {e}", dir.display())))?
-        .filter_map(|entry| entry.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|e| e == "toml"))
-        .collect();
-    files.sort();
+    let files = policy_files(dir)?;
+    let mut file_hashes = BTreeMap::new();
     let mut raw_tables: Vec<(PathBuf, RawTable)> = Vec::new();
     let mut raw_targets: BTreeMap<String, (PathBuf, String)> = BTreeMap::new();
     for file in &files {
         let text = std::fs::read_to_string(file).map_err(|e| invalid(file, format!("cannot read: {e}")))?;
+        let name = file.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        file_hashes.insert(name, crate::format::manifest::sha256_hex(text.as_bytes()));
         let parsed: RawFile = toml::from_str(&text).map_err(|e| invalid(file, e))?;
         for target in parsed.target {
             if let Some((other, _)) = raw_targets.get(&target.name) {
@@ -131,6 +154,7 @@ pub fn load(dir: &Path, data_dir: &Path, host: &PluginHost, settings: &Settings)
     }
 
     let mut tables = BTreeMap::new();
+    let mut plugins = Vec::new();
     for (file, raw) in raw_tables {
         model::validate_table_id(&raw.id).map_err(|e| invalid(&file, e))?;
         if let Some(existing) = tables.get(&raw.id) {
@@ -154,8 +178,15 @@ pub fn load(dir: &Path, data_dir: &Path, host: &PluginHost, settings: &Settings)
         let context = |role: &str| format!("table `{}` {role}", raw.id);
         let (loaded, config) =
             load_plugin(host, dir, &file, &strategy_ref, Role::BucketStrategy, &context("strategy"), None)?;
+        plugins.push(PluginRecord::of(&raw.id, &loaded));
         let strategy = crate::plugin::strategy::WasmStrategy::new(loaded, config)
             .map_err(|e| invalid(&file, format!("{}: {e}", context("strategy"))))?;
+        let report =
+            crate::plugin::conformance::check_strategy_cases(&strategy, raw.id.len() as u64, LOAD_CHECK_STRATEGY_TIMES)
+                .map_err(|e| invalid(&file, format!("{}: {e}", context("strategy"))))?;
+        if !report.passed() {
+            return Err(invalid(&file, format!("{}: fails its conformance checks:\n{report}", context("strategy"))));
+        }
         let (loaded, config) = load_plugin(
             host,
             dir,
@@ -165,8 +196,14 @@ pub fn load(dir: &Path, data_dir: &Path, host: &PluginHost, settings: &Settings)
             &context("retention"),
             settings.eligible_before,
         )?;
+        plugins.push(PluginRecord::of(&raw.id, &loaded));
         let retention = crate::plugin::retention::WasmRetention::new(loaded, config)
             .map_err(|e| invalid(&file, format!("{}: {e}", context("retention"))))?;
+        let report = crate::plugin::conformance::check_retention(&retention, raw.id.len() as u64)
+            .map_err(|e| invalid(&file, format!("{}: {e}", context("retention"))))?;
+        if !report.passed() {
+            return Err(invalid(&file, format!("{}: fails its conformance checks:\n{report}", context("retention"))));
+        }
         tables.insert(
             raw.id.clone(),
             Arc::new(TablePolicy {
@@ -181,7 +218,50 @@ pub fn load(dir: &Path, data_dir: &Path, host: &PluginHost, settings: &Settings)
             }),
         );
     }
-    Ok(PolicySet { tables, targets, dir: dir.to_path_buf() })
+    Ok(PolicySet {
+        tables,
+        targets,
+        dir: dir.to_path_buf(),
+        generation: 1,
+        files: file_hashes,
+        plugins,
+        retired: Default::default(),
+    })
+}
+
+impl PluginRecord {
+    fn of(table: &str, loaded: &crate::plugin::LoadedPlugin) -> Self {
+        PluginRecord {
+            table: table.to_string(),
+            role: loaded.role,
+            plugin: loaded.name.clone(),
+            sha256: loaded.hash.clone(),
+            time_limit_ms: loaded.limits.call_ms,
+            memory_limit_bytes: loaded.limits.memory_bytes,
+        }
+    }
+}
+
+/// The policy files of `dir` (`*.toml`, not in subfolders), sorted.
+pub fn policy_files(dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(|e| Error::InvalidInput(format!("cannot read the policy directory {}: {e}", dir.display())))?
+        .filter_map(|entry| entry.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "toml") && p.is_file())
+        .collect();
+    files.sort();
+    Ok(files)
+}
+
+/// SHA-256 of each policy file's content, by file name.
+pub fn hash_files(dir: &Path) -> Result<BTreeMap<String, String>> {
+    let mut out = BTreeMap::new();
+    for file in policy_files(dir)? {
+        let bytes = std::fs::read(&file).map_err(|e| invalid(&file, format!("cannot read: {e}")))?;
+        let name = file.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        out.insert(name, crate::format::manifest::sha256_hex(&bytes));
+    }
+    Ok(out)
 }
 
 impl RawPlugin {

@@ -1,0 +1,192 @@
+//! Atomic policy reload: parse, load, initialise and check the whole directory, check it
+//! against live state, then swap it in. A refused reload keeps the previous set and says why.
+//!
+//! A file caught half-written must never activate a partial policy: the directory's content
+//! hashes are taken before and after loading, with a pause between; any change means a writer
+//! is still at work, and the reload is refused (the watcher tries again when the writes stop).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use super::{PolicySet, hash_files};
+use crate::engine::Engine;
+use crate::error::{Error, Result};
+use crate::model::Micros;
+
+/// How long the directory must stay unchanged around a reload.
+pub const RELOAD_STABLE_MS: u64 = 200;
+/// How long the watcher waits for writes to stop before reloading.
+pub const RELOAD_DEBOUNCE_MS: u64 = 300;
+
+/// The result of the last reload attempt, shown in status.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ReloadOutcome {
+    pub at: Micros,
+    pub accepted: bool,
+    /// The active generation after the attempt.
+    pub generation: u64,
+    /// Why the reload was refused (file, field and reason), when it was.
+    pub error: Option<String>,
+    pub trigger: String,
+}
+
+/// Reloads the policy directory of `engine`. Returns the outcome; a refusal is an outcome
+/// too, with the previous set still active.
+pub fn reload(engine: &Engine, trigger: &str) -> ReloadOutcome {
+    let current = engine.policies();
+    let outcome = match try_reload(engine, &current) {
+        Ok(set) => {
+            let generation = set.generation;
+            match engine.install_policies(set) {
+                Ok(()) => {
+                    tracing::info!(generation, trigger, "policy reload accepted");
+                    ReloadOutcome {
+                        at: engine.clock.now(),
+                        accepted: true,
+                        generation,
+                        error: None,
+                        trigger: trigger.into(),
+                    }
+                }
+                Err(e) => refused(engine, &current, trigger, e),
+            }
+        }
+        Err(e) => refused(engine, &current, trigger, e),
+    };
+    engine.record_reload(outcome.clone());
+    outcome
+}
+
+fn refused(engine: &Engine, current: &PolicySet, trigger: &str, error: Error) -> ReloadOutcome {
+    let message = error.to_string();
+    tracing::error!(error = %message, generation = current.generation, trigger, "policy reload refused; the previous policy set stays active");
+    ReloadOutcome {
+        at: engine.clock.now(),
+        accepted: false,
+        generation: current.generation,
+        error: Some(message),
+        trigger: trigger.into(),
+    }
+}
+
+fn unstable(before: &BTreeMap<String, String>, after: &BTreeMap<String, String>) -> Option<String> {
+    let changed: Vec<&String> = before
+        .keys()
+        .chain(after.keys())
+        .filter(|name| before.get(*name) != after.get(*name))
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    (!changed.is_empty()).then(|| {
+        format!(
+            "policy files are still being written ({}); the reload will be retried when they settle",
+            changed.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")
+        )
+    })
+}
+
+fn try_reload(engine: &Engine, current: &Arc<PolicySet>) -> Result<PolicySet> {
+    let dir = current.dir.clone();
+    let before = hash_files(&dir)?;
+    std::thread::sleep(Duration::from_millis(RELOAD_STABLE_MS));
+    let mut set = super::load(&dir, &engine.data_dir, &engine.host, &engine.settings)?;
+    let after = hash_files(&dir)?;
+    if let Some(why) = unstable(&before, &after).or_else(|| unstable(&before, &set.files)) {
+        return Err(Error::InvalidInput(why));
+    }
+    // A table's strategy never changes once it has buckets.
+    for (id, table) in &set.tables {
+        if let Some(state) = engine.store.table_state(id)? {
+            let identity = table.strategy.identity();
+            if &state.strategy != identity {
+                return Err(Error::InvalidInput(format!(
+                    "{}: table `{id}` changes its strategy from {} (sha256 {}, config {:?}) to {} (sha256 {}, config {:?}), \
+                     but its buckets were made by the first; a strategy never changes: declare a new table id and migrate",
+                    table.file.display(),
+                    state.strategy.name,
+                    &state.strategy.plugin_hash[..12],
+                    state.strategy.config,
+                    identity.name,
+                    &identity.plugin_hash[..12],
+                    identity.config
+                )));
+            }
+        }
+    }
+    // A removed table keeps its data and its last definition, for archival only.
+    for (id, old) in &current.tables {
+        if !set.tables.contains_key(id) {
+            set.tables.insert(id.clone(), old.clone());
+            set.retired.insert(id.clone());
+        }
+    }
+    set.generation = current.generation + 1;
+    Ok(set)
+}
+
+/// A file-system watcher on the policy directory, set up before the engine reports itself
+/// running so no change is missed.
+pub struct PolicyWatcher {
+    _watcher: notify::RecommendedWatcher,
+    events: tokio::sync::mpsc::UnboundedReceiver<()>,
+}
+
+pub fn start_watcher(dir: &std::path::Path) -> Result<PolicyWatcher> {
+    use notify::Watcher;
+    let (sender, events) = tokio::sync::mpsc::unbounded_channel::<()>();
+    let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+        if let Ok(event) = event
+            && !event.kind.is_access()
+        {
+            let _ = sender.send(());
+        }
+    })
+    .map_err(|e| Error::Internal(format!("cannot watch the policy directory: {e}")))?;
+    watcher
+        .watch(dir, notify::RecursiveMode::NonRecursive)
+        .map_err(|e| Error::Internal(format!("cannot watch {}: {e}", dir.display())))?;
+    Ok(PolicyWatcher { _watcher: watcher, events })
+}
+
+/// Reloads on change (debounced) and on SIGHUP, until `shutdown` fires. The reload itself
+/// runs on a blocking thread.
+pub async fn watch(
+    engine: Arc<Engine>,
+    watcher: PolicyWatcher,
+    mut shutdown: tokio::sync::watch::Receiver<bool>,
+) -> Result<()> {
+    let PolicyWatcher { _watcher, mut events } = watcher;
+    let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+        .map_err(|e| Error::Internal(format!("cannot listen for SIGHUP: {e}")))?;
+    loop {
+        let trigger = tokio::select! {
+            _ = shutdown.changed() => return Ok(()),
+            _ = hangup.recv() => "SIGHUP",
+            Some(()) = events.recv() => {
+                // Debounce: wait until the directory has been quiet for a while.
+                while let Ok(Some(())) =
+                    tokio::time::timeout(Duration::from_millis(RELOAD_DEBOUNCE_MS), events.recv()).await
+                {}
+                "file change"
+            }
+        };
+        let engine2 = engine.clone();
+        let outcome = tokio::task::spawn_blocking(move || reload(&engine2, trigger))
+            .await
+            .map_err(|e| Error::Internal(format!("reload task failed: {e}")))?;
+        // A refusal because files were still changing is retried once they settle.
+        if !outcome.accepted && outcome.error.as_deref().is_some_and(|e| e.contains("still being written")) {
+            tokio::time::sleep(Duration::from_millis(RELOAD_DEBOUNCE_MS)).await;
+            let engine2 = engine.clone();
+            tokio::task::spawn_blocking(move || reload(&engine2, "retry after settling"))
+                .await
+                .map_err(|e| Error::Internal(format!("reload task failed: {e}")))?;
+        }
+        if let Err(e) = engine.write_status_file() {
+            tracing::warn!(error = %e, "cannot write the status file");
+        }
+    }
+}

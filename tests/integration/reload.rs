@@ -1,0 +1,142 @@
+//! Policy reload: all or nothing. Each refusal keeps the previous set active and says which
+//! file and what; an accepted set gets a new generation; a removed table is retired.
+
+use std::path::PathBuf;
+
+use frostline::model::Record;
+use frostline::policy::reload::reload;
+
+use crate::support::*;
+
+const BASE: &str = r#"
+[[table]]
+id = "r"
+strategy = { plugin = "builtin:calendar-day-utc" }
+retention = { plugin = "builtin:eligible-before", config = { archive_after = "1d" } }
+"#;
+
+fn policy_dir(e: &TestEngine) -> PathBuf {
+    e.engine.policies().dir.clone()
+}
+
+fn write(e: &TestEngine, file: &str, text: &str) {
+    std::fs::write(policy_dir(e).join(file), text).unwrap();
+}
+
+fn one_record(day: &str) -> Vec<Record> {
+    vec![Record {
+        partition_key: b"p".to_vec(),
+        event_time: t(day),
+        sort_key: day.as_bytes().to_vec(),
+        tenant: None,
+        kind: None,
+        body: "{}".into(),
+    }]
+}
+
+fn assert_refused(e: &TestEngine, expected: &[&str]) {
+    let outcome = reload(&e.engine, "test");
+    assert!(!outcome.accepted, "{outcome:?}");
+    let error = outcome.error.unwrap();
+    for part in expected {
+        assert!(error.contains(part), "`{part}` not in: {error}");
+    }
+    assert_eq!(e.engine.policies().generation, 1, "the previous set stays active");
+    e.engine.append("r", one_record("2024-03-09T01:00:00Z")).unwrap();
+    assert!(!e.engine.last_reload().unwrap().accepted);
+}
+
+#[test]
+fn an_accepted_reload_swaps_the_whole_set_and_bumps_the_generation() {
+    let e = TestEngine::new(BASE, "2024-03-10T00:00:00Z");
+    write(&e, "more.toml", "[[table]]\nid = \"s\"\n");
+    let outcome = reload(&e.engine, "test");
+    assert!(outcome.accepted, "{outcome:?}");
+    let set = e.engine.policies();
+    assert_eq!(set.generation, 2);
+    assert!(set.tables.contains_key("s") && set.tables.contains_key("r"));
+    assert_eq!(set.files.len(), 2);
+    assert!(set.plugins.iter().all(|p| p.sha256.len() == 64));
+    e.engine.append("s", one_record("2024-03-09T01:00:00Z")).unwrap();
+}
+
+#[test]
+fn a_changed_strategy_for_a_table_with_buckets_is_refused() {
+    let e = TestEngine::new(BASE, "2024-03-10T00:00:00Z");
+    e.engine.append("r", one_record("2024-03-09T00:00:00Z")).unwrap();
+    write(&e, "tables.toml", &BASE.replace("calendar-day-utc", "calendar-month-utc"));
+    assert_refused(&e, &["tables.toml", "table `r`", "new table id"]);
+}
+
+#[test]
+fn a_mismatched_pin_is_refused() {
+    let e = TestEngine::new(BASE, "2024-03-10T00:00:00Z");
+    write(
+        &e,
+        "tables.toml",
+        &BASE.replace(
+            r#"plugin = "builtin:calendar-day-utc""#,
+            &format!(r#"plugin = "builtin:calendar-day-utc", sha256 = "{}""#, "ab".repeat(32)),
+        ),
+    );
+    assert_refused(&e, &["tables.toml", "not the pinned"]);
+}
+
+#[test]
+fn a_plugin_that_refuses_its_config_is_refused() {
+    let e = TestEngine::new(BASE, "2024-03-10T00:00:00Z");
+    write(&e, "tables.toml", &BASE.replace(r#"archive_after = "1d""#, r#"archive_after = "0s""#));
+    assert_refused(&e, &["tables.toml", "archive_after"]);
+}
+
+#[test]
+fn a_plugin_that_fails_its_checks_is_refused() {
+    let e = TestEngine::new(BASE, "2024-03-10T00:00:00Z");
+    std::fs::copy(
+        format!("{}/hostile_strategy.wasm", frostline::plugin::builtin::GUEST_DIR),
+        policy_dir(&e).join("hostile.wasm"),
+    )
+    .unwrap();
+    write(
+        &e,
+        "more.toml",
+        "[[table]]\nid = \"h\"\nstrategy = { plugin = \"hostile.wasm\", config = { mode = \"bad-order\" } }\n",
+    );
+    assert_refused(&e, &["more.toml", "table `h` strategy"]);
+}
+
+#[test]
+fn a_half_written_file_is_refused_and_the_completed_file_accepted() {
+    let e = TestEngine::new(BASE, "2024-03-10T00:00:00Z");
+    let full = "[[table]]\nid = \"s\"\nstrategy = { plugin = \"builtin:calendar-day-utc\" }\n";
+    write(&e, "more.toml", &full[..30]);
+    assert_refused(&e, &["more.toml"]);
+    write(&e, "more.toml", full);
+    assert!(reload(&e.engine, "test").accepted);
+    assert_eq!(e.engine.policies().generation, 2);
+}
+
+#[test]
+fn unknown_fields_and_duplicate_tables_are_refused_with_file_and_field() {
+    let e = TestEngine::new(BASE, "2024-03-10T00:00:00Z");
+    write(&e, "more.toml", "[[table]]\nid = \"s\"\nretension = {}\n");
+    assert_refused(&e, &["more.toml", "retension", "line 3"]);
+    write(&e, "more.toml", "[[table]]\nid = \"r\"\n");
+    assert_refused(&e, &["more.toml", "table `r` is also declared in", "tables.toml"]);
+}
+
+#[test]
+fn a_removed_table_is_retired_keeps_its_data_and_is_still_archived() {
+    let e = TestEngine::new(BASE, "2024-03-01T12:00:00Z");
+    let input = records("2024-03-01T00:00:00Z", 1, 6);
+    e.engine.append("r", input.clone()).unwrap();
+    e.pass(); // plans; not due yet
+    write(&e, "tables.toml", "[[table]]\nid = \"s\"\n");
+    assert!(reload(&e.engine, "test").accepted);
+    assert!(e.engine.policies().retired.contains("r"));
+    let err = e.engine.append("r", one_record("2024-03-01T05:00:00Z")).unwrap_err().to_string();
+    assert!(err.contains("removed from the policy directory"), "{err}");
+    e.clock.set(t("2024-03-10T00:00:00Z"));
+    assert_eq!(e.pass().archived, 3, "its buckets are archived under its last definition");
+    assert_eq!(e.query_all("r"), sorted(input));
+}
