@@ -10,6 +10,7 @@ pub mod cli;
 pub mod clock;
 pub mod engine;
 pub mod error;
+pub mod failpoints;
 pub mod format;
 pub mod model;
 pub mod plugin;

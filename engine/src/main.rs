@@ -15,6 +15,10 @@ fn main() -> ExitCode {
         LogFormat::Json => builder.json().init(),
         LogFormat::Text => builder.init(),
     }
+    if let Err(error) = frostline::failpoints::setup_from_env() {
+        eprintln!("error: {error}");
+        return ExitCode::from(2);
+    }
     match frostline::cli::run(cli) {
         Ok(code) => code,
         Err(error) => {

@@ -4,5 +4,7 @@
 mod archival;
 mod e2e;
 mod plugins;
+mod races;
 mod reload;
+mod simulation;
 mod support;

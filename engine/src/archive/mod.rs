@@ -172,7 +172,11 @@ impl Heartbeat {
                 let (id, owner) = (id.clone(), owner.clone());
                 let now = engine.clock.now();
                 let lease_us = engine.settings.lease_us;
-                match blocking(move || store.renew(id, owner, generation, now, lease_us)).await {
+                let renewed = match crate::failpoints::hit("heartbeat") {
+                    Ok(()) => blocking(move || store.renew(id, owner, generation, now, lease_us)).await.map(|_| ()),
+                    Err(e) => Err(e),
+                };
+                match renewed {
                     Ok(_) => {}
                     Err(e) => {
                         tracing::warn!(error = %e, "lease renewal failed; no further destructive step will start");
@@ -216,13 +220,15 @@ async fn archive_bucket(engine: &Arc<Engine>, owner: &str, id: BucketId) -> Resu
     };
     let generation = meta.generation;
     let heartbeat = Heartbeat::start(engine, id.clone(), owner.to_string(), generation);
+    let claimed = crate::failpoints::hit("after_claim");
     let span = tracing::info_span!("archive", bucket = %id, generation);
     let _enter = span.enter();
-    let result = match meta.state {
-        BucketState::Archived { hot_deleted: false } => {
+    let result = match (claimed, meta.state) {
+        (Err(e), _) => Err(e),
+        (Ok(()), BucketState::Archived { hot_deleted: false }) => {
             cleanup(engine, owner, &id, generation, &heartbeat).await.map(|_| Outcome::Cleaned)
         }
-        _ => match upload_and_publish(engine, &table, owner, &meta, &heartbeat).await {
+        (Ok(()), _) => match upload_and_publish(engine, &table, owner, &meta, &heartbeat).await {
             Ok((rows, bytes)) => {
                 cleanup(engine, owner, &id, generation, &heartbeat).await.map(|_| Outcome::Archived { rows, bytes })
             }
@@ -309,7 +315,12 @@ async fn upload_and_publish(
 
     for (info, payload) in manifest.segments.iter().zip(payloads) {
         heartbeat.check("a segment upload")?;
-        create_verified(backend.as_ref(), &info.key, payload, |bytes| verify_segment(info, bytes).map(|_| ())).await?;
+        create_verified(backend.as_ref(), &info.key, payload, |bytes| {
+            crate::failpoints::hit("after_segment_upload")?;
+            verify_segment(info, bytes).map(|_| ())
+        })
+        .await?;
+        crate::failpoints::hit("after_read_back")?;
     }
     heartbeat.check("the manifest upload")?;
     let expected = manifest.clone();
@@ -324,11 +335,14 @@ async fn upload_and_publish(
         Ok(())
     })
     .await?;
+    crate::failpoints::hit("after_manifest")?;
     heartbeat.check("publication")?;
+    crate::failpoints::hit("before_publish")?;
     let (rows_n, bytes_n) = (manifest.summary.rows, manifest.bytes);
     let (store, publish_owner, now) = (engine.store.clone(), owner.to_string(), engine.clock.now());
     let key = manifest_key.clone();
     blocking(move || store.publish(id, publish_owner, generation, now, manifest, key)).await?;
+    crate::failpoints::hit("after_publish")?;
     tracing::info!(manifest = %manifest_key, rows = rows_n, bytes = bytes_n, "bucket published");
     Ok((rows_n, bytes_n))
 }
@@ -355,6 +369,7 @@ async fn snapshot(engine: &Arc<Engine>, id: &BucketId, owner: &str, generation: 
             detail,
         })?;
         drop(txn);
+        crate::failpoints::hit("mid_snapshot")?;
         store.rows(&id, None, usize::MAX)
     })
     .await

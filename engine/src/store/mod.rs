@@ -502,7 +502,10 @@ impl Store {
             let hot: RowSummary = summer.finish();
             invariants::hot_rows_match_manifest(&hot, &manifest.summary)
                 .map_err(|why| Error::Corruption(format!("refusing to delete the hot rows of {id}: {why}")))?;
-            for key in &keys {
+            for (i, key) in keys.iter().enumerate() {
+                if i == keys.len() / 2 {
+                    crate::failpoints::hit("mid_cleanup")?;
+                }
                 records.remove(key.as_slice()).map_err(db_err)?;
             }
             drop(records);

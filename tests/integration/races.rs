@@ -1,0 +1,57 @@
+//! Races inside one engine: two workers for one bucket, one stalled past its lease. Exactly
+//! one publication; the stale worker's publish and delete are refused.
+
+use std::time::Duration;
+
+use frostline::model::BucketState;
+use frostline::storage::faults::{Fault, FaultyBackend, Op};
+
+use crate::support::*;
+
+const DAILY: &str = r#"
+[[table]]
+id = "r"
+strategy = { plugin = "builtin:calendar-day-utc" }
+retention = { plugin = "builtin:eligible-before", config = { archive_after = "1d" } }
+"#;
+
+#[test]
+fn two_workers_racing_for_one_bucket_publish_exactly_once() {
+    let e = TestEngine::new(DAILY, "2024-03-01T12:00:00Z");
+    let input: Vec<_> =
+        records("2024-03-01T00:00:00Z", 1, 30).into_iter().filter(|r| r.partition_key == b"p0").collect();
+    e.engine.append("r", input.clone()).unwrap();
+    e.pass(); // plan
+    e.clock.set(t("2024-03-10T00:00:00Z"));
+    let faulty = FaultyBackend::new(e.backend("r"));
+    e.with_backend("r", faulty.clone());
+    // Worker A stalls in its first segment upload for a while (real time).
+    faulty.add(Op::Put, "seg-", Fault::Delay(Duration::from_millis(1500)), Some(1));
+    let engine = e.engine.clone();
+    let clock = e.clock.clone();
+    let (a, b) = runtime().block_on(async move {
+        let a = tokio::spawn({
+            let engine = engine.clone();
+            async move { frostline::archive::run_pass(&engine, "worker-A").await }
+        });
+        // While A is stalled, its lease runs out and B takes the bucket over.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        clock.advance(engine.settings.lease_us + 1_000_000);
+        let b = frostline::archive::run_pass(&engine, "worker-B").await;
+        (a.await.unwrap(), b)
+    });
+    let (a, b) = (a.unwrap(), b.unwrap());
+    assert_eq!(b.archived, 1, "B publishes: {b:?}");
+    assert_eq!(a.archived, 0, "A is refused: {a:?}");
+    assert!(a.errors.iter().any(|e| e.contains("lease")), "A's refusal names the lease: {a:?}");
+    let buckets = e.engine.store.buckets("r", None).unwrap();
+    assert_eq!(buckets.len(), 1);
+    let meta = &buckets[0];
+    assert_eq!(meta.state, BucketState::Archived { hot_deleted: true });
+    assert_eq!(meta.generation, 2, "B's generation published");
+    assert!(meta.manifest_key.as_ref().unwrap().contains("manifest-g0000000002"));
+    let published = e.engine.store.outbox(1000).unwrap().into_iter().filter(|ev| ev.kind == "bucket_archived").count();
+    assert_eq!(published, 1, "exactly one publication");
+    assert_eq!(meta.attempts, 0, "A's late deferral did not touch B's bucket");
+    assert_eq!(e.query_all("r"), sorted(input));
+}
