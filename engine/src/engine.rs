@@ -28,6 +28,8 @@ pub struct Engine {
     pub data_dir: PathBuf,
     policies: RwLock<Arc<PolicySet>>,
     last_reload: std::sync::Mutex<Option<crate::policy::reload::ReloadOutcome>>,
+    /// Reload attempts since start: accepted, refused (for metrics).
+    reloads: [std::sync::atomic::AtomicU64; 2],
 }
 
 /// File in the data directory where a running engine publishes its status (read by
@@ -52,6 +54,7 @@ impl Engine {
             data_dir: data_dir.to_path_buf(),
             policies: RwLock::new(Arc::new(policies)),
             last_reload: std::sync::Mutex::new(None),
+            reloads: Default::default(),
         };
         engine.register_tables()?;
         Ok(Arc::new(engine))
@@ -66,6 +69,8 @@ impl Engine {
                 created_at: now,
             })?;
         }
+        let active = self.policies().holds.iter().map(|h| h.id.clone()).collect();
+        self.store.release_dropped_policy_holds(active, now)?;
         Ok(())
     }
 
@@ -77,11 +82,19 @@ impl Engine {
     }
 
     pub fn record_reload(&self, outcome: crate::policy::reload::ReloadOutcome) {
+        let counter = &self.reloads[usize::from(!outcome.accepted)];
+        counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         *self.last_reload.lock().expect("reload lock") = Some(outcome);
     }
 
     pub fn last_reload(&self) -> Option<crate::policy::reload::ReloadOutcome> {
         self.last_reload.lock().expect("reload lock").clone()
+    }
+
+    /// Reload attempts since the engine opened: `(accepted, refused)`.
+    pub fn reload_counts(&self) -> (u64, u64) {
+        let [accepted, refused] = &self.reloads;
+        (accepted.load(std::sync::atomic::Ordering::Relaxed), refused.load(std::sync::atomic::Ordering::Relaxed))
     }
 
     /// Writes the current status to `<data>/status.json` (atomically).
@@ -118,7 +131,12 @@ impl Engine {
         Ok(total)
     }
 
-    fn append_batch(&self, policy: &TablePolicy, records: Vec<Record>) -> Result<AppendOutcome> {
+    fn append_batch(&self, policy: &TablePolicy, mut records: Vec<Record>) -> Result<AppendOutcome> {
+        for record in records.iter_mut() {
+            if let std::borrow::Cow::Owned(one_line) = crate::model::one_line_json(&record.body) {
+                record.body = one_line;
+            }
+        }
         for (i, record) in records.iter().enumerate() {
             record.validate().map_err(|e| Error::InvalidInput(format!("record {}: {e}", i + 1)))?;
             for (field, bytes) in [("partition_key", &record.partition_key), ("sort_key", &record.sort_key)] {

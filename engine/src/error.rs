@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 
 /// What a caller should do about an error.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ErrorKind {
     /// The request or input is wrong; fix it and retry.
@@ -86,6 +86,14 @@ pub enum Error {
 
     #[error("internal error: {0}")]
     Internal(String),
+
+    /// A running engine's HTTP API refused a request (the CLI talking to it).
+    #[error("the running engine at {addr} answered {status}: {message}")]
+    Api { addr: String, status: u16, kind: ErrorKind, message: String },
+
+    /// The running engine's HTTP API could not be reached.
+    #[error("cannot reach the running engine's API at {addr}: {reason}")]
+    ApiUnreachable { addr: String, reason: String },
 }
 
 impl Error {
@@ -104,6 +112,8 @@ impl Error {
             }
             Error::Corruption(_) => ErrorKind::DataCorruption,
             Error::Storage(_) | Error::Database(_) | Error::Io { .. } | Error::Internal(_) => ErrorKind::Internal,
+            Error::Api { kind, .. } => *kind,
+            Error::ApiUnreachable { .. } => ErrorKind::Unavailable,
         }
     }
 

@@ -56,6 +56,19 @@ pub struct QueryPage {
     pub records: Vec<Record>,
     /// Present when more records may follow.
     pub next_cursor: Option<String>,
+    /// Buckets in the requested range whose archives expired on purpose: their records are
+    /// gone by retention, not missing.
+    pub expired: Vec<ExpiredRange>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ExpiredRange {
+    pub partition_key: String,
+    pub bucket_key: String,
+    pub start: Micros,
+    pub end: Micros,
+    pub expired_at: Micros,
+    pub reason: String,
 }
 
 pub async fn query(engine: &Arc<Engine>, request: QueryRequest) -> Result<QueryPage> {
@@ -76,11 +89,20 @@ pub async fn query(engine: &Arc<Engine>, request: QueryRequest) -> Result<QueryP
         (Some(c), None) => Some(c.t),
         (None, f) => f,
     };
-    buckets.retain(|b| {
-        b.state != BucketState::Expired
-            && lower.is_none_or(|l| b.descriptor.end > l)
-            && request.to.is_none_or(|t| b.descriptor.start < t)
-    });
+    buckets.retain(|b| lower.is_none_or(|l| b.descriptor.end > l) && request.to.is_none_or(|t| b.descriptor.start < t));
+    let expired: Vec<ExpiredRange> = buckets
+        .iter()
+        .filter(|b| b.state == BucketState::Expired)
+        .map(|b| ExpiredRange {
+            partition_key: String::from_utf8_lossy(&b.id.partition_key).into_owned(),
+            bucket_key: b.id.bucket_key.clone(),
+            start: b.descriptor.start,
+            end: b.descriptor.end,
+            expired_at: b.state_since,
+            reason: b.plan.as_ref().map(|p| p.reason.clone()).unwrap_or_default(),
+        })
+        .collect();
+    buckets.retain(|b| b.state != BucketState::Expired);
     buckets.sort_by_key(|b| b.descriptor.start);
 
     let after = |r: &Record| match &cursor {
@@ -127,5 +149,5 @@ pub async fn query(engine: &Arc<Engine>, request: QueryRequest) -> Result<QueryP
     } else {
         None
     };
-    Ok(QueryPage { records: collected, next_cursor })
+    Ok(QueryPage { records: collected, next_cursor, expired })
 }

@@ -10,6 +10,11 @@ pub const LEASE_SECONDS_DEFAULT: u64 = 60;
 pub const RETRY_SECONDS_DEFAULT: u64 = 15;
 pub const SCAN_LIMIT_DEFAULT: usize = 64;
 pub const SCAN_LIMIT_MAX: usize = 100_000;
+pub const TOMBSTONE_RETENTION_SECONDS_DEFAULT: u64 = 30 * 86_400;
+pub const ORPHAN_GRACE_SECONDS_DEFAULT: u64 = 86_400;
+/// The orphan sweep never deletes an object younger than this.
+pub const ORPHAN_GRACE_SECONDS_MIN: u64 = 3_600;
+pub const SWEEP_INTERVAL_SECONDS_DEFAULT: u64 = 3_600;
 
 /// Settings that were replaced; setting one is refused with the way forward.
 const OBSOLETE: &[(&str, &str)] = &[
@@ -44,6 +49,15 @@ pub struct ArchiverArgs {
     /// Due buckets looked at per pass.
     #[arg(long, env = "ARCHIVER_SCAN_LIMIT", default_value_t = SCAN_LIMIT_DEFAULT)]
     pub scan_limit: usize,
+    /// How long tombstones of expired archives are kept (the replay period), in seconds.
+    #[arg(long, env = "ARCHIVER_TOMBSTONE_RETENTION_SECONDS", default_value_t = TOMBSTONE_RETENTION_SECONDS_DEFAULT)]
+    pub tombstone_retention_seconds: u64,
+    /// Objects no manifest or in-flight upload names are deleted once older than this (at least 3600).
+    #[arg(long, env = "ARCHIVER_ORPHAN_GRACE_SECONDS", default_value_t = ORPHAN_GRACE_SECONDS_DEFAULT)]
+    pub orphan_grace_seconds: u64,
+    /// Seconds between orphan sweeps inside `run`.
+    #[arg(long, env = "ARCHIVER_SWEEP_INTERVAL_SECONDS", default_value_t = SWEEP_INTERVAL_SECONDS_DEFAULT)]
+    pub sweep_interval_seconds: u64,
 }
 
 impl Default for ArchiverArgs {
@@ -55,6 +69,9 @@ impl Default for ArchiverArgs {
             lease_renewal_seconds: None,
             retry_seconds: RETRY_SECONDS_DEFAULT,
             scan_limit: SCAN_LIMIT_DEFAULT,
+            tombstone_retention_seconds: TOMBSTONE_RETENTION_SECONDS_DEFAULT,
+            orphan_grace_seconds: ORPHAN_GRACE_SECONDS_DEFAULT,
+            sweep_interval_seconds: SWEEP_INTERVAL_SECONDS_DEFAULT,
         }
     }
 }
@@ -68,6 +85,9 @@ pub struct Settings {
     pub lease_renewal_us: Micros,
     pub retry_us: Micros,
     pub scan_limit: usize,
+    pub tombstone_retention_us: Micros,
+    pub orphan_grace_us: Micros,
+    pub sweep_interval_us: Micros,
 }
 
 impl Default for Settings {
@@ -118,7 +138,16 @@ impl ArchiverArgs {
             ),
             None => None,
         };
+        if self.orphan_grace_seconds < ORPHAN_GRACE_SECONDS_MIN {
+            return Err(Error::InvalidInput(format!(
+                "ARCHIVER_ORPHAN_GRACE_SECONDS must be at least {ORPHAN_GRACE_SECONDS_MIN}: an upload in flight must \
+                 never look like an orphan"
+            )));
+        }
         Ok(Settings {
+            tombstone_retention_us: positive("ARCHIVER_TOMBSTONE_RETENTION_SECONDS", self.tombstone_retention_seconds)?,
+            orphan_grace_us: self.orphan_grace_seconds as i64 * MICROS_PER_SECOND,
+            sweep_interval_us: positive("ARCHIVER_SWEEP_INTERVAL_SECONDS", self.sweep_interval_seconds)?,
             eligible_before,
             interval_us: positive("ARCHIVER_INTERVAL_SECONDS", self.interval_seconds)?,
             lease_us,
@@ -151,6 +180,14 @@ mod tests {
                 ArchiverArgs::default().validate_with(|n| (n == name).then(|| "2".into())).unwrap_err().to_string();
             assert!(err.contains(name) && err.contains("ARCHIVER_ELIGIBLE_BEFORE"), "{err}");
         }
+    }
+
+    #[test]
+    fn orphan_grace_has_a_floor_of_one_hour() {
+        let ok = ArchiverArgs { orphan_grace_seconds: 3_600, ..Default::default() };
+        assert!(ok.validate_with(|_| None).is_ok());
+        let short = ArchiverArgs { orphan_grace_seconds: 3_599, ..Default::default() };
+        assert!(short.validate_with(|_| None).unwrap_err().to_string().contains("at least 3600"));
     }
 
     #[test]

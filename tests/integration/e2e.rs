@@ -211,7 +211,7 @@ fn obsolete_settings_and_bad_lease_settings_are_refused_at_start() {
 fn a_second_process_on_the_same_data_directory_is_refused() {
     let d = dirs(POLICY);
     let mut run = Command::new(frostline_bin())
-        .args(["run", "--data", &d.data, "--policies", &d.policies])
+        .args(["run", "--data", &d.data, "--policies", &d.policies, "--listen", "127.0.0.1:0"])
         .stderr(Stdio::piped())
         .stdout(Stdio::null())
         .spawn()
@@ -227,12 +227,9 @@ fn a_second_process_on_the_same_data_directory_is_refused() {
             break;
         }
     }
-    // `status` reads the running engine's status file; anything that opens the store is refused.
-    let out = frostline(
-        &d,
-        &["ingest", "--table", "events", "-"],
-        Some("{\"partition_key\":\"a\",\"event_time\":1,\"body\":1}"),
-    );
+    // `ingest`, `query`, `status` and `archive --once` go through the running engine's API
+    // (tests/integration/api.rs); a second engine is refused.
+    let out = frostline(&d, &["run", "--listen", "127.0.0.1:0"], None);
     let _ = run.kill();
     let _ = run.wait();
     assert_ne!(out.status.code(), Some(0));
@@ -263,7 +260,17 @@ fn wait_for_status(d: &Dirs, what: &str, check: impl Fn(&serde_json::Value) -> b
 fn the_running_engine_hot_reloads_on_change_refuses_bad_sets_and_reloads_on_request() {
     let d = dirs(POLICY);
     let mut run = Command::new(frostline_bin())
-        .args(["run", "--data", &d.data, "--policies", &d.policies, "--interval-seconds", "1"])
+        .args([
+            "run",
+            "--data",
+            &d.data,
+            "--policies",
+            &d.policies,
+            "--interval-seconds",
+            "1",
+            "--listen",
+            "127.0.0.1:0",
+        ])
         .stderr(Stdio::null())
         .stdout(Stdio::null())
         .spawn()

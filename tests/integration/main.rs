@@ -1,8 +1,11 @@
 //! frostline's one integration-test binary: shared helpers in `support`, one module per
 //! capability. End-to-end tests drive the real `frostline` binary.
 
+mod api;
 mod archival;
+mod crash;
 mod e2e;
+mod lifecycle;
 mod plugins;
 mod races;
 mod reload;

@@ -113,6 +113,8 @@ impl TestEngine {
                 files: current.files.clone(),
                 plugins: current.plugins.clone(),
                 retired: current.retired.clone(),
+                holds: current.holds.clone(),
+                sinks: current.sinks.clone(),
             })
             .unwrap();
     }

@@ -8,6 +8,11 @@
 //! publication defers the bucket; a failure after it leaves cleanup pending for a retry or a
 //! takeover. Each pass plans new buckets and runs due cleanups before it discovers new work.
 
+pub mod expiry;
+pub mod outbox;
+pub mod sweep;
+pub mod verify;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -36,6 +41,12 @@ pub struct PassReport {
     pub deferred: u64,
     pub rows_archived: u64,
     pub bytes_archived: u64,
+    pub expired: u64,
+    /// Expiries stopped by a legal hold.
+    pub held: u64,
+    pub tombstones_purged: u64,
+    pub outbox_delivered: u64,
+    pub orphans_deleted: u64,
     pub errors: Vec<String>,
 }
 
@@ -48,6 +59,11 @@ pub fn new_owner_token() -> String {
 pub async fn run_pass(engine: &Arc<Engine>, owner: &str) -> Result<PassReport> {
     let mut report = PassReport::default();
     plan_new_buckets(engine, &mut report).await?;
+    // Outbox delivery runs before discovery; a sink that is down never blocks archival.
+    match outbox::deliver(engine).await {
+        Ok(n) => report.outbox_delivered = n,
+        Err(e) => report.errors.push(format!("outbox: {e}")),
+    }
     let now = engine.clock.now();
     let store = engine.store.clone();
     let limit = engine.settings.scan_limit;
@@ -62,6 +78,13 @@ pub async fn run_pass(engine: &Arc<Engine>, owner: &str) -> Result<PassReport> {
     // Pending cleanups first: a failing discovery or upload must not starve them.
     metas.sort_by_key(|m| !matches!(m.state, BucketState::Archived { hot_deleted: false }));
     for meta in metas {
+        if meta.state == BucketState::Expired {
+            let (store, id, now) = (engine.store.clone(), meta.id.clone(), engine.clock.now());
+            if blocking(move || store.purge_tombstone(id, now)).await? {
+                report.tombstones_purged += 1;
+                continue;
+            }
+        }
         match archive_bucket(engine, owner, meta.id.clone()).await {
             Ok(Outcome::Archived { rows, bytes }) => {
                 report.archived += 1;
@@ -70,6 +93,8 @@ pub async fn run_pass(engine: &Arc<Engine>, owner: &str) -> Result<PassReport> {
                 report.bytes_archived += bytes;
             }
             Ok(Outcome::Cleaned) => report.cleaned += 1,
+            Ok(Outcome::Expired) => report.expired += 1,
+            Ok(Outcome::Held) => report.held += 1,
             Ok(Outcome::Deferred(why)) => {
                 report.deferred += 1;
                 report.errors.push(format!("{}: {why}", meta.id));
@@ -80,6 +105,12 @@ pub async fn run_pass(engine: &Arc<Engine>, owner: &str) -> Result<PassReport> {
                 report.errors.push(format!("{}: {e}", meta.id));
             }
         }
+    }
+    // A failed reference check stops the sweep before it deletes anything.
+    match sweep::sweep_if_due(engine).await {
+        Ok(Some(swept)) => report.orphans_deleted = swept.deleted,
+        Ok(None) => {}
+        Err(e) => report.errors.push(format!("orphan sweep stopped: {e}")),
     }
     Ok(report)
 }
@@ -144,6 +175,8 @@ pub fn facts_of(meta: &BucketMeta) -> BucketFacts {
 enum Outcome {
     Archived { rows: u64, bytes: u64 },
     Cleaned,
+    Expired,
+    Held,
     Deferred(String),
     NotClaimed,
 }
@@ -225,6 +258,23 @@ async fn archive_bucket(engine: &Arc<Engine>, owner: &str, id: BucketId) -> Resu
     let _enter = span.enter();
     let result = match (claimed, meta.state) {
         (Err(e), _) => Err(e),
+        (Ok(()), BucketState::Archived { hot_deleted: true }) => {
+            match expiry::expire(engine, &table, owner, &meta, &heartbeat).await {
+                Ok(expiry::ExpiryOutcome::Expired) => Ok(Outcome::Expired),
+                Ok(expiry::ExpiryOutcome::Held) => Ok(Outcome::Held),
+                Err(e) => Err(e),
+            }
+        }
+        (Ok(()), BucketState::Expired) => {
+            let (store, tid) = (engine.store.clone(), id.clone());
+            match blocking(move || store.tombstone(&tid)).await {
+                Ok(Some(tombstone)) => {
+                    expiry::finish(engine, &table, owner, generation, tombstone).await.map(|_| Outcome::Expired)
+                }
+                Ok(None) => Err(Error::Internal(format!("expired bucket {id} has no tombstone"))),
+                Err(e) => Err(e),
+            }
+        }
         (Ok(()), BucketState::Archived { hot_deleted: false }) => {
             cleanup(engine, owner, &id, generation, &heartbeat).await.map(|_| Outcome::Cleaned)
         }

@@ -2,7 +2,9 @@
 //! library; they hold no engine logic of their own.
 
 pub mod ingest;
+pub mod lifecycle;
 pub mod plugin_check;
+pub mod remote;
 pub mod status;
 
 use std::path::PathBuf;
@@ -55,8 +57,14 @@ impl EngineArgs {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Run the engine: archival passes every ARCHIVER_INTERVAL_SECONDS until Ctrl-C or SIGTERM.
-    Run(EngineArgs),
+    /// Run the engine: archival passes every ARCHIVER_INTERVAL_SECONDS and the HTTP API, until
+    /// Ctrl-C or SIGTERM.
+    Run {
+        #[command(flatten)]
+        engine: EngineArgs,
+        #[command(flatten)]
+        api: crate::api::ServeArgs,
+    },
     /// Append JSON-lines records from FILE (or stdin) to a table.
     Ingest {
         #[command(flatten)]
@@ -110,6 +118,30 @@ pub enum Command {
     /// Work with plugins.
     #[command(subcommand)]
     Plugin(PluginCommand),
+    /// Place, lift and list legal holds.
+    #[command(subcommand)]
+    Hold(lifecycle::HoldCommand),
+    /// Re-read every archived manifest and segment and check every hash and count (the scrub).
+    Verify {
+        #[command(flatten)]
+        engine: EngineArgs,
+        /// Only this table.
+        #[arg(long)]
+        table: Option<String>,
+        /// Only a random sample of this many buckets.
+        #[arg(long)]
+        sample: Option<usize>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Delete archive objects that nothing references and that are older than the grace period.
+    Sweep {
+        #[command(flatten)]
+        engine: EngineArgs,
+        /// Count what would be deleted without deleting.
+        #[arg(long)]
+        dry_run: bool,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -142,6 +174,9 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Plugin(PluginCommand::Check(args)) => plugin_check::run(args),
+        Command::Hold(command) => lifecycle::run_hold(command),
+        Command::Verify { engine, table, sample, json } => lifecycle::run_verify(engine, table, sample, json),
+        Command::Sweep { engine, dry_run } => lifecycle::run_sweep(engine, dry_run),
         Command::Ingest { engine, table, file } => {
             let text = ingest::read_input(file.as_deref())?;
             let records = match ingest::parse_lines(&text) {
@@ -160,13 +195,28 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     .into());
                 }
             };
-            let engine = engine.open()?;
-            let outcome = ingest::append_all(&engine, &table, records)?;
-            println!("{}", serde_json::to_string(&outcome)?);
+            let outcome = match remote::open(&engine)? {
+                remote::Opened::Local(engine) => serde_json::to_string(&ingest::append_all(&engine, &table, records)?)?,
+                remote::Opened::Remote(client) => serde_json::to_string(&remote::ingest(&client, &table, &text)?)?,
+            };
+            println!("{outcome}");
             Ok(ExitCode::SUCCESS)
         }
         Command::Query { engine, table, partition, from, to, limit, cursor } => {
-            let engine = engine.open()?;
+            let engine = match remote::open(&engine)? {
+                remote::Opened::Local(engine) => engine,
+                remote::Opened::Remote(client) => {
+                    let request = crate::api::client::PageRequest {
+                        partition: partition.as_deref(),
+                        from: from.as_deref(),
+                        to: to.as_deref(),
+                        limit,
+                        cursor: cursor.as_deref(),
+                    };
+                    remote::query(&client, &table, &request)?;
+                    return Ok(ExitCode::SUCCESS);
+                }
+            };
             let request = crate::query::QueryRequest {
                 table,
                 partition_key: partition.map(String::into_bytes),
@@ -190,15 +240,17 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let engine = match args.open() {
                 Ok(engine) => engine,
                 Err(e) if matches!(e.downcast_ref::<crate::Error>(), Some(crate::Error::AlreadyOpen { .. })) => {
-                    // A running engine holds the database; it publishes its status in a file.
-                    let path = args.data.join(crate::engine::STATUS_FILE);
-                    let text = std::fs::read_to_string(&path)
-                        .with_context(|| format!("{e:#}; and its status file {} is unreadable", path.display()))?;
-                    if json {
-                        println!("{text}");
-                    } else {
-                        println!("(status published by the running engine)");
-                        println!("{text}");
+                    // A running engine holds the database: ask its API, or, as a last resort,
+                    // read the status file it publishes.
+                    match crate::api::read_addr_file(&args.data)? {
+                        Some(addr) => remote::status(&crate::api::client::Client::from_env(addr), &args, json)?,
+                        None => {
+                            let path = args.data.join(crate::engine::STATUS_FILE);
+                            let text = std::fs::read_to_string(&path).with_context(|| {
+                                format!("{e:#}; and its status file {} is unreadable", path.display())
+                            })?;
+                            println!("{text}");
+                        }
                     }
                     return Ok(ExitCode::SUCCESS);
                 }
@@ -237,90 +289,27 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             if !once {
                 anyhow::bail!("`archive` runs one pass with --once; use `frostline run` for continuous passes");
             }
-            let engine = engine.open()?;
+            let engine = match remote::open(&engine)? {
+                remote::Opened::Local(engine) => engine,
+                remote::Opened::Remote(client) => return remote::archive(&client),
+            };
             let owner = crate::archive::new_owner_token();
-            let report = runtime()?.block_on(run_until_idle(&engine, &owner))?;
+            let passes = crate::api::passes::run_until_idle(&engine, &owner, None, &|_| {});
+            let report = runtime()?.block_on(passes)?;
             println!("{}", serde_json::to_string(&report)?);
             Ok(if report.deferred == 0 && report.errors.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(1) })
         }
-        Command::Run(args) => {
-            let engine = args.open()?;
-            runtime()?.block_on(run_daemon(engine)).context("running the engine")?;
+        Command::Run { engine, api } => {
+            let serve = api.validate()?;
+            let engine = engine.open()?;
+            let runtime = runtime()?;
+            let result = runtime.block_on(crate::daemon::run(engine, serve));
+            // Whatever is still running after a forced stop is abandoned, not waited for.
+            runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+            result.context("running the engine")?;
             Ok(ExitCode::SUCCESS)
         }
     }
-}
-
-/// One `archive --once`: passes until nothing more is claimable right now (a pass looks at
-/// most `scan_limit` buckets, and planning can make more due), bounded so it always ends.
-async fn run_until_idle(engine: &Arc<Engine>, owner: &str) -> crate::Result<crate::archive::PassReport> {
-    const PASSES_MAX: usize = 1_000;
-    let mut total = crate::archive::PassReport::default();
-    for _ in 0..PASSES_MAX {
-        let r = crate::archive::run_pass(engine, owner).await?;
-        let progressed = r.planned + r.archived + r.cleaned > 0;
-        total.planned += r.planned;
-        total.plan_failures += r.plan_failures;
-        total.archived += r.archived;
-        total.cleaned += r.cleaned;
-        total.deferred += r.deferred;
-        total.rows_archived += r.rows_archived;
-        total.bytes_archived += r.bytes_archived;
-        total.errors.extend(r.errors);
-        if !progressed || r.deferred > 0 {
-            break;
-        }
-    }
-    Ok(total)
-}
-
-async fn run_daemon(engine: Arc<Engine>) -> crate::Result<()> {
-    let owner = crate::archive::new_owner_token();
-    let pid_path = engine.data_dir.join(crate::engine::PID_FILE);
-    std::fs::write(&pid_path, std::process::id().to_string()).map_err(|e| crate::Error::io(&pid_path, e))?;
-    let (stop_watch, watch_stopped) = tokio::sync::watch::channel(false);
-    let policy_watcher = crate::policy::reload::start_watcher(&engine.policies().dir)?;
-    let watcher = tokio::spawn(crate::policy::reload::watch(engine.clone(), policy_watcher, watch_stopped));
-    engine.write_status_file()?;
-    tracing::info!(owner, data = %engine.data_dir.display(), tables = engine.policies().tables.len(), "frostline running");
-    let interval = std::time::Duration::from_micros(engine.settings.interval_us as u64);
-    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .map_err(|e| crate::Error::Internal(format!("cannot listen for SIGTERM: {e}")))?;
-    loop {
-        match crate::archive::run_pass(&engine, &owner).await {
-            Ok(report) if report.planned + report.archived + report.cleaned + report.deferred > 0 => {
-                tracing::info!(
-                    planned = report.planned,
-                    archived = report.archived,
-                    cleaned = report.cleaned,
-                    deferred = report.deferred,
-                    rows = report.rows_archived,
-                    "pass finished"
-                );
-            }
-            Ok(_) => {}
-            Err(e) => tracing::error!(error = %e, "pass failed"),
-        }
-        if let Err(e) = engine.write_status_file() {
-            tracing::warn!(error = %e, "cannot write the status file");
-        }
-        tokio::select! {
-            _ = tokio::time::sleep(interval) => {}
-            _ = tokio::signal::ctrl_c() => break,
-            _ = terminate.recv() => break,
-        }
-    }
-    // The step in flight has finished (passes run to completion between checks); a bucket
-    // left Archiving is taken over after its lease expires.
-    let _ = stop_watch.send(true);
-    match watcher.await {
-        Ok(Err(e)) => tracing::error!(error = %e, "the policy watcher failed"),
-        Err(e) => tracing::error!(error = %e, "the policy watcher panicked"),
-        Ok(Ok(())) => {}
-    }
-    let _ = std::fs::remove_file(&pid_path);
-    tracing::info!("frostline stopped");
-    Ok(())
 }
 
 /// A record as one JSON line, the same shape `ingest` reads, with the body byte for byte.

@@ -3,14 +3,14 @@
 
 use std::collections::BTreeMap;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::engine::Engine;
 use crate::error::Result;
 use crate::model::Micros;
 use crate::model::time::format_rfc3339;
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct StateCount {
     pub buckets: u64,
     pub rows: u64,
@@ -18,7 +18,7 @@ pub struct StateCount {
     pub oldest_age_seconds: i64,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct Deferral {
     pub bucket: String,
     pub attempts: u32,
@@ -26,7 +26,7 @@ pub struct Deferral {
     pub error: String,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct Lease {
     pub bucket: String,
     pub owner: String,
@@ -34,7 +34,7 @@ pub struct Lease {
     pub expires_at: String,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct TableStatus {
     pub id: String,
     pub strategy: String,
@@ -43,7 +43,7 @@ pub struct TableStatus {
     pub states: BTreeMap<String, StateCount>,
 }
 
-#[derive(Debug, Serialize, serde::Deserialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct PolicyStatus {
     pub dir: String,
     pub generation: u64,
@@ -53,7 +53,7 @@ pub struct PolicyStatus {
     pub last_reload: Option<serde_json::Value>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct Status {
     pub now: String,
     pub policy: PolicyStatus,

@@ -28,6 +28,36 @@ pub fn is_visible_ascii(s: &str, max: usize) -> bool {
     !s.is_empty() && s.len() <= max && s.bytes().all(|b| (0x21..=0x7e).contains(&b))
 }
 
+/// A JSON text on one line: line breaks can only be whitespace outside strings (inside strings
+/// JSON escapes them), so removing whitespace outside strings is enough. Bodies are embedded
+/// in JSON-lines segments, so a multi-line body (a pretty-printed one, through the library or
+/// a JSON array) is stored in this form; every other body is stored byte for byte.
+pub fn one_line_json(raw: &str) -> std::borrow::Cow<'_, str> {
+    if !raw.bytes().any(|b| b == b'\n' || b == b'\r') {
+        return std::borrow::Cow::Borrowed(raw);
+    }
+    let mut out = String::with_capacity(raw.len());
+    let (mut in_string, mut escaped) = (false, false);
+    for c in raw.chars() {
+        if in_string {
+            out.push(c);
+            if escaped {
+                escaped = false;
+            } else if c == '\\' {
+                escaped = true;
+            } else if c == '"' {
+                in_string = false;
+            }
+        } else if c == '"' {
+            in_string = true;
+            out.push(c);
+        } else if !c.is_ascii_whitespace() {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
 /// Checks a table id: 1 to 128 bytes of visible ASCII.
 pub fn validate_table_id(id: &str) -> Result<()> {
     if is_visible_ascii(id, TABLE_ID_BYTES_MAX) {
@@ -142,6 +172,15 @@ pub enum BucketState {
 }
 
 impl BucketState {
+    /// Every state, in the order of the diagram.
+    pub const ALL: [BucketState; 5] = [
+        BucketState::Hot,
+        BucketState::Archiving,
+        BucketState::Archived { hot_deleted: false },
+        BucketState::Archived { hot_deleted: true },
+        BucketState::Expired,
+    ];
+
     /// The one place that says which transitions exist.
     pub fn can_transition_to(self, next: BucketState) -> bool {
         use BucketState::*;
@@ -226,6 +265,12 @@ mod tests {
     }
 
     #[test]
+    fn multi_line_bodies_become_one_line_and_others_stay_byte_for_byte() {
+        assert_eq!(one_line_json(r#"{"a": 1}"#), r#"{"a": 1}"#);
+        assert_eq!(one_line_json("{\n  \"a\": \"x y\\n\",\r\n  \"b\": [1, 2]\n}"), r#"{"a":"x y\n","b":[1,2]}"#);
+    }
+
+    #[test]
     fn table_ids_are_bounded_visible_ascii() {
         assert!(validate_table_id("metrics.v1").is_ok());
         assert!(validate_table_id(&"a".repeat(TABLE_ID_BYTES_MAX)).is_ok());
@@ -270,6 +315,11 @@ pub trait BucketStrategy: Send + Sync {
     fn bucket_for(&self, time: Micros) -> Result<BucketDescriptor> {
         Ok(self.buckets_for(&[time])?.pop().expect("one descriptor per time"))
     }
+
+    /// Calls into the implementation and how many failed, when it counts them (plugins do).
+    fn call_counts(&self) -> Option<CallCounts> {
+        None
+    }
 }
 
 /// Decides when buckets are archived and expire.
@@ -279,4 +329,20 @@ pub trait RetentionPolicy: Send + Sync {
     /// One plan (or the policy's reason for refusing) per bucket, in order. An outer error
     /// means the policy could not be asked at all (a fault): every bucket is deferred.
     fn plan(&self, now: Micros, buckets: &[BucketFacts]) -> Result<Vec<std::result::Result<RetentionPlan, String>>>;
+
+    /// Calls into the implementation and how many failed, when it counts them (plugins do).
+    fn call_counts(&self) -> Option<CallCounts> {
+        None
+    }
+}
+
+/// Calls made into a plugin since it was instantiated for its policy set, for status and
+/// metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CallCounts {
+    pub calls: u64,
+    /// Traps, timeouts, out-of-memory and refused instantiations.
+    pub faults: u64,
+    /// Answers the host refused.
+    pub invalid_answers: u64,
 }

@@ -37,6 +37,16 @@ pub struct PluginCounters {
     pub instantiations: AtomicU64,
 }
 
+impl PluginCounters {
+    pub fn snapshot(&self) -> crate::model::CallCounts {
+        crate::model::CallCounts {
+            calls: self.calls.load(Ordering::Relaxed),
+            faults: self.faults.load(Ordering::Relaxed),
+            invalid_answers: self.invalid_answers.load(Ordering::Relaxed),
+        }
+    }
+}
+
 struct Slot<W> {
     live: Option<(Store<PluginState>, W)>,
     consecutive_faults: u32,

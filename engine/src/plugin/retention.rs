@@ -94,6 +94,10 @@ impl model::RetentionPolicy for WasmRetention {
         &self.instance.plugin.name
     }
 
+    fn call_counts(&self) -> Option<model::CallCounts> {
+        Some(self.counters().snapshot())
+    }
+
     fn plan(&self, now: Micros, buckets: &[BucketFacts]) -> Result<Vec<std::result::Result<RetentionPlan, String>>> {
         let mut out = Vec::with_capacity(buckets.len());
         for chunk in buckets.chunks(RETENTION_BATCH_BUCKETS_MAX) {

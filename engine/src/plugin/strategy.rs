@@ -129,6 +129,10 @@ impl model::BucketStrategy for WasmStrategy {
         &self.identity
     }
 
+    fn call_counts(&self) -> Option<model::CallCounts> {
+        Some(self.counters().snapshot())
+    }
+
     fn buckets_for(&self, times: &[Micros]) -> Result<Vec<BucketDescriptor>> {
         let mut out: Vec<Option<BucketDescriptor>> = Vec::with_capacity(times.len());
         let mut misses: Vec<Micros> = Vec::new();

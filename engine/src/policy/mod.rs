@@ -31,7 +31,55 @@ struct RawFile {
     table: Vec<RawTable>,
     #[serde(default)]
     target: Vec<RawTarget>,
+    #[serde(default)]
+    hold: Vec<RawHold>,
+    #[serde(default)]
+    sink: Vec<RawSink>,
 }
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawHold {
+    table: String,
+    partition: Option<String>,
+    tenant: Option<String>,
+    bucket: Option<String>,
+    reason: String,
+    placed_by: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSink {
+    name: String,
+    kind: SinkKind,
+    url: Option<String>,
+    path: Option<PathBuf>,
+    timeout_ms: Option<u64>,
+}
+
+/// Where outbox events are delivered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SinkKind {
+    /// POST each event as JSON, with an `Idempotency-Key` header.
+    Webhook,
+    /// Append each event as one JSON line to a file (fsynced).
+    Jsonl,
+}
+
+/// A validated outbox sink.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct SinkConfig {
+    pub name: String,
+    pub kind: SinkKind,
+    /// The webhook URL or the file path.
+    pub destination: String,
+    pub timeout_ms: u64,
+}
+
+pub const SINK_TIMEOUT_MS_DEFAULT: u64 = 5_000;
+pub const SINK_TIMEOUT_MS_MAX: u64 = 60_000;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -89,6 +137,9 @@ pub struct PolicySet {
     /// Tables removed from the directory: kept (data, archival under their last definition)
     /// but refusing appends.
     pub retired: std::collections::BTreeSet<String>,
+    /// Legal holds declared in the directory (synced into the store as `policy:` holds).
+    pub holds: Vec<crate::store::schema::Hold>,
+    pub sinks: Vec<SinkConfig>,
 }
 
 /// One plugin of a policy set, for status and audits.
@@ -127,6 +178,8 @@ pub fn load(dir: &Path, data_dir: &Path, host: &PluginHost, settings: &Settings)
     let files = policy_files(dir)?;
     let mut file_hashes = BTreeMap::new();
     let mut raw_tables: Vec<(PathBuf, RawTable)> = Vec::new();
+    let mut holds = Vec::new();
+    let mut sinks: Vec<SinkConfig> = Vec::new();
     let mut raw_targets: BTreeMap<String, (PathBuf, String)> = BTreeMap::new();
     for file in &files {
         let text = std::fs::read_to_string(file).map_err(|e| invalid(file, format!("cannot read: {e}")))?;
@@ -141,6 +194,16 @@ pub fn load(dir: &Path, data_dir: &Path, host: &PluginHost, settings: &Settings)
         }
         for table in parsed.table {
             raw_tables.push((file.clone(), table));
+        }
+        for hold in parsed.hold {
+            holds.push(validate_hold(file, hold)?);
+        }
+        for sink in parsed.sink {
+            let sink = validate_sink(dir, file, sink)?;
+            if sinks.iter().any(|s| s.name == sink.name) {
+                return Err(invalid(file, format!("sink `{}` is declared twice", sink.name)));
+            }
+            sinks.push(sink);
         }
     }
     raw_targets
@@ -226,7 +289,61 @@ pub fn load(dir: &Path, data_dir: &Path, host: &PluginHost, settings: &Settings)
         files: file_hashes,
         plugins,
         retired: Default::default(),
+        holds,
+        sinks,
     })
+}
+
+fn validate_hold(file: &Path, raw: RawHold) -> Result<crate::store::schema::Hold> {
+    model::validate_table_id(&raw.table).map_err(|e| invalid(file, format!("hold: {e}")))?;
+    if raw.reason.trim().is_empty() {
+        return Err(invalid(file, format!("hold on table `{}`: reason must not be empty", raw.table)));
+    }
+    let name = file.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    // A stable id, so a reload that keeps the hold keeps its id.
+    let fingerprint = crate::format::manifest::sha256_hex(
+        format!("{}\0{:?}\0{:?}\0{:?}\0{}", raw.table, raw.partition, raw.tenant, raw.bucket, raw.reason).as_bytes(),
+    );
+    Ok(crate::store::schema::Hold {
+        id: format!("policy-{}", &fingerprint[..12]),
+        table: raw.table,
+        partition_key: raw.partition,
+        tenant: raw.tenant,
+        bucket_key: raw.bucket,
+        reason: raw.reason,
+        placed_by: raw.placed_by.unwrap_or_else(|| "policy".into()),
+        placed_at: 0,
+        source: format!("policy:{name}"),
+    })
+}
+
+fn validate_sink(dir: &Path, file: &Path, raw: RawSink) -> Result<SinkConfig> {
+    if !model::is_visible_ascii(&raw.name, 64) {
+        return Err(invalid(file, format!("sink name `{}` must be 1 to 64 bytes of visible ASCII", raw.name)));
+    }
+    let timeout_ms = raw.timeout_ms.unwrap_or(SINK_TIMEOUT_MS_DEFAULT);
+    if timeout_ms == 0 || timeout_ms > SINK_TIMEOUT_MS_MAX {
+        return Err(invalid(file, format!("sink `{}`: timeout_ms must be 1..={SINK_TIMEOUT_MS_MAX}", raw.name)));
+    }
+    let destination = match (raw.kind, raw.url, raw.path) {
+        (SinkKind::Webhook, Some(url), None) => {
+            if !url.starts_with("http://") && !url.starts_with("https://") {
+                return Err(invalid(file, format!("sink `{}`: url must start with http:// or https://", raw.name)));
+            }
+            url
+        }
+        (SinkKind::Jsonl, None, Some(path)) => {
+            let path = if path.is_absolute() { path } else { dir.join(path) };
+            path.display().to_string()
+        }
+        (SinkKind::Webhook, _, _) => {
+            return Err(invalid(file, format!("sink `{}`: a webhook sink takes `url` (and no `path`)", raw.name)));
+        }
+        (SinkKind::Jsonl, _, _) => {
+            return Err(invalid(file, format!("sink `{}`: a jsonl sink takes `path` (and no `url`)", raw.name)));
+        }
+    };
+    Ok(SinkConfig { name: raw.name, kind: raw.kind, destination, timeout_ms })
 }
 
 impl PluginRecord {

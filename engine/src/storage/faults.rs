@@ -8,7 +8,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bytes::Bytes;
 
-use super::{ArchiveBackend, PutOutcome};
+use super::{ArchiveBackend, ObjectInfo, PutOutcome};
 use crate::error::{Error, Result};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -140,7 +140,7 @@ impl ArchiveBackend for FaultyBackend {
         }
     }
 
-    async fn list(&self, prefix: &str) -> Result<Vec<String>> {
+    async fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>> {
         match self.take(Op::List, prefix) {
             Some(Fault::Error) => Err(Self::injected(Op::List, prefix)),
             _ => self.inner.list(prefix).await,

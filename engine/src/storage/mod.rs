@@ -35,8 +35,17 @@ pub trait ArchiveBackend: Send + Sync + std::fmt::Debug {
     /// `None` when the key does not exist.
     async fn get(&self, key: &str) -> Result<Option<Bytes>>;
     async fn delete(&self, key: &str) -> Result<()>;
-    /// Every key under `prefix`, in ascending order.
-    async fn list(&self, prefix: &str) -> Result<Vec<String>>;
+    /// Every object under `prefix`, in ascending key order.
+    async fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>>;
+}
+
+/// One listed object.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObjectInfo {
+    pub key: String,
+    pub size: u64,
+    /// Last modification, microseconds since the epoch (the store's clock).
+    pub last_modified: crate::model::Micros,
 }
 
 /// The one place that decides what an object_store error means for the protocol.
@@ -119,18 +128,22 @@ impl ArchiveBackend for ObjectStoreBackend {
         }
     }
 
-    async fn list(&self, prefix: &str) -> Result<Vec<String>> {
+    async fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>> {
         let trimmed = prefix.trim_end_matches('/');
         let path = if trimmed.is_empty() { None } else { Some(object_path(trimmed)?) };
-        let mut keys: Vec<String> = self
+        let mut objects: Vec<ObjectInfo> = self
             .store
             .list(path.as_ref())
-            .map_ok(|meta| meta.location.to_string())
+            .map_ok(|meta| ObjectInfo {
+                key: meta.location.to_string(),
+                size: meta.size,
+                last_modified: meta.last_modified.timestamp_micros(),
+            })
             .try_collect()
             .await
             .map_err(|e| classify(e, prefix))?;
-        keys.retain(|k| k.starts_with(prefix));
-        keys.sort();
-        Ok(keys)
+        objects.retain(|o| o.key.starts_with(prefix));
+        objects.sort_by(|a, b| a.key.cmp(&b.key));
+        Ok(objects)
     }
 }

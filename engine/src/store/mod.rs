@@ -263,6 +263,43 @@ impl Store {
         t.get(generation_key(id, generation).as_slice()).map_err(db_err)?.map(|v| decode_value(v.value())).transpose()
     }
 
+    /// The newest recorded (that is, published) manifest of a bucket.
+    pub fn latest_manifest(&self, id: &BucketId) -> Result<Option<crate::format::manifest::Manifest>> {
+        let txn = self.read()?;
+        let t = txn.open_table(MANIFESTS).map_err(db_err)?;
+        let prefix = id.encode();
+        let end = encoding::prefix_end(&prefix);
+        let last = t.range(prefix.as_slice()..end.as_slice()).map_err(db_err)?.next_back();
+        match last {
+            Some(entry) => Ok(Some(decode_value(entry.map_err(db_err)?.1.value())?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Every recorded manifest, for the orphan sweep's reference set.
+    pub fn all_manifests(&self) -> Result<Vec<crate::format::manifest::Manifest>> {
+        let txn = self.read()?;
+        let t = txn.open_table(MANIFESTS).map_err(db_err)?;
+        let mut out = Vec::new();
+        for entry in t.iter().map_err(db_err)? {
+            out.push(decode_value(entry.map_err(db_err)?.1.value())?);
+        }
+        Ok(out)
+    }
+
+    pub fn meta_value(&self, name: &str) -> Result<Option<Vec<u8>>> {
+        let txn = self.read()?;
+        let t = txn.open_table(META).map_err(db_err)?;
+        Ok(t.get(name).map_err(db_err)?.map(|v| v.value().to_vec()))
+    }
+
+    pub fn set_meta_value(&self, name: &'static str, value: Vec<u8>) -> Result<()> {
+        self.write(move |txn| {
+            txn.open_table(META).map_err(db_err)?.insert(name, value.as_slice()).map_err(db_err)?;
+            Ok(())
+        })
+    }
+
     pub fn outbox(&self, limit: usize) -> Result<Vec<OutboxEvent>> {
         let txn = self.read()?;
         let t = txn.open_table(OUTBOX).map_err(db_err)?;
@@ -351,11 +388,23 @@ impl Store {
             let lease_free = meta.lease_owner.is_none() || meta.lease_expires_at <= now;
             let claimable = match meta.state {
                 BucketState::Hot => meta.plan.as_ref().and_then(|p| p.archive_at).is_some_and(|at| at <= now),
-                BucketState::Archiving => lease_free && meta.next_retry_at.is_none_or(|at| at <= now),
+                BucketState::Archiving if lease_free => meta.next_retry_at.is_none_or(|at| at <= now),
                 BucketState::Archived { hot_deleted: false } => {
                     lease_free && meta.next_retry_at.is_none_or(|at| at <= now)
                 }
-                _ => false,
+                BucketState::Archived { hot_deleted: true } => {
+                    lease_free
+                        && meta.held_by.is_empty()
+                        && meta.plan.as_ref().and_then(|p| p.expire_at).is_some_and(|at| at <= now)
+                        && meta.next_retry_at.is_none_or(|at| at <= now)
+                }
+                // An expiry that started but has not proved its deletions yet.
+                BucketState::Expired => {
+                    lease_free
+                        && load_tombstone(txn, &id)?.is_some_and(|t| t.completed_at.is_none())
+                        && meta.next_retry_at.is_none_or(|at| at <= now)
+                }
+                BucketState::Archiving => false,
             };
             if !claimable {
                 return Ok(None);
@@ -434,7 +483,7 @@ impl Store {
             push_outbox(
                 txn,
                 "bucket_archived",
-                &meta,
+                Some(&meta),
                 now,
                 serde_json::json!({"manifest_key": manifest_key, "rows": manifest.summary.rows}),
             )?;
@@ -466,7 +515,13 @@ impl Store {
             meta.next_retry_at = Some(retry_at);
             schedule(txn, &mut meta, Some(retry_at))?;
             save_meta(txn, &meta)?;
-            push_outbox(txn, "bucket_deferred", &meta, now, serde_json::json!({"error": error, "retry_at": retry_at}))
+            push_outbox(
+                txn,
+                "bucket_deferred",
+                Some(&meta),
+                now,
+                serde_json::json!({"error": error, "retry_at": retry_at}),
+            )
         })
     }
 
@@ -517,27 +572,294 @@ impl Store {
                 .map_err(db_err)?
                 .retain_in(prefix.as_slice()..end.as_slice(), |_, _| false)
                 .map_err(db_err)?;
-            let expire_at = meta.plan.as_ref().and_then(|p| p.expire_at);
-            // Expiry of archives is scheduled by the retention lifecycle; until it exists the
-            // bucket leaves the due index here.
-            let _ = expire_at;
-            schedule(txn, &mut meta, None)?;
+            // Next: the archive's expiry, if the plan gives one.
+            let expire_at = meta.plan.as_ref().and_then(|p| p.expire_at).map(|at| at.max(now));
+            schedule(txn, &mut meta, expire_at)?;
             save_meta(txn, &meta)?;
-            push_outbox(txn, "hot_rows_deleted", &meta, now, serde_json::json!({"rows": hot.rows}))?;
+            push_outbox(txn, "hot_rows_deleted", Some(&meta), now, serde_json::json!({"rows": hot.rows}))?;
             Ok(hot.rows)
         })
     }
 
-    /// Removes delivered outbox events.
+    /// Starts an archive's expiry under the bucket's fence. Re-checks every hold in the same
+    /// transaction: a covered bucket is not expired (it is parked until the hold is lifted,
+    /// and `Ok(None)` is returned). Otherwise the tombstone and an outbox event are written
+    /// durably and the bucket becomes `Expired` before any object is deleted.
+    pub fn begin_expiry(
+        &self,
+        id: BucketId,
+        owner: String,
+        generation: u64,
+        now: Micros,
+        policy_holds: Vec<Hold>,
+        keys: Vec<String>,
+    ) -> Result<Option<Tombstone>> {
+        self.write(move |txn| {
+            let mut meta = load_meta(txn, &id)?;
+            check_lease(&meta, &owner, generation, now)?;
+            let mut covering: Vec<String> =
+                policy_holds.iter().filter(|h| h.covers(&meta)).map(|h| h.id.clone()).collect();
+            for hold in all_holds(txn)? {
+                if hold.covers(&meta) {
+                    covering.push(hold.id);
+                }
+            }
+            if !covering.is_empty() {
+                // A legal hold beats every retention rule.
+                meta.held_by = covering;
+                meta.lease_owner = None;
+                meta.lease_expires_at = now;
+                schedule(txn, &mut meta, None)?;
+                save_meta(txn, &meta)?;
+                return Ok(None);
+            }
+            invariants::transition_is_allowed(meta.state, BucketState::Expired).map_err(Error::Internal)?;
+            let manifest_key = meta
+                .manifest_key
+                .clone()
+                .ok_or_else(|| Error::Internal(format!("archived bucket {id} names no manifest")))?;
+            let tombstone = Tombstone {
+                bucket: id.clone(),
+                bounds: meta.descriptor.clone(),
+                manifest_key,
+                keys,
+                reason: meta.plan.as_ref().map(|p| p.reason.clone()).unwrap_or_else(|| "expire_at reached".into()),
+                expired_at: now,
+                completed_at: None,
+                purge_at: None,
+            };
+            txn.open_table(TOMBSTONES)
+                .map_err(db_err)?
+                .insert(id.encode().as_slice(), encode_value(&tombstone)?.as_slice())
+                .map_err(db_err)?;
+            meta_touch(&mut meta, now, Some(BucketState::Expired));
+            let lease_expires_at = meta.lease_expires_at;
+            schedule(txn, &mut meta, Some(lease_expires_at))?;
+            save_meta(txn, &meta)?;
+            push_outbox(
+                txn,
+                "archive_expiring",
+                Some(&meta),
+                now,
+                serde_json::json!({"manifest_key": tombstone.manifest_key, "reason": tombstone.reason}),
+            )?;
+            Ok(Some(tombstone))
+        })
+    }
+
+    /// Records that every object of an expired archive is proved absent; the tombstone is
+    /// kept until `purge_at`.
+    pub fn complete_expiry(
+        &self,
+        id: BucketId,
+        owner: String,
+        generation: u64,
+        now: Micros,
+        purge_at: Micros,
+    ) -> Result<()> {
+        self.write(move |txn| {
+            let mut meta = load_meta(txn, &id)?;
+            check_lease(&meta, &owner, generation, now)?;
+            let mut tombstone = load_tombstone(txn, &id)?
+                .ok_or_else(|| Error::Internal(format!("expired bucket {id} has no tombstone")))?;
+            tombstone.completed_at = Some(now);
+            tombstone.purge_at = Some(purge_at);
+            txn.open_table(TOMBSTONES)
+                .map_err(db_err)?
+                .insert(id.encode().as_slice(), encode_value(&tombstone)?.as_slice())
+                .map_err(db_err)?;
+            meta.lease_owner = None;
+            meta.lease_expires_at = now;
+            schedule(txn, &mut meta, Some(purge_at))?;
+            save_meta(txn, &meta)?;
+            push_outbox(txn, "archive_expired", Some(&meta), now, serde_json::json!({"objects": tombstone.keys.len()}))
+        })
+    }
+
+    /// Purges a completed tombstone whose replay period is over. The bucket's metadata stays
+    /// (state `Expired`), so queries still say the range expired.
+    pub fn purge_tombstone(&self, id: BucketId, now: Micros) -> Result<bool> {
+        self.write(move |txn| {
+            let Some(tombstone) = load_tombstone(txn, &id)? else { return Ok(false) };
+            if tombstone.purge_at.is_none_or(|at| at > now) {
+                return Ok(false);
+            }
+            txn.open_table(TOMBSTONES).map_err(db_err)?.remove(id.encode().as_slice()).map_err(db_err)?;
+            let mut meta = load_meta(txn, &id)?;
+            schedule(txn, &mut meta, None)?;
+            save_meta(txn, &meta)?;
+            Ok(true)
+        })
+    }
+
+    pub fn tombstone(&self, id: &BucketId) -> Result<Option<Tombstone>> {
+        let txn = self.read()?;
+        let t = txn.open_table(TOMBSTONES).map_err(db_err)?;
+        t.get(id.encode().as_slice()).map_err(db_err)?.map(|v| decode_value(v.value())).transpose()
+    }
+
+    pub fn tombstones(&self) -> Result<Vec<Tombstone>> {
+        let txn = self.read()?;
+        let t = txn.open_table(TOMBSTONES).map_err(db_err)?;
+        let mut out = Vec::new();
+        for entry in t.iter().map_err(db_err)? {
+            out.push(decode_value(entry.map_err(db_err)?.1.value())?);
+        }
+        Ok(out)
+    }
+
+    /// Places a hold. Returns how many buckets it covers now.
+    pub fn place_hold(&self, hold: Hold, now: Micros) -> Result<u64> {
+        self.write(move |txn| {
+            let mut holds = txn.open_table(HOLDS).map_err(db_err)?;
+            if holds.get(hold.id.as_str()).map_err(db_err)?.is_some() {
+                return Err(Error::Conflict(format!("a hold with id `{}` already exists", hold.id)));
+            }
+            holds.insert(hold.id.as_str(), encode_value(&hold)?.as_slice()).map_err(db_err)?;
+            drop(holds);
+            let covered = table_buckets(txn, &hold.table)?.iter().filter(|m| hold.covers(m)).count() as u64;
+            push_outbox(txn, "hold_placed", None, now, serde_json::to_value(&hold).unwrap_or_default())?;
+            Ok(covered)
+        })
+    }
+
+    /// Lifts a hold and re-plans what it covered: parked expiries are scheduled again.
+    pub fn lift_hold(&self, id: String, lifted_by: String, now: Micros) -> Result<Hold> {
+        self.write(move |txn| {
+            let hold: Hold = {
+                let mut holds = txn.open_table(HOLDS).map_err(db_err)?;
+                let removed = holds.remove(id.as_str()).map_err(db_err)?;
+                match removed {
+                    Some(v) => decode_value(v.value())?,
+                    None => {
+                        return Err(Error::InvalidInput(format!(
+                            "no hold with id `{id}`; `frostline hold list` shows them"
+                        )));
+                    }
+                }
+            };
+            for mut meta in table_buckets(txn, &hold.table)? {
+                if !meta.held_by.contains(&hold.id) {
+                    continue;
+                }
+                meta.held_by.retain(|h| h != &hold.id);
+                if meta.held_by.is_empty() && meta.state == (BucketState::Archived { hot_deleted: true }) {
+                    let expire_at = meta.plan.as_ref().and_then(|p| p.expire_at).map(|at| at.max(now));
+                    schedule(txn, &mut meta, expire_at)?;
+                }
+                save_meta(txn, &meta)?;
+            }
+            let mut detail = serde_json::to_value(&hold).unwrap_or_default();
+            detail["lifted_by"] = lifted_by.into();
+            push_outbox(txn, "hold_lifted", None, now, detail)?;
+            Ok(hold)
+        })
+    }
+
+    /// Policy-declared holds live in the policy set, not here; when a reload drops one, the
+    /// buckets it parked are re-planned like after `lift_hold`.
+    pub fn release_dropped_policy_holds(&self, active: Vec<String>, now: Micros) -> Result<u64> {
+        self.write(move |txn| {
+            let t = txn.open_table(BUCKETS).map_err(db_err)?;
+            let mut parked = Vec::new();
+            for entry in t.iter().map_err(db_err)? {
+                let meta: BucketMeta = decode_value(entry.map_err(db_err)?.1.value())?;
+                if meta.held_by.iter().any(|h| h.starts_with("policy-") && !active.contains(h)) {
+                    parked.push(meta);
+                }
+            }
+            drop(t);
+            let released = parked.len() as u64;
+            for mut meta in parked {
+                meta.held_by.retain(|h| !h.starts_with("policy-") || active.contains(h));
+                if meta.held_by.is_empty() && meta.state == (BucketState::Archived { hot_deleted: true }) {
+                    let expire_at = meta.plan.as_ref().and_then(|p| p.expire_at).map(|at| at.max(now));
+                    schedule(txn, &mut meta, expire_at)?;
+                }
+                save_meta(txn, &meta)?;
+            }
+            Ok(released)
+        })
+    }
+
+    pub fn holds(&self) -> Result<Vec<Hold>> {
+        let txn = self.read()?;
+        let t = txn.open_table(HOLDS).map_err(db_err)?;
+        let mut out = Vec::new();
+        for entry in t.iter().map_err(db_err)? {
+            out.push(decode_value(entry.map_err(db_err)?.1.value())?);
+        }
+        Ok(out)
+    }
+
+    /// Records that `sink` has delivered event `sequence`.
+    pub fn record_delivery(&self, sink: String, sequence: u64, now: Micros) -> Result<()> {
+        self.write(move |txn| {
+            let key = delivery_key(&sink, sequence);
+            txn.open_table(DELIVERIES).map_err(db_err)?.insert(key.as_slice(), now).map_err(db_err)?;
+            Ok(())
+        })
+    }
+
+    pub fn delivered(&self, sink: &str, sequence: u64) -> Result<bool> {
+        let txn = self.read()?;
+        let t = txn.open_table(DELIVERIES).map_err(db_err)?;
+        Ok(t.get(delivery_key(sink, sequence).as_slice()).map_err(db_err)?.is_some())
+    }
+
+    /// Removes delivered outbox events and their delivery records.
     pub fn ack_outbox(&self, sequences: Vec<u64>) -> Result<()> {
         self.write(move |txn| {
             let mut t = txn.open_table(OUTBOX).map_err(db_err)?;
+            let mut deliveries = txn.open_table(DELIVERIES).map_err(db_err)?;
             for s in sequences {
                 t.remove(s.to_be_bytes().as_slice()).map_err(db_err)?;
+                let stale: Vec<Vec<u8>> = deliveries
+                    .iter()
+                    .map_err(db_err)?
+                    .filter_map(|e| e.ok())
+                    .map(|(k, _)| k.value().to_vec())
+                    .filter(|k| k.ends_with(&s.to_be_bytes()))
+                    .collect();
+                for k in stale {
+                    deliveries.remove(k.as_slice()).map_err(db_err)?;
+                }
             }
             Ok(())
         })
     }
+}
+
+fn delivery_key(sink: &str, sequence: u64) -> Vec<u8> {
+    let mut out = Vec::new();
+    encoding::put_bytes(&mut out, sink.as_bytes());
+    encoding::put_u64(&mut out, sequence);
+    out
+}
+
+fn load_tombstone(txn: &WriteTransaction, id: &BucketId) -> Result<Option<Tombstone>> {
+    let t = txn.open_table(TOMBSTONES).map_err(db_err)?;
+    t.get(id.encode().as_slice()).map_err(db_err)?.map(|v| decode_value(v.value())).transpose()
+}
+
+fn all_holds(txn: &WriteTransaction) -> Result<Vec<Hold>> {
+    let t = txn.open_table(HOLDS).map_err(db_err)?;
+    let mut out = Vec::new();
+    for entry in t.iter().map_err(db_err)? {
+        out.push(decode_value(entry.map_err(db_err)?.1.value())?);
+    }
+    Ok(out)
+}
+
+fn table_buckets(txn: &WriteTransaction, table: &str) -> Result<Vec<BucketMeta>> {
+    let t = txn.open_table(BUCKETS).map_err(db_err)?;
+    let prefix = BucketId::table_prefix(table, None);
+    let end = encoding::prefix_end(&prefix);
+    let mut out = Vec::new();
+    for entry in t.range(prefix.as_slice()..end.as_slice()).map_err(db_err)? {
+        out.push(decode_value(entry.map_err(db_err)?.1.value())?);
+    }
+    Ok(out)
 }
 
 fn due_key_bound(now: Micros) -> Vec<u8> {
@@ -578,6 +900,9 @@ fn init_schema(db: &Database) -> Result<()> {
         txn.open_table(MANIFESTS).map_err(db_err)?;
         txn.open_table(INTENTS).map_err(db_err)?;
         txn.open_table(OUTBOX).map_err(db_err)?;
+        txn.open_table(DELIVERIES).map_err(db_err)?;
+        txn.open_table(HOLDS).map_err(db_err)?;
+        txn.open_table(TOMBSTONES).map_err(db_err)?;
     }
     txn.commit().map_err(db_err)
 }
@@ -846,6 +1171,7 @@ fn new_bucket_meta(id: BucketId, descriptor: &BucketDescriptor, batch: &AppendBa
         state_since: batch.now,
         archived_at: None,
         hot_deleted_at: None,
+        held_by: Vec::new(),
     }
 }
 
@@ -952,7 +1278,7 @@ fn published_generation(txn: &WriteTransaction, id: &BucketId) -> Result<Option<
 fn push_outbox(
     txn: &WriteTransaction,
     kind: &str,
-    meta: &BucketMeta,
+    meta: Option<&BucketMeta>,
     now: Micros,
     detail: serde_json::Value,
 ) -> Result<()> {
@@ -967,8 +1293,8 @@ fn push_outbox(
     let event = OutboxEvent {
         sequence,
         kind: kind.to_string(),
-        bucket: meta.id.clone(),
-        generation: meta.generation,
+        bucket: meta.map(|m| m.id.clone()),
+        generation: meta.map_or(0, |m| m.generation),
         at: now,
         detail,
     };

@@ -15,6 +15,9 @@
 //! | `manifests`      | bucket id ‖ generation                           | `Manifest`     |
 //! | `intents`        | bucket id ‖ generation                           | `UploadIntent` |
 //! | `outbox`         | sequence (u64)                                   | `OutboxEvent`  |
+//! | `deliveries`     | sink name ‖ sequence                             | delivered-at   |
+//! | `holds`          | hold id                                          | `Hold`         |
+//! | `tombstones`     | bucket id                                        | `Tombstone`    |
 
 use redb::TableDefinition;
 use serde::{Deserialize, Serialize};
@@ -37,6 +40,9 @@ pub const UNPLANNED: TableDefinition<&[u8], ()> = TableDefinition::new("unplanne
 pub const MANIFESTS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("manifests");
 pub const INTENTS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("intents");
 pub const OUTBOX: TableDefinition<&[u8], &[u8]> = TableDefinition::new("outbox");
+pub const DELIVERIES: TableDefinition<&[u8], i64> = TableDefinition::new("deliveries");
+pub const HOLDS: TableDefinition<&str, &[u8]> = TableDefinition::new("holds");
+pub const TOMBSTONES: TableDefinition<&[u8], &[u8]> = TableDefinition::new("tombstones");
 
 pub const META_SCHEMA_VERSION: &str = "schema_version";
 pub const META_OUTBOX_SEQUENCE: &str = "outbox_sequence";
@@ -205,6 +211,9 @@ pub struct BucketMeta {
     pub state_since: Micros,
     pub archived_at: Option<Micros>,
     pub hot_deleted_at: Option<Micros>,
+    /// Holds that stopped this bucket's expiry; it is re-planned when they are lifted.
+    #[serde(default)]
+    pub held_by: Vec<String>,
 }
 
 /// Per-table state the engine must remember across restarts and policy changes.
@@ -231,7 +240,8 @@ pub struct UploadIntent {
 pub struct OutboxEvent {
     pub sequence: u64,
     pub kind: String,
-    pub bucket: BucketId,
+    /// The bucket the event is about (none for events about holds).
+    pub bucket: Option<BucketId>,
     pub generation: u64,
     pub at: Micros,
     pub detail: serde_json::Value,
@@ -258,4 +268,50 @@ pub fn decode_value<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T> {
         )));
     }
     Ok(envelope.value)
+}
+
+/// A legal hold: while it exists, nothing it covers is expired or deleted from the archive.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Hold {
+    pub id: String,
+    pub table: String,
+    /// Narrow the hold to one partition, tenant or bucket; none of them: the whole table.
+    pub partition_key: Option<String>,
+    pub tenant: Option<String>,
+    pub bucket_key: Option<String>,
+    pub reason: String,
+    pub placed_by: String,
+    pub placed_at: Micros,
+    /// `cli`, `api` or `policy:<file>`.
+    pub source: String,
+}
+
+impl Hold {
+    /// Whether the hold covers a bucket. A tenant hold covers buckets whose records are all of
+    /// that tenant and, conservatively, buckets that mix tenants.
+    pub fn covers(&self, meta: &BucketMeta) -> bool {
+        self.table == meta.id.table
+            && self.partition_key.as_ref().is_none_or(|p| p.as_bytes() == meta.id.partition_key.as_slice())
+            && self.bucket_key.as_ref().is_none_or(|b| b == &meta.id.bucket_key)
+            && self.tenant.as_ref().is_none_or(|t| match &meta.tenant {
+                Shared::One(one) => one == t,
+                Shared::Mixed => true,
+                Shared::Unset => false,
+            })
+    }
+}
+
+/// The durable record of an archive's expiry: written before any object is deleted, completed
+/// once their absence is proved by listing, purged after the replay period.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Tombstone {
+    pub bucket: BucketId,
+    pub bounds: BucketDescriptor,
+    pub manifest_key: String,
+    /// Every object the expiry deletes, manifest first.
+    pub keys: Vec<String>,
+    pub reason: String,
+    pub expired_at: Micros,
+    pub completed_at: Option<Micros>,
+    pub purge_at: Option<Micros>,
 }

@@ -1,0 +1,206 @@
+//! A small blocking client of the API, for the CLI: while an engine runs on a data directory,
+//! `ingest`, `query`, `status` and `archive --once` go through it. Tokens come from
+//! FROSTLINE_TOKEN and FROSTLINE_ADMIN_TOKEN.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::ErrorBody;
+use crate::error::{Error, ErrorKind, Result};
+
+/// How long connecting to the running engine may take.
+pub const CLIENT_CONNECT_SECONDS_MAX: u64 = 5;
+
+/// The running engine's API.
+pub struct Client {
+    addr: SocketAddr,
+    token: Option<String>,
+    admin_token: Option<String>,
+    agent: ureq::Agent,
+}
+
+/// Counts of one append, as the API reports them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, serde::Serialize)]
+pub struct AppendCounts {
+    pub appended: u64,
+    pub duplicates: u64,
+}
+
+/// One page of a query: each record as its JSON text (the JSON-lines shape, body byte for byte).
+#[derive(Debug, Deserialize)]
+pub struct Page {
+    pub records: Vec<Box<serde_json::value::RawValue>>,
+    pub next_cursor: Option<String>,
+}
+
+/// The query of one page.
+#[derive(Debug, Default, Clone)]
+pub struct PageRequest<'a> {
+    pub partition: Option<&'a str>,
+    pub from: Option<&'a str>,
+    pub to: Option<&'a str>,
+    pub limit: usize,
+    pub cursor: Option<&'a str>,
+}
+
+/// Percent-encodes everything but RFC 3986's unreserved characters.
+pub fn percent_encode(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for b in text.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+fn non_empty(value: Option<String>) -> Option<String> {
+    value.map(|v| v.trim().to_string()).filter(|v| !v.is_empty())
+}
+
+impl Client {
+    pub fn new(addr: SocketAddr, token: Option<String>, admin_token: Option<String>) -> Client {
+        let agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_connect(Some(Duration::from_secs(CLIENT_CONNECT_SECONDS_MAX)))
+            .build()
+            .into();
+        Client { addr, token: non_empty(token), admin_token: non_empty(admin_token), agent }
+    }
+
+    /// A client with the tokens of FROSTLINE_TOKEN and FROSTLINE_ADMIN_TOKEN.
+    pub fn from_env(addr: SocketAddr) -> Client {
+        Client::new(addr, std::env::var("FROSTLINE_TOKEN").ok(), std::env::var("FROSTLINE_ADMIN_TOKEN").ok())
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    fn unreachable(&self, e: impl std::fmt::Display) -> Error {
+        Error::ApiUnreachable { addr: self.addr.to_string(), reason: e.to_string() }
+    }
+
+    /// Sends a request; a 2xx answer's body is returned, anything else becomes an error with
+    /// the server's kind and message. Admin routes send the admin token (else the ordinary one).
+    fn send(&self, method: &str, path_and_query: &str, body: Option<(&str, &[u8])>, admin: bool) -> Result<String> {
+        let url = format!("http://{}{path_and_query}", self.addr);
+        let token = if admin {
+            self.admin_token.as_ref().or(self.token.as_ref())
+        } else {
+            self.token.as_ref().or(self.admin_token.as_ref())
+        };
+        let authorization = token.map(|t| format!("Bearer {t}"));
+        let response = match method {
+            "GET" => {
+                let mut request = self.agent.get(&url);
+                if let Some(value) = &authorization {
+                    request = request.header("Authorization", value);
+                }
+                request.call()
+            }
+            _ => {
+                let mut request = self.agent.post(&url);
+                if let Some(value) = &authorization {
+                    request = request.header("Authorization", value);
+                }
+                match body {
+                    Some((content_type, bytes)) => request.header("Content-Type", content_type).send(bytes),
+                    None => request.send_empty(),
+                }
+            }
+        };
+        let mut response = response.map_err(|e| self.unreachable(e))?;
+        let status = response.status().as_u16();
+        let text = response
+            .body_mut()
+            .with_config()
+            .limit(u64::MAX)
+            .read_to_string()
+            .map_err(|e| self.unreachable(format!("reading the answer: {e}")))?;
+        if (200..300).contains(&status) {
+            return Ok(text);
+        }
+        let (kind, mut message) = match serde_json::from_str::<ErrorBody>(&text) {
+            Ok(body) => {
+                let kind = match body.error.kind.as_str() {
+                    "conflict" => ErrorKind::Conflict,
+                    "unavailable" => ErrorKind::Unavailable,
+                    "plugin_fault" => ErrorKind::PluginFault,
+                    "data_corruption" => ErrorKind::DataCorruption,
+                    "internal" => ErrorKind::Internal,
+                    _ => ErrorKind::InvalidInput,
+                };
+                let mut message = body.error.message;
+                for r in &body.records {
+                    match (r.line, r.index) {
+                        (Some(line), _) => message.push_str(&format!("\n  line {line}: {}", r.reason)),
+                        (_, Some(index)) => message.push_str(&format!("\n  record {index}: {}", r.reason)),
+                        _ => message.push_str(&format!("\n  {}", r.reason)),
+                    }
+                }
+                (kind, message)
+            }
+            Err(_) => (ErrorKind::Internal, text),
+        };
+        if status == 401 || status == 403 {
+            message.push_str(if admin {
+                "; set FROSTLINE_ADMIN_TOKEN to an admin token of the running engine"
+            } else {
+                "; set FROSTLINE_TOKEN to a token of the running engine"
+            });
+        }
+        Err(Error::Api { addr: self.addr.to_string(), status, kind, message })
+    }
+
+    fn json<T: serde::de::DeserializeOwned>(&self, text: &str) -> Result<T> {
+        serde_json::from_str(text).map_err(|e| Error::Internal(format!("unexpected answer from {}: {e}", self.addr)))
+    }
+
+    /// Appends JSON lines (at most `HTTP_RECORDS_PER_REQUEST_MAX` records and
+    /// `HTTP_BODY_BYTES_MAX` bytes): one atomic append.
+    pub fn append(&self, table: &str, json_lines: &[u8]) -> Result<AppendCounts> {
+        let path = format!("/v1/tables/{}/records", percent_encode(table));
+        let text = self.send("POST", &path, Some(("application/x-ndjson", json_lines)), false)?;
+        self.json(&text)
+    }
+
+    pub fn query(&self, table: &str, request: &PageRequest<'_>) -> Result<Page> {
+        let mut path = format!("/v1/tables/{}/records?limit={}", percent_encode(table), request.limit);
+        for (name, value) in
+            [("partition", request.partition), ("from", request.from), ("to", request.to), ("cursor", request.cursor)]
+        {
+            if let Some(value) = value {
+                path.push_str(&format!("&{name}={}", percent_encode(value)));
+            }
+        }
+        let text = self.send("GET", &path, None, false)?;
+        self.json(&text)
+    }
+
+    pub fn status(&self) -> Result<crate::cli::status::Status> {
+        let text = self.send("GET", "/v1/status", None, false)?;
+        self.json(&text)
+    }
+
+    /// Runs passes until idle now; the `PassReport` as JSON.
+    pub fn archive(&self) -> Result<serde_json::Value> {
+        let text = self.send("POST", "/v1/archive", None, true)?;
+        self.json(&text)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percent_encoding_keeps_only_unreserved_characters() {
+        assert_eq!(percent_encode("2024-01-01T00:00:00Z"), "2024-01-01T00%3A00%3A00Z");
+        assert_eq!(percent_encode("a b/ü"), "a%20b%2F%C3%BC");
+    }
+}

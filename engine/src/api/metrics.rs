@@ -1,0 +1,239 @@
+//! Prometheus metrics (`GET /metrics`, text format 0.0.4) and the request log.
+//!
+//! Counters of events the engine sees as they happen (appends, refusals, passes, HTTP
+//! requests) live in a registry for the life of the process. What is state rather than an
+//! event (buckets by state, the outbox backlog, the archival lag, plugin call counters, reload
+//! counts) is read from the engine at each scrape, so it is never stale.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::extract::{Request, State};
+use axum::middleware::Next;
+use axum::response::Response;
+use prometheus::{
+    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
+};
+
+use super::ApiState;
+use super::auth::RouteTemplate;
+use crate::archive::PassReport;
+use crate::engine::Engine;
+use crate::error::{Error, Result};
+use crate::model::BucketState;
+
+fn internal(e: prometheus::Error) -> Error {
+    Error::Internal(format!("metrics: {e}"))
+}
+
+/// The process-lifetime counters.
+pub struct Metrics {
+    registry: Registry,
+    pub records_appended: IntCounter,
+    pub records_duplicate: IntCounter,
+    /// Refused appends by reason: an error kind, or `body_too_large` / `too_many_records`.
+    pub append_refusals: IntCounterVec,
+    passes: IntCounter,
+    pass_failures: IntCounter,
+    buckets_planned: IntCounter,
+    plan_failures: IntCounter,
+    buckets_archived: IntCounter,
+    buckets_cleaned: IntCounter,
+    deferrals: IntCounter,
+    rows_archived: IntCounter,
+    bytes_archived: IntCounter,
+    http_requests: IntCounterVec,
+    http_seconds: HistogramVec,
+}
+
+impl Metrics {
+    pub fn new() -> Result<Metrics> {
+        let registry = Registry::new();
+        let counter = |name: &str, help: &str| -> Result<IntCounter> {
+            let c = IntCounter::with_opts(Opts::new(name, help)).map_err(internal)?;
+            registry.register(Box::new(c.clone())).map_err(internal)?;
+            Ok(c)
+        };
+        let append_refusals = IntCounterVec::new(
+            Opts::new("frostline_append_refusals_total", "Append requests refused, by reason."),
+            &["reason"],
+        )
+        .map_err(internal)?;
+        registry.register(Box::new(append_refusals.clone())).map_err(internal)?;
+        let http_requests = IntCounterVec::new(
+            Opts::new("frostline_http_requests_total", "HTTP requests answered, by method, route and status."),
+            &["method", "route", "status"],
+        )
+        .map_err(internal)?;
+        registry.register(Box::new(http_requests.clone())).map_err(internal)?;
+        let http_seconds = HistogramVec::new(
+            HistogramOpts::new("frostline_http_request_duration_seconds", "HTTP request latency, by route."),
+            &["route"],
+        )
+        .map_err(internal)?;
+        registry.register(Box::new(http_seconds.clone())).map_err(internal)?;
+        Ok(Metrics {
+            records_appended: counter("frostline_records_appended_total", "Records appended and committed.")?,
+            records_duplicate: counter(
+                "frostline_records_duplicate_total",
+                "Records accepted unchanged because an identical record was already stored.",
+            )?,
+            append_refusals,
+            passes: counter("frostline_archive_passes_total", "Archival passes run.")?,
+            pass_failures: counter("frostline_archive_pass_failures_total", "Archival passes that failed as a whole.")?,
+            buckets_planned: counter("frostline_archive_buckets_planned_total", "Buckets given a retention plan.")?,
+            plan_failures: counter(
+                "frostline_archive_plan_failures_total",
+                "Retention plans refused or failed (the bucket stays unplanned and is retried).",
+            )?,
+            buckets_archived: counter("frostline_archive_buckets_archived_total", "Buckets archived and published.")?,
+            buckets_cleaned: counter(
+                "frostline_archive_buckets_cleaned_total",
+                "Buckets whose hot rows were deleted.",
+            )?,
+            deferrals: counter("frostline_archive_deferrals_total", "Bucket archivals deferred for a retry.")?,
+            rows_archived: counter("frostline_archive_rows_total", "Rows archived.")?,
+            bytes_archived: counter("frostline_archive_bytes_total", "Bytes of segments archived.")?,
+            http_requests,
+            http_seconds,
+            registry,
+        })
+    }
+
+    /// Feeds one pass's outcome.
+    pub fn record_pass(&self, result: &Result<PassReport>) {
+        self.passes.inc();
+        match result {
+            Ok(r) => {
+                self.buckets_planned.inc_by(r.planned);
+                self.plan_failures.inc_by(r.plan_failures);
+                self.buckets_archived.inc_by(r.archived);
+                self.buckets_cleaned.inc_by(r.cleaned);
+                self.deferrals.inc_by(r.deferred);
+                self.rows_archived.inc_by(r.rows_archived);
+                self.bytes_archived.inc_by(r.bytes_archived);
+            }
+            Err(_) => self.pass_failures.inc(),
+        }
+    }
+
+    pub fn record_refusal(&self, reason: &str) {
+        self.append_refusals.with_label_values(&[reason]).inc();
+    }
+
+    /// The text exposition: the counters above and the engine's state now. Reads the store:
+    /// call it on a blocking thread.
+    pub fn render(&self, engine: &Engine) -> Result<String> {
+        let scrape = scrape_families(engine)?;
+        let mut families = self.registry.gather();
+        families.extend(scrape.gather());
+        let mut out = Vec::new();
+        TextEncoder::new().encode(&families, &mut out).map_err(internal)?;
+        String::from_utf8(out).map_err(|e| Error::Internal(format!("metrics text: {e}")))
+    }
+}
+
+/// Families computed from the engine at scrape time.
+fn scrape_families(engine: &Engine) -> Result<Registry> {
+    let registry = Registry::new();
+    let gauge_vec = |name: &str, help: &str, labels: &[&str]| -> Result<IntGaugeVec> {
+        let g = IntGaugeVec::new(Opts::new(name, help), labels).map_err(internal)?;
+        registry.register(Box::new(g.clone())).map_err(internal)?;
+        Ok(g)
+    };
+    let gauge = |name: &str, help: &str| -> Result<IntGauge> {
+        let g = IntGauge::with_opts(Opts::new(name, help)).map_err(internal)?;
+        registry.register(Box::new(g.clone())).map_err(internal)?;
+        Ok(g)
+    };
+    let counter_vec = |name: &str, help: &str, labels: &[&str]| -> Result<IntCounterVec> {
+        let c = IntCounterVec::new(Opts::new(name, help), labels).map_err(internal)?;
+        registry.register(Box::new(c.clone())).map_err(internal)?;
+        Ok(c)
+    };
+
+    let now = engine.clock.now();
+    let policies = engine.policies();
+    let buckets = gauge_vec("frostline_buckets", "Buckets by table and state.", &["table", "state"])?;
+    let rows = gauge_vec("frostline_bucket_rows", "Rows in buckets, by table and state.", &["table", "state"])?;
+    for table in policies.tables.keys() {
+        for state in BucketState::ALL {
+            buckets.with_label_values(&[table.as_str(), state.name()]).set(0);
+            rows.with_label_values(&[table.as_str(), state.name()]).set(0);
+        }
+    }
+    for b in engine.store.all_buckets()? {
+        buckets.with_label_values(&[b.id.table.as_str(), b.state.name()]).inc();
+        rows.with_label_values(&[b.id.table.as_str(), b.state.name()]).add(b.row_count as i64);
+    }
+    gauge("frostline_due_buckets", "Buckets whose next action is due now.")?.set(engine.store.due_count(now)? as i64);
+    let lag_seconds = match engine.store.earliest_due()? {
+        Some(at) if at <= now => (now - at) / 1_000_000,
+        _ => 0,
+    };
+    gauge("frostline_archival_lag_seconds", "Seconds the oldest due bucket has waited; 0 when none is due.")?
+        .set(lag_seconds);
+    gauge("frostline_outbox_backlog", "Outbox events not yet delivered.")?.set(engine.store.outbox_len()? as i64);
+    gauge("frostline_store_poisoned", "1 when the hot store refuses writes after a failed commit.")?
+        .set(i64::from(engine.store.poisoned().is_some()));
+    gauge("frostline_policy_generation", "Generation of the active policy set.")?.set(policies.generation as i64);
+
+    let (accepted, refused) = engine.reload_counts();
+    let reloads = counter_vec("frostline_policy_reloads_total", "Policy reloads since start, by result.", &["result"])?;
+    reloads.with_label_values(&["accepted"]).inc_by(accepted);
+    reloads.with_label_values(&["refused"]).inc_by(refused);
+
+    let labels = ["table", "role", "plugin", "sha256"];
+    let calls = counter_vec(
+        "frostline_plugin_calls_total",
+        "Calls into a plugin instance of the active policy set (reset when a reload replaces it).",
+        &labels,
+    )?;
+    let faults = counter_vec(
+        "frostline_plugin_faults_total",
+        "Plugin traps, timeouts, out-of-memory and invalid answers, of the active policy set.",
+        &labels,
+    )?;
+    let invalid = counter_vec(
+        "frostline_plugin_invalid_answers_total",
+        "Plugin answers the host refused, of the active policy set.",
+        &labels,
+    )?;
+    for record in &policies.plugins {
+        let Some(table) = policies.tables.get(&record.table) else { continue };
+        let counts = match record.role {
+            crate::plugin::Role::BucketStrategy => table.strategy.call_counts(),
+            crate::plugin::Role::RetentionPolicy => table.retention.call_counts(),
+            _ => None,
+        };
+        let Some(counts) = counts else { continue };
+        let role = record.role.to_string();
+        let values = [record.table.as_str(), role.as_str(), record.plugin.as_str(), record.sha256.as_str()];
+        calls.with_label_values(&values).inc_by(counts.calls);
+        faults.with_label_values(&values).inc_by(counts.faults);
+        invalid.with_label_values(&values).inc_by(counts.invalid_answers);
+    }
+    Ok(registry)
+}
+
+/// Outermost middleware: logs every request (method, path, status, latency) and counts it
+/// by its route template (never the raw path, which would make unbounded label sets).
+pub async fn observe(State(state): State<Arc<ApiState>>, request: Request, next: Next) -> Response {
+    let started = Instant::now();
+    let method = request.method().clone();
+    let path = request.uri().path().to_string();
+    let response = next.run(request).await;
+    let elapsed = started.elapsed();
+    let route = response.extensions().get::<RouteTemplate>().map(|r| r.0.as_str()).unwrap_or("unmatched");
+    let status = response.status().as_u16();
+    state.metrics.http_requests.with_label_values(&[method.as_str(), route, &status.to_string()]).inc();
+    state.metrics.http_seconds.with_label_values(&[route]).observe(elapsed.as_secs_f64());
+    tracing::info!(
+        method = %method,
+        path = %path,
+        status,
+        latency_ms = (elapsed.as_secs_f64() * 1_000_000.0).round() / 1_000.0,
+        "http request"
+    );
+    response
+}

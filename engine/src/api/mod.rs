@@ -1,0 +1,397 @@
+//! The HTTP API of the running engine (`frostline run --listen ADDR`): append, query across hot
+//! and cold, status, buckets, plugins, policy reload, archive now, Prometheus metrics and
+//! health. docs/API.md describes it for callers and docs/openapi.json formally; a test checks
+//! the file against the server built from `ROUTES`.
+//!
+//! Every route is declared once, in `ROUTES`, with the access it needs; the router and the
+//! authorisation check are built from that list. Blocking work (appends, store reads, reloads)
+//! runs on blocking threads; an append is acknowledged only after `Engine::append` returns,
+//! that is after its commit.
+//!
+//! Sits on top of the runtime (`engine`), the coordinator (`archive`), `query` and `policy`;
+//! only the CLI and the daemon import it.
+
+pub mod auth;
+pub mod client;
+mod handlers;
+pub mod metrics;
+pub mod passes;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use axum::Router;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+
+use crate::engine::Engine;
+use crate::error::{Error, ErrorKind, Result};
+
+pub use self::auth::{Access, Auth};
+pub use self::metrics::Metrics;
+pub use self::passes::Passes;
+
+/// Where the API listens unless `--listen` says otherwise.
+pub const LISTEN_DEFAULT: &str = "127.0.0.1:7070";
+/// A request body larger than this is refused with 413.
+pub const HTTP_BODY_BYTES_MAX: usize = 16 * 1024 * 1024;
+/// The rest of a refused body is read (and dropped) up to this many bytes, so a client that
+/// is still sending it receives the 413 answer; a body declared larger is refused at once.
+pub const HTTP_BODY_DRAIN_BYTES_MAX: usize = 2 * HTTP_BODY_BYTES_MAX;
+/// ...for at most this long.
+pub const HTTP_BODY_DRAIN_SECONDS_MAX: u64 = 10;
+/// An append of more records than this is refused with 422. Not above the engine's atomic
+/// batch, so every accepted request is one atomic append.
+pub const HTTP_RECORDS_PER_REQUEST_MAX: usize = 10_000;
+const _: () = assert!(HTTP_RECORDS_PER_REQUEST_MAX <= crate::engine::APPEND_BATCH_RECORDS_MAX);
+/// Invalid records described in one refusal at most (the count of all of them is given).
+pub const HTTP_RECORD_ERRORS_REPORTED_MAX: usize = 100;
+/// Buckets listed by one request at most, and by default.
+pub const BUCKETS_LIMIT_MAX: usize = 100_000;
+pub const BUCKETS_LIMIT_DEFAULT: usize = 1_000;
+/// File in the data directory holding the running engine's API address (`host:port`, one line).
+pub const ADDR_FILE: &str = "frostline.addr";
+
+/// Names a route; `handlers::method_router` maps each to its handler.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RouteId {
+    Health,
+    Metrics,
+    Append,
+    Query,
+    Buckets,
+    Status,
+    Plugins,
+    LastReload,
+    Reload,
+    Archive,
+}
+
+/// One route of the API.
+#[derive(Debug, Clone, Copy)]
+pub struct Route {
+    pub id: RouteId,
+    /// `GET` or `POST`.
+    pub method: &'static str,
+    /// The path template, with `{name}` parameters (axum's and OpenAPI's syntax).
+    pub path: &'static str,
+    pub access: Access,
+}
+
+/// Every route the server serves; the router and the authorisation check are built from it.
+pub const ROUTES: &[Route] = &[
+    Route { id: RouteId::Health, method: "GET", path: "/health", access: Access::Public },
+    Route { id: RouteId::Metrics, method: "GET", path: "/metrics", access: Access::Token },
+    Route { id: RouteId::Append, method: "POST", path: "/v1/tables/{table}/records", access: Access::Token },
+    Route { id: RouteId::Query, method: "GET", path: "/v1/tables/{table}/records", access: Access::Token },
+    Route { id: RouteId::Buckets, method: "GET", path: "/v1/tables/{table}/buckets", access: Access::Token },
+    Route { id: RouteId::Status, method: "GET", path: "/v1/status", access: Access::Token },
+    Route { id: RouteId::Plugins, method: "GET", path: "/v1/plugins", access: Access::Token },
+    Route { id: RouteId::LastReload, method: "GET", path: "/v1/reload", access: Access::Token },
+    Route { id: RouteId::Reload, method: "POST", path: "/v1/reload", access: Access::Admin },
+    Route { id: RouteId::Archive, method: "POST", path: "/v1/archive", access: Access::Admin },
+];
+
+/// The access a request to `method path_template` needs, or `None` for an unknown route.
+pub fn route_access(method: &str, path_template: &str) -> Option<Access> {
+    ROUTES.iter().find(|r| r.method == method && r.path == path_template).map(|r| r.access)
+}
+
+/// `frostline run`'s API flags. Tokens themselves come from files or the environment, never
+/// from the command line (where `ps` would show them).
+#[derive(Debug, Clone, clap::Args)]
+pub struct ServeArgs {
+    /// Address of the HTTP API (`host:port`; port 0 picks a free port, written to
+    /// `<data>/frostline.addr`).
+    #[arg(long, env = "FROSTLINE_LISTEN", default_value = LISTEN_DEFAULT)]
+    pub listen: String,
+    /// File of bearer tokens, one per line (`#` starts a comment). Also: FROSTLINE_TOKENS,
+    /// comma-separated.
+    #[arg(long, env = "FROSTLINE_TOKEN_FILE")]
+    pub token_file: Option<PathBuf>,
+    /// File of admin bearer tokens (reload, archive now; valid on every route). Also:
+    /// FROSTLINE_ADMIN_TOKENS, comma-separated.
+    #[arg(long, env = "FROSTLINE_ADMIN_TOKEN_FILE")]
+    pub admin_token_file: Option<PathBuf>,
+}
+
+impl Default for ServeArgs {
+    fn default() -> Self {
+        ServeArgs { listen: LISTEN_DEFAULT.into(), token_file: None, admin_token_file: None }
+    }
+}
+
+/// Validated API settings.
+#[derive(Debug, Clone)]
+pub struct ServeSettings {
+    pub listen: SocketAddr,
+    pub auth: Auth,
+}
+
+impl ServeArgs {
+    pub fn validate(&self) -> Result<ServeSettings> {
+        self.validate_with(|name| std::env::var(name).ok())
+    }
+
+    /// Validates with an injectable environment lookup (for FROSTLINE_TOKENS and
+    /// FROSTLINE_ADMIN_TOKENS).
+    pub fn validate_with(&self, env: impl Fn(&str) -> Option<String>) -> Result<ServeSettings> {
+        let listen: SocketAddr = self.listen.parse().map_err(|e| {
+            Error::InvalidInput(format!(
+                "--listen `{}` is not an address such as 127.0.0.1:7070 or [::1]:7070: {e}",
+                self.listen
+            ))
+        })?;
+        let auth = Auth::load(self.token_file.as_deref(), self.admin_token_file.as_deref(), &env)?;
+        if auth.is_disabled() && !listen.ip().is_loopback() {
+            return Err(Error::InvalidInput(format!(
+                "refusing to serve the API on {listen} without tokens: set --token-file or FROSTLINE_TOKENS (and \
+                 --admin-token-file or FROSTLINE_ADMIN_TOKENS for reload and archive), or listen on a loopback \
+                 address such as 127.0.0.1"
+            )));
+        }
+        Ok(ServeSettings { listen, auth })
+    }
+}
+
+/// What every handler shares.
+pub struct ApiState {
+    pub engine: Arc<Engine>,
+    pub auth: Auth,
+    pub metrics: Arc<Metrics>,
+    pub passes: Arc<Passes>,
+    /// Fires when the engine begins to stop; long work in requests ends between passes.
+    pub stopping: tokio::sync::watch::Receiver<bool>,
+}
+
+/// The router for `ROUTES`, with authorisation, request logging and metrics.
+pub fn router(state: Arc<ApiState>) -> Router {
+    let mut router: Router<Arc<ApiState>> = Router::new();
+    for route in ROUTES {
+        router = router.route(route.path, handlers::method_router(route));
+    }
+    router
+        .route_layer(axum::middleware::from_fn_with_state(state.clone(), auth::authorise))
+        .fallback(handlers::not_found)
+        .layer(axum::middleware::from_fn_with_state(state.clone(), metrics::observe))
+        .with_state(state)
+}
+
+/// A bound, serving API.
+pub struct RunningApi {
+    /// The address actually bound (the port is real even when port 0 was asked for).
+    pub local_addr: SocketAddr,
+    /// Ends after a graceful shutdown: no new connections, requests in flight finished.
+    pub task: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+/// Binds `settings.listen` and serves until `state.stopping` fires.
+pub async fn start(state: Arc<ApiState>, settings: &ServeSettings) -> Result<RunningApi> {
+    let listener = tokio::net::TcpListener::bind(settings.listen).await.map_err(|e| {
+        Error::InvalidInput(format!(
+            "cannot listen on {}: {e}; choose another address with --listen (port 0 picks a free one)",
+            settings.listen
+        ))
+    })?;
+    let local_addr = listener.local_addr().map_err(|e| Error::Internal(format!("bound address: {e}")))?;
+    if settings.auth.is_disabled() {
+        tracing::warn!(
+            listen = %local_addr,
+            "no API tokens are configured: the API on this loopback address requires none; set --token-file or \
+             FROSTLINE_TOKENS to require them"
+        );
+    } else if !settings.auth.has_admin_tokens() {
+        tracing::info!("no admin tokens are configured: POST /v1/reload and POST /v1/archive are refused (403)");
+    }
+    let mut stopping = state.stopping.clone();
+    let app = router(state);
+    let task = tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async move {
+                let _ = stopping.wait_for(|stop| *stop).await;
+            })
+            .await
+    });
+    Ok(RunningApi { local_addr, task })
+}
+
+/// The address a client on this host should use: an unspecified address (0.0.0.0, ::)
+/// becomes the loopback address of its family.
+pub fn client_addr(bound: SocketAddr) -> SocketAddr {
+    let ip = match bound.ip() {
+        std::net::IpAddr::V4(ip) if ip.is_unspecified() => std::net::Ipv4Addr::LOCALHOST.into(),
+        std::net::IpAddr::V6(ip) if ip.is_unspecified() => std::net::Ipv6Addr::LOCALHOST.into(),
+        ip => ip,
+    };
+    SocketAddr::new(ip, bound.port())
+}
+
+/// Writes `<data>/frostline.addr` atomically.
+pub fn write_addr_file(data_dir: &Path, bound: SocketAddr) -> Result<()> {
+    let path = data_dir.join(ADDR_FILE);
+    let tmp = data_dir.join(format!("{ADDR_FILE}.tmp"));
+    std::fs::write(&tmp, format!("{}\n", client_addr(bound))).map_err(|e| Error::io(&tmp, e))?;
+    std::fs::rename(&tmp, &path).map_err(|e| Error::io(&path, e))
+}
+
+/// The address in `<data>/frostline.addr`, if the file exists.
+pub fn read_addr_file(data_dir: &Path) -> Result<Option<SocketAddr>> {
+    let path = data_dir.join(ADDR_FILE);
+    match std::fs::read_to_string(&path) {
+        Ok(text) => text
+            .trim()
+            .parse()
+            .map(Some)
+            .map_err(|e| Error::InvalidInput(format!("{} does not hold an address: {e}", path.display()))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(Error::io(&path, e)),
+    }
+}
+
+/// One record the API refused, by its 1-based line (JSON lines) or 0-based index (JSON array).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct RecordError {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub line: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub index: Option<usize>,
+    pub reason: String,
+}
+
+/// A named limit an answer refers to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct LimitInfo {
+    pub name: String,
+    pub value: u64,
+}
+
+/// The body of every error answer: `{"error": {kind, message, limit?}, "invalid_records"?,
+/// "records"?}`.
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub invalid_records: Option<usize>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub records: Vec<RecordError>,
+}
+
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
+pub struct ErrorDetail {
+    /// `invalid_input`, `conflict`, `unavailable`, `plugin_fault`, `data_corruption`,
+    /// `internal`, `not_found`, `method_not_allowed`, `unauthorized`, `forbidden` or
+    /// `limit_exceeded`.
+    pub kind: String,
+    pub message: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<LimitInfo>,
+}
+
+/// An error answer.
+#[derive(Debug)]
+pub struct ApiError {
+    pub status: StatusCode,
+    /// Boxed: error answers are rare, and `Result`s carrying them stay small.
+    pub body: Box<ErrorBody>,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, kind: &str, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status,
+            body: Box::new(ErrorBody {
+                error: ErrorDetail { kind: kind.into(), message: message.into(), limit: None },
+                invalid_records: None,
+                records: Vec::new(),
+            }),
+        }
+    }
+
+    pub fn limit(status: StatusCode, name: &str, value: usize, message: impl Into<String>) -> ApiError {
+        let mut e = ApiError::new(status, "limit_exceeded", message);
+        e.body.error.limit = Some(LimitInfo { name: name.into(), value: value as u64 });
+        e
+    }
+
+    pub fn bad_request(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::BAD_REQUEST, "invalid_input", message)
+    }
+
+    /// The public kind of an engine error decides the status.
+    pub fn from_engine(error: &Error) -> ApiError {
+        let kind = error.kind();
+        let status = match kind {
+            ErrorKind::InvalidInput => StatusCode::BAD_REQUEST,
+            ErrorKind::Conflict => StatusCode::CONFLICT,
+            ErrorKind::Unavailable | ErrorKind::PluginFault => StatusCode::SERVICE_UNAVAILABLE,
+            ErrorKind::DataCorruption | ErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        let name = serde_json::to_value(kind).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default();
+        ApiError::new(status, &name, error.to_string())
+    }
+}
+
+impl From<Error> for ApiError {
+    fn from(error: Error) -> Self {
+        ApiError::from_engine(&error)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut response = (self.status, axum::Json(*self.body)).into_response();
+        if self.status == StatusCode::UNAUTHORIZED {
+            response
+                .headers_mut()
+                .insert(axum::http::header::WWW_AUTHENTICATE, axum::http::HeaderValue::from_static("Bearer"));
+        }
+        if self.status == StatusCode::SERVICE_UNAVAILABLE {
+            response.headers_mut().insert(axum::http::header::RETRY_AFTER, axum::http::HeaderValue::from_static("5"));
+        }
+        response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_tokens_is_refused_off_loopback_and_allowed_on_it() {
+        let args = ServeArgs { listen: "0.0.0.0:7070".into(), ..Default::default() };
+        let err = args.validate_with(|_| None).unwrap_err().to_string();
+        assert!(err.contains("without tokens") && err.contains("FROSTLINE_TOKENS"), "{err}");
+        let args = ServeArgs { listen: "127.0.0.1:0".into(), ..Default::default() };
+        assert!(args.validate_with(|_| None).unwrap().auth.is_disabled());
+        let args = ServeArgs { listen: "[::1]:0".into(), ..Default::default() };
+        assert!(args.validate_with(|_| None).unwrap().auth.is_disabled());
+        let tokens = |name: &str| (name == "FROSTLINE_TOKENS").then(|| "a-token-of-enough-length".to_string());
+        let args = ServeArgs { listen: "0.0.0.0:7070".into(), ..Default::default() };
+        assert!(!args.validate_with(tokens).unwrap().auth.is_disabled());
+    }
+
+    #[test]
+    fn a_bad_listen_address_names_the_flag() {
+        let args = ServeArgs { listen: "localhost".into(), ..Default::default() };
+        assert!(args.validate_with(|_| None).unwrap_err().to_string().contains("--listen"));
+    }
+
+    #[test]
+    fn routes_are_unique_and_the_router_builds() {
+        let mut seen = std::collections::BTreeSet::new();
+        for r in ROUTES {
+            assert!(seen.insert((r.method, r.path)), "{} {} is declared twice", r.method, r.path);
+            assert!(r.method == "GET" || r.method == "POST");
+            let _ = handlers::method_router(r);
+        }
+    }
+
+    #[test]
+    fn unspecified_addresses_are_written_as_loopback() {
+        assert_eq!(client_addr("0.0.0.0:80".parse().unwrap()).to_string(), "127.0.0.1:80");
+        assert_eq!(client_addr("[::]:80".parse().unwrap()).to_string(), "[::1]:80");
+        assert_eq!(client_addr("10.1.2.3:80".parse().unwrap()).to_string(), "10.1.2.3:80");
+    }
+}

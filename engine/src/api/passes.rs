@@ -1,0 +1,83 @@
+//! Archival passes inside the running engine: the periodic loop and `POST /v1/archive` take
+//! turns through one lock (never two passes of one worker at once), and every report feeds
+//! the metrics.
+
+use std::sync::Arc;
+
+use crate::archive::{PassReport, run_pass};
+use crate::engine::Engine;
+use crate::error::Result;
+
+use super::Metrics;
+
+/// Passes one `archive --once` runs at most.
+pub const PASSES_UNTIL_IDLE_MAX: usize = 1_000;
+
+/// One `archive --once`: passes until nothing more is claimable right now (a pass looks at
+/// most `scan_limit` buckets, and planning can make more due), bounded so it always ends.
+/// Stops early, between passes, when `stopping` fires. `observe` sees every pass's report.
+pub async fn run_until_idle(
+    engine: &Arc<Engine>,
+    owner: &str,
+    stopping: Option<&tokio::sync::watch::Receiver<bool>>,
+    observe: &(dyn Fn(&Result<PassReport>) + Sync),
+) -> Result<PassReport> {
+    let mut total = PassReport::default();
+    for _ in 0..PASSES_UNTIL_IDLE_MAX {
+        if stopping.is_some_and(|s| *s.borrow()) {
+            break;
+        }
+        let result = run_pass(engine, owner).await;
+        observe(&result);
+        let r = result?;
+        let progressed = r.planned + r.archived + r.cleaned > 0;
+        total.planned += r.planned;
+        total.plan_failures += r.plan_failures;
+        total.archived += r.archived;
+        total.cleaned += r.cleaned;
+        total.deferred += r.deferred;
+        total.rows_archived += r.rows_archived;
+        total.bytes_archived += r.bytes_archived;
+        total.errors.extend(r.errors);
+        if !progressed || r.deferred > 0 {
+            break;
+        }
+    }
+    Ok(total)
+}
+
+/// The running engine's passes, serialized and counted.
+pub struct Passes {
+    owner: String,
+    lock: tokio::sync::Mutex<()>,
+    metrics: Arc<Metrics>,
+}
+
+impl Passes {
+    pub fn new(owner: String, metrics: Arc<Metrics>) -> Passes {
+        Passes { owner, lock: tokio::sync::Mutex::new(()), metrics }
+    }
+
+    pub fn owner(&self) -> &str {
+        &self.owner
+    }
+
+    /// One pass (the periodic loop).
+    pub async fn run_once(&self, engine: &Arc<Engine>) -> Result<PassReport> {
+        let _turn = self.lock.lock().await;
+        let result = run_pass(engine, &self.owner).await;
+        self.metrics.record_pass(&result);
+        result
+    }
+
+    /// Passes until idle (`POST /v1/archive`, `frostline archive --once` against a running
+    /// engine).
+    pub async fn run_until_idle(
+        &self,
+        engine: &Arc<Engine>,
+        stopping: &tokio::sync::watch::Receiver<bool>,
+    ) -> Result<PassReport> {
+        let _turn = self.lock.lock().await;
+        run_until_idle(engine, &self.owner, Some(stopping), &|r| self.metrics.record_pass(r)).await
+    }
+}

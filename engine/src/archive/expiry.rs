@@ -1,0 +1,84 @@
+//! Archive expiry, in the order that makes it provable: under the bucket's fence, re-check
+//! every legal hold, then write the tombstone and an outbox event durably (the bucket becomes
+//! `Expired`), then delete the objects, manifest first, then prove their absence by listing
+//! (never by one failed read), then complete the tombstone. A crash anywhere is finished by
+//! the next claim, which rereads the tombstone.
+
+use std::sync::Arc;
+
+use super::{Heartbeat, blocking};
+use crate::engine::Engine;
+use crate::error::{Error, Result};
+use crate::policy::TablePolicy;
+use crate::storage::keys;
+use crate::store::schema::{BucketId, BucketMeta, Tombstone};
+
+/// What an expiry step did.
+pub(super) enum ExpiryOutcome {
+    Expired,
+    /// A legal hold covers the bucket; it is parked until the hold is lifted.
+    Held,
+}
+
+/// Starts (and finishes) the expiry of a published, cleaned bucket.
+pub(super) async fn expire(
+    engine: &Arc<Engine>,
+    table: &Arc<TablePolicy>,
+    owner: &str,
+    meta: &BucketMeta,
+    heartbeat: &Heartbeat,
+) -> Result<ExpiryOutcome> {
+    let store = engine.store.clone();
+    let id = meta.id.clone();
+    let manifest = blocking(move || store.latest_manifest(&id))
+        .await?
+        .ok_or_else(|| Error::Internal(format!("archived bucket {} has no recorded manifest", meta.id)))?;
+    let manifest_key = meta
+        .manifest_key
+        .clone()
+        .ok_or_else(|| Error::Internal(format!("archived bucket {} names no manifest", meta.id)))?;
+    // The manifest goes first: once it is gone no reader can be sent to a missing segment.
+    let keys: Vec<String> =
+        std::iter::once(manifest_key).chain(manifest.segments.iter().map(|s| s.key.clone())).collect();
+    heartbeat.check("expiry")?;
+    let (store, id, owner_s, now) = (engine.store.clone(), meta.id.clone(), owner.to_string(), engine.clock.now());
+    let policy_holds = engine.policies().holds.clone();
+    let generation = meta.generation;
+    let Some(tombstone) =
+        blocking(move || store.begin_expiry(id, owner_s, generation, now, policy_holds, keys)).await?
+    else {
+        tracing::info!(bucket = %meta.id, "expiry stopped by a legal hold");
+        return Ok(ExpiryOutcome::Held);
+    };
+    finish(engine, table, owner, generation, tombstone).await
+}
+
+/// Deletes what a tombstone names, proves absence by listing, completes the tombstone.
+pub(super) async fn finish(
+    engine: &Arc<Engine>,
+    table: &Arc<TablePolicy>,
+    owner: &str,
+    generation: u64,
+    tombstone: Tombstone,
+) -> Result<ExpiryOutcome> {
+    let backend = table.backend.clone();
+    for key in &tombstone.keys {
+        backend.delete(key).await?;
+    }
+    let id: &BucketId = &tombstone.bucket;
+    let prefix = keys::bucket_prefix(&id.table, &id.bucket_key, &id.partition_key);
+    let listed = backend.list(&prefix).await?;
+    if let Some(left) = listed.iter().find(|o| tombstone.keys.contains(&o.key)) {
+        return Err(Error::StorageUnavailable(format!(
+            "object `{}` is still listed after its deletion; the expiry will be retried",
+            left.key
+        )));
+    }
+    let objects = tombstone.keys.len();
+    let now = engine.clock.now();
+    let purge_at = now.saturating_add(engine.settings.tombstone_retention_us);
+    let (store, id, owner) = (engine.store.clone(), id.clone(), owner.to_string());
+    blocking(move || store.complete_expiry(id, owner, generation, now, purge_at)).await?;
+    tracing::info!(bucket = %tombstone.bucket, objects, reason = %tombstone.reason, "archive expired");
+    Ok(ExpiryOutcome::Expired)
+}

@@ -1,0 +1,132 @@
+//! Outbox delivery: every event is delivered at least once to every configured sink (an
+//! HTTP webhook with an idempotency key per event, or a JSON-lines file), and deleted only
+//! after every delivery is recorded. A sink that is down is backed off; it delays its own
+//! deliveries and never blocks archival.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use super::blocking;
+use crate::engine::Engine;
+use crate::error::{Error, Result};
+use crate::policy::{SinkConfig, SinkKind};
+use crate::store::schema::OutboxEvent;
+
+/// Events looked at per pass.
+pub const OUTBOX_EVENTS_PER_PASS_MAX: usize = 500;
+pub const SINK_BACKOFF_MS_MIN: u64 = 1_000;
+pub const SINK_BACKOFF_MS_MAX: u64 = 300_000;
+
+/// Per data directory and sink: when the next attempt may run and how many failed in a row.
+type BackoffMap = HashMap<(String, String), (Instant, u32)>;
+
+fn backoffs() -> &'static Mutex<BackoffMap> {
+    static BACKOFFS: OnceLock<Mutex<BackoffMap>> = OnceLock::new();
+    BACKOFFS.get_or_init(Default::default)
+}
+
+/// The JSON document a sink receives for an event.
+pub fn event_json(event: &OutboxEvent, sink: &str) -> serde_json::Value {
+    serde_json::json!({
+        "idempotency_key": format!("frostline-{}-{}", sink, event.sequence),
+        "sequence": event.sequence,
+        "kind": event.kind,
+        "table": event.bucket.as_ref().map(|b| b.table.clone()),
+        "partition_key": event.bucket.as_ref().map(|b| String::from_utf8_lossy(&b.partition_key).into_owned()),
+        "bucket_key": event.bucket.as_ref().map(|b| b.bucket_key.clone()),
+        "generation": event.generation,
+        "at": crate::model::time::format_rfc3339(event.at),
+        "detail": event.detail,
+    })
+}
+
+fn deliver_one(sink: &SinkConfig, event: &OutboxEvent) -> Result<()> {
+    let body = event_json(event, &sink.name);
+    match sink.kind {
+        SinkKind::Webhook => {
+            let key = body["idempotency_key"].as_str().unwrap_or_default().to_string();
+            ureq::post(&sink.destination)
+                .header("Content-Type", "application/json")
+                .header("Idempotency-Key", &key)
+                .config()
+                .timeout_global(Some(Duration::from_millis(sink.timeout_ms)))
+                .build()
+                .send(body.to_string())
+                .map(|_| ())
+                .map_err(|e| Error::StorageUnavailable(format!("sink `{}`: {e}", sink.name)))
+        }
+        SinkKind::Jsonl => {
+            let mut file = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&sink.destination)
+                .map_err(|e| Error::io(&sink.destination, e))?;
+            let mut line = body.to_string();
+            line.push('\n');
+            file.write_all(line.as_bytes()).map_err(|e| Error::io(&sink.destination, e))?;
+            file.sync_data().map_err(|e| Error::io(&sink.destination, e))
+        }
+    }
+}
+
+/// Delivers pending events; returns how many events were completed (delivered everywhere).
+pub async fn deliver(engine: &Arc<Engine>) -> Result<u64> {
+    let store = engine.store.clone();
+    let events = blocking(move || store.outbox(OUTBOX_EVENTS_PER_PASS_MAX)).await?;
+    if events.is_empty() {
+        return Ok(0);
+    }
+    let sinks = engine.policies().sinks.clone();
+    let data_dir = engine.data_dir.display().to_string();
+    for sink in &sinks {
+        let key = (data_dir.clone(), sink.name.clone());
+        if backoffs().lock().expect("backoffs").get(&key).is_some_and(|(until, _)| Instant::now() < *until) {
+            continue;
+        }
+        for event in &events {
+            let (store, name, sequence) = (engine.store.clone(), sink.name.clone(), event.sequence);
+            if blocking(move || store.delivered(&name, sequence)).await? {
+                continue;
+            }
+            let (sink2, event2) = (sink.clone(), event.clone());
+            match blocking(move || deliver_one(&sink2, &event2)).await {
+                Ok(()) => {
+                    let (store, name, now) = (engine.store.clone(), sink.name.clone(), engine.clock.now());
+                    blocking(move || store.record_delivery(name, sequence, now)).await?;
+                    backoffs().lock().expect("backoffs").remove(&key);
+                }
+                Err(e) => {
+                    let mut map = backoffs().lock().expect("backoffs");
+                    let failures = map.get(&key).map_or(0, |(_, n)| *n) + 1;
+                    let delay_ms = (SINK_BACKOFF_MS_MIN << failures.min(16)).min(SINK_BACKOFF_MS_MAX);
+                    map.insert(key.clone(), (Instant::now() + Duration::from_millis(delay_ms), failures));
+                    tracing::warn!(sink = %sink.name, error = %e, retry_in_ms = delay_ms, "outbox delivery failed");
+                    break;
+                }
+            }
+        }
+    }
+    // An event is deleted only once every sink has recorded its delivery.
+    let mut done = Vec::new();
+    for event in &events {
+        let mut everywhere = true;
+        for sink in &sinks {
+            let (store, name, sequence) = (engine.store.clone(), sink.name.clone(), event.sequence);
+            if !blocking(move || store.delivered(&name, sequence)).await? {
+                everywhere = false;
+                break;
+            }
+        }
+        if everywhere {
+            done.push(event.sequence);
+        }
+    }
+    let completed = done.len() as u64;
+    if !done.is_empty() {
+        let store = engine.store.clone();
+        blocking(move || store.ack_outbox(done)).await?;
+    }
+    Ok(completed)
+}

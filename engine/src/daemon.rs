@@ -1,0 +1,143 @@
+//! `frostline run`: the running engine. Wires the archival pass loop, the HTTP API and the
+//! policy watcher; publishes its process id, API address and status in the data directory;
+//! stops gracefully on SIGTERM or Ctrl-C within `SHUTDOWN_SECONDS_MAX`.
+//!
+//! Shutdown: the API stops accepting and finishes the requests in flight, the pass in flight
+//! runs to its end (passes are never cancelled midway), the watcher stops. Whatever is still
+//! running after `SHUTDOWN_SECONDS_MAX` is abandoned and the process exits; a bucket left
+//! `Archiving` is taken over after its lease expires, as after a crash.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::api::{self, ApiState, Metrics, Passes, ServeSettings};
+use crate::engine::Engine;
+use crate::error::{Error, Result};
+
+/// After a stop signal, the process exits within this many seconds, whatever is in flight.
+pub const SHUTDOWN_SECONDS_MAX: u64 = 30;
+
+/// The pid and address files of a running engine; removed when it stops.
+struct RunFiles {
+    paths: Vec<PathBuf>,
+}
+
+impl RunFiles {
+    fn write(data_dir: &Path, bound: SocketAddr) -> Result<RunFiles> {
+        let pid_path = data_dir.join(crate::engine::PID_FILE);
+        std::fs::write(&pid_path, std::process::id().to_string()).map_err(|e| Error::io(&pid_path, e))?;
+        let files = RunFiles { paths: vec![pid_path, data_dir.join(api::ADDR_FILE)] };
+        api::write_addr_file(data_dir, bound)?;
+        Ok(files)
+    }
+}
+
+impl Drop for RunFiles {
+    fn drop(&mut self) {
+        for path in &self.paths {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+/// Runs the engine until SIGTERM or Ctrl-C.
+pub async fn run(engine: Arc<Engine>, serve: ServeSettings) -> Result<()> {
+    // Take over SIGTERM before anything else, so a stop during start-up is graceful too.
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|e| Error::Internal(format!("cannot listen for SIGTERM: {e}")))?;
+    let metrics = Arc::new(Metrics::new()?);
+    let passes = Arc::new(Passes::new(crate::archive::new_owner_token(), metrics.clone()));
+    let (stop, stopping) = tokio::sync::watch::channel(false);
+    let state = Arc::new(ApiState {
+        engine: engine.clone(),
+        auth: serve.auth.clone(),
+        metrics,
+        passes: passes.clone(),
+        stopping: stopping.clone(),
+    });
+    let api = api::start(state, &serve).await?;
+    let files = RunFiles::write(&engine.data_dir, api.local_addr)?;
+    let policy_watcher = crate::policy::reload::start_watcher(&engine.policies().dir)?;
+    let watcher = tokio::spawn(crate::policy::reload::watch(engine.clone(), policy_watcher, stopping.clone()));
+    engine.write_status_file()?;
+    tracing::info!(
+        owner = passes.owner(),
+        data = %engine.data_dir.display(),
+        tables = engine.policies().tables.len(),
+        listen = %api.local_addr,
+        "frostline running"
+    );
+    let pass_loop = tokio::spawn(pass_loop(engine.clone(), passes, stopping.clone()));
+
+    let mut server = api.task;
+    let server_ended = tokio::select! {
+        _ = tokio::signal::ctrl_c() => { tracing::info!("Ctrl-C: stopping"); None }
+        _ = terminate.recv() => { tracing::info!("SIGTERM: stopping"); None }
+        ended = &mut server => Some(ended),
+    };
+    let _ = stop.send(true);
+    let drained = tokio::time::timeout(Duration::from_secs(SHUTDOWN_SECONDS_MAX), async {
+        if server_ended.is_none() {
+            log_end("the HTTP server", server.await);
+        }
+        log_end("the pass loop", pass_loop.await.map(Ok::<(), Error>));
+        log_end("the policy watcher", watcher.await);
+    })
+    .await;
+    if drained.is_err() {
+        tracing::error!(
+            "still busy {SHUTDOWN_SECONDS_MAX} s after the stop signal (SHUTDOWN_SECONDS_MAX); exiting with work in \
+             flight: a bucket left Archiving is taken over when its lease expires"
+        );
+    }
+    drop(files);
+    tracing::info!("frostline stopped");
+    match server_ended {
+        Some(Ok(Ok(()))) | None => Ok(()),
+        Some(Ok(Err(e))) => Err(Error::Internal(format!("the HTTP server failed: {e}"))),
+        Some(Err(e)) => Err(Error::Internal(format!("the HTTP server panicked: {e}"))),
+    }
+}
+
+fn log_end<E: std::fmt::Display>(
+    what: &str,
+    ended: std::result::Result<std::result::Result<(), E>, tokio::task::JoinError>,
+) {
+    match ended {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::error!(error = %e, "{what} failed"),
+        Err(e) => tracing::error!(error = %e, "{what} panicked"),
+    }
+}
+
+/// A pass every `interval`, until `stopping` fires; a pass in flight runs to its end.
+async fn pass_loop(engine: Arc<Engine>, passes: Arc<Passes>, mut stopping: tokio::sync::watch::Receiver<bool>) {
+    let interval = Duration::from_micros(engine.settings.interval_us as u64);
+    while !*stopping.borrow() {
+        match passes.run_once(&engine).await {
+            Ok(report) if report.planned + report.archived + report.cleaned + report.deferred > 0 => {
+                tracing::info!(
+                    planned = report.planned,
+                    archived = report.archived,
+                    cleaned = report.cleaned,
+                    deferred = report.deferred,
+                    rows = report.rows_archived,
+                    "pass finished"
+                );
+            }
+            Ok(_) => {}
+            Err(e) => tracing::error!(error = %e, "pass failed"),
+        }
+        let status_engine = engine.clone();
+        let written = tokio::task::spawn_blocking(move || status_engine.write_status_file()).await;
+        if let Ok(Err(e)) = written {
+            tracing::warn!(error = %e, "cannot write the status file");
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(interval) => {}
+            _ = stopping.wait_for(|stop| *stop) => break,
+        }
+    }
+}

@@ -1,0 +1,781 @@
+//! The HTTP API end to end: the real binary (`frostline run --listen 127.0.0.1:0`, which writes
+//! the port it bound into `<data>/frostline.addr`), tokens in its environment, driven over
+//! HTTP and through the CLI. Waits poll with generous deadlines; nothing sleeps for
+//! correctness.
+
+use std::collections::BTreeSet;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use frostline::api::{HTTP_BODY_BYTES_MAX, HTTP_RECORDS_PER_REQUEST_MAX, ROUTES};
+
+use crate::support::*;
+
+const USER: &str = "user-token-0123456789abcdef";
+const ADMIN: &str = "admin-token-0123456789abcdef";
+const WRONG: &str = "wrong-token-0123456789abcdef";
+
+const POLICY: &str = r#"
+[[table]]
+id = "events"
+writable_buckets = 48
+strategy = { plugin = "builtin:calendar-month-utc" }
+retention = { plugin = "builtin:eligible-before" }
+"#;
+
+/// Generous: the machine may be loaded by parallel tests and builds.
+const WAIT: Duration = Duration::from_secs(180);
+
+/// Environment a test must not inherit.
+const SCRUBBED: &[&str] = &[
+    "FROSTLINE_TOKENS",
+    "FROSTLINE_ADMIN_TOKENS",
+    "FROSTLINE_TOKEN_FILE",
+    "FROSTLINE_ADMIN_TOKEN_FILE",
+    "FROSTLINE_TOKEN",
+    "FROSTLINE_ADMIN_TOKEN",
+    "FROSTLINE_LISTEN",
+    "FROSTLINE_DATA",
+    "FROSTLINE_POLICIES",
+    "ARCHIVER_KEEP_HOT_BUCKETS",
+    "ARCHIVER_ELIGIBLE_THROUGH_YEAR",
+    "ARCHIVER_INTERVAL_SECONDS",
+    "ARCHIVER_LEASE_SECONDS",
+    "ARCHIVER_LEASE_RENEWAL_SECONDS",
+];
+
+struct Dirs {
+    root: tempfile::TempDir,
+    data: PathBuf,
+    policies: PathBuf,
+}
+
+fn dirs() -> Dirs {
+    let root = tempfile::tempdir().unwrap();
+    let policies = root.path().join("policies");
+    std::fs::create_dir_all(&policies).unwrap();
+    std::fs::write(policies.join("tables.toml"), POLICY).unwrap();
+    Dirs { data: root.path().join("data"), policies, root }
+}
+
+fn command(d: &Dirs) -> Command {
+    let mut command = Command::new(frostline_bin());
+    for name in SCRUBBED {
+        command.env_remove(name);
+    }
+    command
+        .env("ARCHIVER_ELIGIBLE_BEFORE", "2025-01-01T00:00:00Z")
+        .env("FROSTLINE_DATA", &d.data)
+        .env("FROSTLINE_POLICIES", &d.policies);
+    command
+}
+
+/// A running `frostline run`, killed if the test ends without stopping it.
+struct Server {
+    child: Child,
+    addr: String,
+    log: PathBuf,
+}
+
+impl Server {
+    /// Starts the engine with `args` and tokens USER and ADMIN (unless `tokens` is false).
+    fn start(d: &Dirs, args: &[&str], tokens: bool) -> Server {
+        let log = d.root.path().join(format!("run-{}.log", rand::random::<u32>()));
+        let addr_file = d.data.join(frostline::api::ADDR_FILE);
+        let mut command = command(d);
+        command
+            .args(["run", "--listen", "127.0.0.1:0"])
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap());
+        if tokens {
+            command.env("FROSTLINE_TOKENS", USER).env("FROSTLINE_ADMIN_TOKENS", ADMIN);
+        }
+        let mut child = command.spawn().unwrap();
+        let started = Instant::now();
+        let addr = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                panic!("the engine exited at start ({status}): {}", std::fs::read_to_string(&log).unwrap_or_default());
+            }
+            if let Ok(text) = std::fs::read_to_string(&addr_file)
+                && text.ends_with('\n')
+            {
+                break text.trim().to_string();
+            }
+            assert!(started.elapsed() < WAIT, "the engine did not start: {}", std::fs::read_to_string(&log).unwrap());
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let server = Server { child, addr, log };
+        server.wait_for("health", |s| s.get("/health", None).0 == 200);
+        server
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn get(&self, path: &str, token: Option<&str>) -> (u16, String) {
+        http("GET", &self.url(path), token, None)
+    }
+
+    fn post(&self, path: &str, token: Option<&str>, body: Option<&str>) -> (u16, String) {
+        http("POST", &self.url(path), token, body)
+    }
+
+    fn json(&self, path: &str) -> serde_json::Value {
+        let (status, body) = self.get(path, Some(USER));
+        assert_eq!(status, 200, "GET {path}: {body}");
+        serde_json::from_str(&body).unwrap()
+    }
+
+    fn wait_for(&self, what: &str, check: impl Fn(&Server) -> bool) {
+        let started = Instant::now();
+        while !check(self) {
+            assert!(started.elapsed() < WAIT, "timed out waiting for {what}; log:\n{}", self.log());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Every record of `events`, page by page.
+    fn all_records(&self, page: usize) -> Vec<serde_json::Value> {
+        let mut out = Vec::new();
+        let mut cursor: Option<String> = None;
+        loop {
+            let mut path = format!("/v1/tables/events/records?limit={page}");
+            if let Some(c) = &cursor {
+                path.push_str(&format!("&cursor={c}"));
+            }
+            let body = self.json(&path);
+            out.extend(body["records"].as_array().unwrap().iter().cloned());
+            match body["next_cursor"].as_str() {
+                Some(c) => cursor = Some(c.to_string()),
+                None => return out,
+            }
+        }
+    }
+
+    fn metrics(&self) -> String {
+        let (status, body) = self.get("/metrics", Some(USER));
+        assert_eq!(status, 200, "{body}");
+        body
+    }
+
+    /// SIGTERM, then the exit status (bounded wait).
+    fn terminate(&mut self) -> ExitStatus {
+        // SAFETY: signalling our own child process.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        self.wait_exit(Duration::from_secs(frostline::daemon::SHUTDOWN_SECONDS_MAX + 30))
+    }
+
+    fn wait_exit(&mut self, bound: Duration) -> ExitStatus {
+        let started = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(started.elapsed() < bound, "no exit within {bound:?}; log:\n{}", self.log());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+fn agent() -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(300)))
+        .build()
+        .into()
+}
+
+/// One request; the status and the body.
+fn http(method: &str, url: &str, token: Option<&str>, body: Option<&str>) -> (u16, String) {
+    let auth = token.map(|t| format!("Bearer {t}"));
+    let result = match method {
+        "GET" => {
+            let mut r = agent().get(url);
+            if let Some(a) = &auth {
+                r = r.header("Authorization", a);
+            }
+            r.call()
+        }
+        "POST" => {
+            let mut r = agent().post(url);
+            if let Some(a) = &auth {
+                r = r.header("Authorization", a);
+            }
+            match body {
+                Some(b) => r.send(b),
+                None => r.send_empty(),
+            }
+        }
+        other => panic!("method {other}"),
+    };
+    let mut response = result.unwrap_or_else(|e| panic!("{method} {url}: {e}"));
+    let status = response.status().as_u16();
+    let text = response.body_mut().with_config().limit(u64::MAX).read_to_string().unwrap();
+    (status, text)
+}
+
+/// A DELETE or a PUT, which no route serves.
+fn http_other(method: &str, url: &str, token: &str) -> u16 {
+    let auth = format!("Bearer {token}");
+    let response = match method {
+        "DELETE" => agent().delete(url).header("Authorization", &auth).call(),
+        "PUT" => agent().put(url).header("Authorization", &auth).send_empty(),
+        other => panic!("method {other}"),
+    };
+    response.unwrap().status().as_u16()
+}
+
+fn value(metrics: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    metrics
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .find(|l| {
+            let series = l.split_whitespace().next().unwrap_or_default();
+            (series == name || series.starts_with(&format!("{name}{{")))
+                && labels.iter().all(|(k, v)| series.contains(&format!("{k}=\"{v}\"")))
+        })
+        .and_then(|l| l.split_whitespace().nth(1))
+        .map(|v| v.parse().unwrap())
+        .unwrap_or_else(|| panic!("no series {name} {labels:?} in:\n{metrics}"))
+}
+
+/// A record line, as `frostline ingest` reads it.
+fn line(partition: &str, time: &str, sort: &str, body: &str) -> String {
+    format!(r#"{{"partition_key":"{partition}","event_time":"{time}","sort_key":"{sort}","body":{body}}}"#)
+}
+
+/// Records over 2023 and 2024 (due at the 2025-01-01 cutoff) and a few in 2025 (hot).
+fn sample_lines(n: usize) -> Vec<String> {
+    let start = t("2023-01-01T00:00:00Z");
+    let step = (t("2025-03-01T00:00:00Z") - start) / n as i64;
+    (0..n)
+        .map(|i| {
+            let time = frostline::model::time::format_rfc3339(start + i as i64 * step);
+            line(&format!("site-{}", i % 3), &time, &format!("{i:06}"), &format!(r#"{{"i":{i},"s":"ünï ✓"}}"#))
+        })
+        .collect()
+}
+
+fn count_records(server: &Server) -> usize {
+    server.all_records(1_000).len()
+}
+
+#[test]
+fn every_route_answers_good_input_and_refuses_bad_input() {
+    let d = dirs();
+    let server = Server::start(&d, &["--interval-seconds", "3600"], true);
+
+    // health needs no token.
+    let (status, body) = server.get("/health", None);
+    assert_eq!((status, body.as_str()), (200, r#"{"status":"ok"}"#));
+
+    // append: JSON lines and a JSON array of the same shape.
+    let lines = sample_lines(30);
+    let (status, body) = server.post("/v1/tables/events/records", Some(USER), Some(&lines[..20].join("\n")));
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&body).unwrap(),
+        serde_json::json!({"appended": 20, "duplicates": 0})
+    );
+    let array = format!("[\n  {}\n]", lines[20..].join(",\n  "));
+    let (status, body) = server.post("/v1/tables/events/records", Some(USER), Some(&array));
+    assert_eq!(status, 200, "{body}");
+    // An identical duplicate is accepted unchanged.
+    let (status, body) = server.post("/v1/tables/events/records", Some(USER), Some(&lines[0]));
+    assert_eq!((status, body.as_str()), (200, r#"{"appended":0,"duplicates":1}"#));
+
+    // A batch with an invalid record is refused whole, each bad record named.
+    let bad = format!("{}\nnot json\n\n{}\n", lines[0], line("a", "yesterday", "x", "{}"));
+    let fresh = line("new", "2024-06-01T00:00:00Z", "fresh", "{}");
+    let (status, body) = server.post("/v1/tables/events/records", Some(USER), Some(&format!("{fresh}\n{bad}")));
+    assert_eq!(status, 422, "{body}");
+    let refusal: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(refusal["error"]["kind"], "invalid_input");
+    assert_eq!(refusal["invalid_records"], 2);
+    assert_eq!(refusal["records"][0]["line"], 3, "{refusal}");
+    assert_eq!(refusal["records"][1]["line"], 5, "{refusal}");
+    assert!(refusal["records"][1]["reason"].as_str().unwrap().contains("RFC 3339"), "{refusal}");
+    let bad_array = format!("[{fresh}, 7]");
+    let (status, body) = server.post("/v1/tables/events/records", Some(USER), Some(&bad_array));
+    assert_eq!(status, 422, "{body}");
+    assert_eq!(serde_json::from_str::<serde_json::Value>(&body).unwrap()["records"][0]["index"], 1);
+    let (status, _) = server.post("/v1/tables/events/records", Some(USER), Some("[{\"partition_key\""));
+    assert_eq!(status, 400);
+    assert_eq!(count_records(&server), 30, "nothing of a refused batch was written");
+
+    // A different body for an existing identity is a conflict.
+    let conflicting = lines[0].replace(r#""i":0"#, r#""i":-1"#);
+    let (status, body) = server.post("/v1/tables/events/records", Some(USER), Some(&conflicting));
+    assert_eq!(status, 409, "{body}");
+    assert!(body.contains("\"kind\":\"conflict\""), "{body}");
+    // An unknown table is 404.
+    let (status, _) = server.post("/v1/tables/nope/records", Some(USER), Some(&lines[0]));
+    assert_eq!(status, 404);
+
+    // query: bounds, partition, pagination, bad parameters.
+    let page = server.json("/v1/tables/events/records?limit=7");
+    assert_eq!(page["records"].as_array().unwrap().len(), 7);
+    assert!(page["next_cursor"].is_string());
+    assert_eq!(page["records"][0]["body"], serde_json::json!({"i": 0, "s": "ünï ✓"}));
+    let partition = server.json("/v1/tables/events/records?partition=site-1&limit=1000");
+    assert_eq!(partition["records"].as_array().unwrap().len(), 10);
+    assert!(partition["next_cursor"].is_null());
+    let ranged = server.json("/v1/tables/events/records?from=2025-01-01T00:00:00Z&to=1900000000000000");
+    assert!(
+        ranged["records"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|r| r["event_time"].as_i64().unwrap() >= t("2025-01-01T00:00:00Z"))
+    );
+    for bad in [
+        "/v1/tables/events/records?from=yesterday",
+        "/v1/tables/events/records?cursor=zz",
+        "/v1/tables/events/records?limit=100000000",
+        "/v1/tables/events/records?colour=blue",
+        "/v1/tables/events/buckets?state=melted",
+        "/v1/tables/events/buckets?limit=0",
+    ] {
+        let (status, body) = server.get(bad, Some(USER));
+        assert_eq!(status, 400, "{bad}: {body}");
+        assert!(body.contains("\"kind\":\"invalid_input\""), "{bad}: {body}");
+    }
+    assert_eq!(server.get("/v1/tables/nope/records", Some(USER)).0, 404);
+    assert_eq!(server.get("/v1/tables/nope/buckets", Some(USER)).0, 404);
+    assert_eq!(server.get("/v1/nothing-here", Some(USER)).0, 404);
+    assert_eq!(http_other("DELETE", &server.url("/v1/status"), ADMIN), 405);
+    assert_eq!(http_other("PUT", &server.url("/v1/tables/events/records"), ADMIN), 405);
+
+    // buckets by state, status, plugins.
+    let buckets = server.json("/v1/tables/events/buckets?state=hot");
+    let hot = buckets["buckets"].as_array().unwrap();
+    assert!(!hot.is_empty() && hot.iter().all(|b| b["state"] == "hot"), "{buckets}");
+    assert_eq!(buckets["truncated"], false);
+    let limited = server.json("/v1/tables/events/buckets?limit=2");
+    assert_eq!(limited["buckets"].as_array().unwrap().len(), 2);
+    assert_eq!(limited["truncated"], true);
+    assert!(server.json("/v1/tables/events/buckets?state=archived")["buckets"].as_array().unwrap().is_empty());
+    let status = server.json("/v1/status");
+    assert_eq!(status["tables"][0]["id"], "events");
+    assert_eq!(status["tables"][0]["states"]["hot"]["rows"], 30);
+    let plugins = server.json("/v1/plugins");
+    let list = plugins["plugins"].as_array().unwrap();
+    assert_eq!(list.len(), 2, "{plugins}");
+    for p in list {
+        assert_eq!(p["sha256"].as_str().unwrap().len(), 64, "{p}");
+        assert!(p["time_limit_ms"].as_u64().unwrap() > 0 && p["memory_limit_bytes"].as_u64().unwrap() > 0, "{p}");
+        assert!(p["calls"].as_u64().unwrap() > 0, "{p}");
+    }
+
+    // reload: the last result, an accepted one, a refused one.
+    assert_eq!(server.json("/v1/reload"), serde_json::json!({"generation": 1, "last_reload": null}));
+    let (status, body) = server.post("/v1/reload", Some(ADMIN), None);
+    assert_eq!(status, 200, "{body}");
+    let outcome: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!((outcome["accepted"].as_bool(), outcome["generation"].as_u64()), (Some(true), Some(2)));
+    std::fs::write(d.policies.join("broken.toml"), "[[table]]\nid = ").unwrap();
+    // The watcher may race the request with its own reload; either way a refusal is recorded.
+    let (status, body) = server.post("/v1/reload", Some(ADMIN), None);
+    assert_eq!(status, 422, "{body}");
+    assert!(body.contains("broken.toml"), "{body}");
+    let last = server.json("/v1/reload");
+    assert_eq!(last["last_reload"]["accepted"], false, "{last}");
+    assert_eq!(last["generation"], 2, "the previous set stays active");
+
+    // archive now: the due buckets are archived and queries still see every record.
+    let (status, body) = server.post("/v1/archive", Some(ADMIN), None);
+    assert_eq!(status, 200, "{body}");
+    let report: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert!(report["archived"].as_u64().unwrap() > 0 && report["deferred"] == 0, "{report}");
+    assert_eq!(count_records(&server), 30);
+    // An archived bucket is fenced: appending into it is a conflict.
+    let (status, body) = server.post(
+        "/v1/tables/events/records",
+        Some(USER),
+        Some(&line("site-0", "2023-01-01T00:00:00Z", "late", "{}")),
+    );
+    assert_eq!(status, 409, "{body}");
+    assert!(server.log().contains("http request") && server.log().contains("latency_ms"), "request log");
+}
+
+#[test]
+fn auth_refuses_missing_wrong_and_non_admin_tokens_and_changes_nothing() {
+    let d = dirs();
+    let server = Server::start(&d, &["--interval-seconds", "3600"], true);
+    let lines = sample_lines(12).join("\n");
+    for route in ROUTES.iter().filter(|r| r.access != frostline::api::Access::Public) {
+        let path = route.path.replace("{table}", "events");
+        for token in [None, Some(WRONG), Some(""), Some("Basic abc")] {
+            let (status, body) = match route.method {
+                "GET" => server.get(&path, token),
+                _ => server.post(&path, token, Some(&lines)),
+            };
+            assert_eq!(status, 401, "{} {path} with {token:?}: {body}", route.method);
+            assert!(body.contains("\"kind\":\"unauthorized\""), "{body}");
+        }
+    }
+    // A scheme other than Bearer is refused even with a valid token.
+    let response =
+        agent().get(server.url("/v1/status")).header("Authorization", format!("Basic {USER}")).call().unwrap();
+    assert_eq!(response.status().as_u16(), 401);
+    assert_eq!(response.headers().get("www-authenticate").unwrap(), "Bearer");
+    assert_eq!(count_records(&server), 0, "no refused append wrote anything");
+
+    // An ordinary token may not reload or archive.
+    let (status, _) = server.post("/v1/tables/events/records", Some(USER), Some(&lines));
+    assert_eq!(status, 200);
+    for path in ["/v1/reload", "/v1/archive"] {
+        let (status, body) = server.post(path, Some(USER), None);
+        assert_eq!(status, 403, "{path}: {body}");
+        assert!(body.contains("\"kind\":\"forbidden\""), "{body}");
+    }
+    assert!(server.json("/v1/tables/events/buckets?state=archived")["buckets"].as_array().unwrap().is_empty());
+    assert_eq!(server.json("/v1/reload")["last_reload"], serde_json::Value::Null, "no reload ran");
+    // An admin token is valid on every route.
+    assert_eq!(server.get("/v1/status", Some(ADMIN)).0, 200);
+    assert_eq!(server.post("/v1/archive", Some(ADMIN), None).0, 200);
+    assert!(!server.json("/v1/tables/events/buckets?state=archived")["buckets"].as_array().unwrap().is_empty());
+}
+
+#[test]
+fn without_tokens_the_api_is_open_on_loopback_only() {
+    let d = dirs();
+    let out = command(&d).args(["run", "--listen", "0.0.0.0:0"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("refusing to serve the API on 0.0.0.0:0 without tokens"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    let short = command(&d).args(["run", "--listen", "127.0.0.1:0"]).env("FROSTLINE_TOKENS", "short").output().unwrap();
+    assert_eq!(short.status.code(), Some(2));
+    assert!(text(&short.stderr).contains("at least 16 characters"), "{}", text(&short.stderr));
+
+    let mut server = Server::start(&d, &["--interval-seconds", "3600"], false);
+    assert!(server.log().contains("no API tokens are configured"), "{}", server.log());
+    assert_eq!(server.get("/v1/status", None).0, 200);
+    assert_eq!(server.post("/v1/archive", None, None).0, 200);
+    assert!(server.terminate().success());
+}
+
+#[test]
+fn the_records_limit_holds_and_is_enforced() {
+    let d = dirs();
+    let server = Server::start(&d, &["--interval-seconds", "3600"], true);
+    let record = |i: usize| line("p", "2025-02-01T00:00:00Z", &format!("{i:06}"), "1");
+    let at_limit: Vec<String> = (0..HTTP_RECORDS_PER_REQUEST_MAX).map(record).collect();
+    let (status, body) = server.post("/v1/tables/events/records", Some(USER), Some(&at_limit.join("\n")));
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains(&format!("\"appended\":{HTTP_RECORDS_PER_REQUEST_MAX}")), "{body}");
+
+    let over: Vec<String> = (HTTP_RECORDS_PER_REQUEST_MAX..2 * HTTP_RECORDS_PER_REQUEST_MAX + 1).map(record).collect();
+    for body in [over.join("\n"), format!("[{}]", over.join(","))] {
+        let (status, answer) = server.post("/v1/tables/events/records", Some(USER), Some(&body));
+        assert_eq!(status, 422, "{answer}");
+        let answer: serde_json::Value = serde_json::from_str(&answer).unwrap();
+        assert_eq!(answer["error"]["kind"], "limit_exceeded");
+        assert_eq!(answer["error"]["limit"]["name"], "HTTP_RECORDS_PER_REQUEST_MAX");
+        assert_eq!(answer["error"]["limit"]["value"], HTTP_RECORDS_PER_REQUEST_MAX);
+    }
+    assert_eq!(count_records(&server), HTTP_RECORDS_PER_REQUEST_MAX, "nothing of the refused requests was written");
+    let metrics = server.metrics();
+    assert_eq!(value(&metrics, "frostline_append_refusals_total", &[("reason", "too_many_records")]), 2.0);
+}
+
+/// Sends a request head declaring `content_length` bytes, and no body: the server must answer
+/// from the header alone.
+fn post_declaring(addr: &str, path: &str, token: &str, content_length: usize) -> (u16, String) {
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+    write!(
+        stream,
+        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\nContent-Type: application/x-ndjson\r\n\
+         Content-Length: {content_length}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut answer = Vec::new();
+    let _ = stream.read_to_end(&mut answer);
+    let answer = text(&answer);
+    let status = answer.split_whitespace().nth(1).unwrap_or_default().parse().unwrap_or(0);
+    let body = answer.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    (status, body)
+}
+
+#[test]
+fn the_body_limit_holds_and_is_enforced() {
+    let d = dirs();
+    let server = Server::start(&d, &["--interval-seconds", "3600"], true);
+    // Exactly HTTP_BODY_BYTES_MAX bytes: three records padded with blank lines.
+    let records =
+        (0..3).map(|i| line("p", "2025-02-01T00:00:00Z", &format!("{i}"), "{}")).collect::<Vec<_>>().join("\n");
+    let mut body = records.clone();
+    body.push_str(&"\n".repeat(HTTP_BODY_BYTES_MAX - body.len()));
+    assert_eq!(body.len(), HTTP_BODY_BYTES_MAX);
+    let (status, answer) = server.post("/v1/tables/events/records", Some(USER), Some(&body));
+    assert_eq!(status, 200, "{answer}");
+    assert!(answer.contains("\"appended\":3"), "{answer}");
+
+    // More is refused: at once when the declared length is far over the limit...
+    let declared = frostline::api::HTTP_BODY_DRAIN_BYTES_MAX + 1;
+    let (status, answer) = post_declaring(&server.addr, "/v1/tables/events/records", USER, declared);
+    assert_eq!(status, 413, "{answer}");
+    let answer: serde_json::Value = serde_json::from_str(&answer).unwrap();
+    assert_eq!(answer["error"]["kind"], "limit_exceeded");
+    assert_eq!(answer["error"]["limit"]["name"], "HTTP_BODY_BYTES_MAX");
+    assert_eq!(answer["error"]["limit"]["value"], HTTP_BODY_BYTES_MAX);
+    // ...and one byte over is read to its end and refused, so the client sees the answer.
+    let mut over = body.replace("\"sort_key\":\"0\"", "\"sort_key\":\"9\"");
+    over.push('\n');
+    let (status, answer) = server.post("/v1/tables/events/records", Some(USER), Some(&over));
+    assert_eq!(status, 413, "{answer}");
+    assert!(answer.contains("HTTP_BODY_BYTES_MAX"), "{answer}");
+    assert_eq!(count_records(&server), 3, "nothing of the refused bodies was written");
+    assert_eq!(value(&server.metrics(), "frostline_append_refusals_total", &[("reason", "body_too_large")]), 2.0);
+}
+
+#[test]
+fn metrics_change_as_work_happens() {
+    let d = dirs();
+    let server = Server::start(&d, &["--interval-seconds", "3600"], true);
+    let before = server.metrics();
+    assert_eq!(value(&before, "frostline_records_appended_total", &[]), 0.0);
+    assert_eq!(value(&before, "frostline_buckets", &[("table", "events"), ("state", "hot")]), 0.0);
+    assert_eq!(value(&before, "frostline_outbox_backlog", &[]), 0.0);
+    assert_eq!(value(&before, "frostline_archival_lag_seconds", &[]), 0.0);
+
+    let lines = sample_lines(40);
+    assert_eq!(server.post("/v1/tables/events/records", Some(USER), Some(&lines.join("\n"))).0, 200);
+    assert_eq!(server.post("/v1/tables/events/records", Some(USER), Some(&lines[0])).0, 200);
+    assert_eq!(
+        server.post("/v1/tables/events/records", Some(USER), Some(&lines[1].replace("\"i\":1", "\"i\":2"))).0,
+        409
+    );
+    let appended = server.metrics();
+    assert_eq!(value(&appended, "frostline_records_appended_total", &[]), 40.0);
+    assert_eq!(value(&appended, "frostline_records_duplicate_total", &[]), 1.0);
+    assert_eq!(value(&appended, "frostline_append_refusals_total", &[("reason", "conflict")]), 1.0);
+    let hot = value(&appended, "frostline_buckets", &[("table", "events"), ("state", "hot")]);
+    assert!(hot > 0.0);
+    assert_eq!(value(&appended, "frostline_bucket_rows", &[("table", "events"), ("state", "hot")]), 40.0);
+    assert!(
+        value(&appended, "frostline_plugin_calls_total", &[("role", "bucket-strategy"), ("table", "events")]) > 0.0
+    );
+    assert_eq!(value(&appended, "frostline_plugin_faults_total", &[("role", "bucket-strategy")]), 0.0);
+    assert!(
+        value(
+            &appended,
+            "frostline_http_requests_total",
+            &[("route", "/v1/tables/{table}/records"), ("status", "200")]
+        ) >= 2.0
+    );
+
+    let (status, body) = server.post("/v1/archive", Some(ADMIN), None);
+    assert_eq!(status, 200, "{body}");
+    let report: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let archived = server.metrics();
+    assert_eq!(value(&archived, "frostline_archive_rows_total", &[]), report["rows_archived"].as_f64().unwrap());
+    assert!(value(&archived, "frostline_archive_rows_total", &[]) > 0.0);
+    assert!(value(&archived, "frostline_archive_bytes_total", &[]) > 0.0);
+    assert!(value(&archived, "frostline_archive_passes_total", &[]) >= 1.0);
+    assert_eq!(value(&archived, "frostline_archive_buckets_archived_total", &[]), report["archived"].as_f64().unwrap());
+    let archived_buckets = value(&archived, "frostline_buckets", &[("table", "events"), ("state", "archived")]);
+    assert_eq!(archived_buckets, report["archived"].as_f64().unwrap());
+    assert_eq!(value(&archived, "frostline_buckets", &[("table", "events"), ("state", "hot")]), hot - archived_buckets);
+
+    assert_eq!(server.post("/v1/reload", Some(ADMIN), None).0, 200);
+    let reloaded = server.metrics();
+    assert_eq!(value(&reloaded, "frostline_policy_reloads_total", &[("result", "accepted")]), 1.0);
+    assert_eq!(value(&reloaded, "frostline_policy_generation", &[]), 2.0);
+}
+
+#[test]
+fn the_cli_goes_through_the_api_of_a_running_engine() {
+    let d = dirs();
+    let server = Server::start(&d, &["--interval-seconds", "3600"], true);
+    let cli = |args: &[&str], stdin: Option<&str>, tokens: bool| {
+        let mut command = command(&d);
+        command.args(args).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        if tokens {
+            command.env("FROSTLINE_TOKEN", USER).env("FROSTLINE_ADMIN_TOKEN", ADMIN);
+        }
+        let mut child = command.spawn().unwrap();
+        let mut pipe = child.stdin.take().unwrap();
+        if let Some(text) = stdin {
+            pipe.write_all(text.as_bytes()).unwrap();
+        }
+        drop(pipe);
+        child.wait_with_output().unwrap()
+    };
+    let lines = sample_lines(250).join("\n");
+    let ingest = cli(&["ingest", "--table", "events", "-"], Some(&lines), true);
+    assert!(ingest.status.success(), "{}", text(&ingest.stderr));
+    assert_eq!(text(&ingest.stdout).trim(), r#"{"appended":250,"duplicates":0}"#);
+    assert_eq!(count_records(&server), 250, "the engine holds what the CLI ingested");
+
+    let malformed = cli(&["ingest", "--table", "events", "-"], Some("{\"partition_key\":1}\n"), true);
+    assert_eq!(malformed.status.code(), Some(2), "{}", text(&malformed.stderr));
+    assert!(text(&malformed.stderr).contains("line 1"));
+
+    let status = cli(&["status", "--json"], None, true);
+    assert!(status.status.success(), "{}", text(&status.stderr));
+    let status: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    assert_eq!(status["tables"][0]["states"]["hot"]["rows"], 250, "{status}");
+    let human = cli(&["status"], None, true);
+    assert!(text(&human.stdout).contains("table events"), "{}", text(&human.stdout));
+
+    let archive = cli(&["archive", "--once"], None, true);
+    assert!(archive.status.success(), "{}", text(&archive.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&archive.stdout).unwrap();
+    assert!(report["archived"].as_u64().unwrap() > 0, "{report}");
+
+    // Pages through the CLI: every record once, hot and archived, in order.
+    let mut seen = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let mut args = vec!["query", "--table", "events", "--limit", "37"];
+        if let Some(c) = &cursor {
+            args.extend(["--cursor", c.as_str()]);
+        }
+        let page = cli(&args, None, true);
+        assert!(page.status.success(), "{}", text(&page.stderr));
+        for l in text(&page.stdout).lines() {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            seen.push(v["sort_key"].as_str().unwrap().to_string());
+        }
+        cursor = text(&page.stderr).lines().find_map(|l| l.strip_prefix("next cursor: ").map(str::to_string));
+        if cursor.is_none() {
+            break;
+        }
+    }
+    let expected: Vec<String> = (0..250).map(|i| format!("{i:06}")).collect();
+    assert_eq!(seen, expected);
+    let ranged =
+        cli(&["query", "--table", "events", "--from", "2025-01-01T00:00:00Z", "--partition", "site-0"], None, true);
+    assert!(ranged.status.success(), "{}", text(&ranged.stderr));
+    assert!(text(&ranged.stdout).lines().all(|l| l.contains("\"site-0\"")));
+
+    // Without a token the API refuses, and says which variable to set.
+    let refused = cli(&["status"], None, false);
+    assert!(!refused.status.success());
+    assert!(text(&refused.stderr).contains("FROSTLINE_TOKEN"), "{}", text(&refused.stderr));
+    let refused = cli(&["archive", "--once"], None, false);
+    assert!(text(&refused.stderr).contains("401"), "{}", text(&refused.stderr));
+}
+
+#[test]
+fn the_openapi_file_matches_the_server() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/openapi.json");
+    let spec: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    assert!(spec["openapi"].as_str().unwrap().starts_with("3."));
+    let mut documented = BTreeSet::new();
+    for (route, item) in spec["paths"].as_object().unwrap() {
+        for method in item.as_object().unwrap().keys() {
+            if ["get", "post", "put", "delete", "patch", "head", "options"].contains(&method.as_str()) {
+                documented.insert((method.to_uppercase(), route.clone()));
+            }
+        }
+    }
+    let served: BTreeSet<(String, String)> =
+        ROUTES.iter().map(|r| (r.method.to_string(), r.path.to_string())).collect();
+    assert_eq!(documented, served, "docs/openapi.json and the server's routes differ");
+
+    let d = dirs();
+    let server = Server::start(&d, &["--interval-seconds", "3600"], true);
+    for (method, route) in &documented {
+        let url = route.replace("{table}", "events");
+        let (status, body) = match method.as_str() {
+            "GET" => server.get(&url, Some(ADMIN)),
+            _ => server.post(&url, Some(ADMIN), Some(&sample_lines(3).join("\n"))),
+        };
+        assert!(status != 404 && status != 405, "{method} {route} answered {status}: {body}");
+        assert!(status < 500, "{method} {route} answered {status}: {body}");
+    }
+}
+
+#[test]
+fn sigterm_while_archiving_stops_in_bounds_and_a_restart_completes_the_work() {
+    let d = dirs();
+    // Small passes, so the stop lands between two of them with work left for the restart.
+    let args = ["--interval-seconds", "3600", "--lease-seconds", "3", "--scan-limit", "8"];
+    let mut server = Server::start(&d, &args, true);
+    let lines = sample_lines(2_000);
+    for chunk in lines.chunks(500) {
+        let (status, body) = server.post("/v1/tables/events/records", Some(USER), Some(&chunk.join("\n")));
+        assert_eq!(status, 200, "{body}");
+    }
+    let due = server.json("/v1/status");
+    assert_eq!(due["tables"][0]["states"]["hot"]["rows"], 2_000);
+
+    // POST /v1/archive runs passes until idle; SIGTERM arrives once the first bucket is out.
+    let url = server.url("/v1/archive");
+    let archiving = std::thread::spawn(move || http("POST", &url, Some(ADMIN), None));
+    server.wait_for("a first archived bucket", |s| {
+        let body = s.json("/v1/tables/events/buckets?state=archived&limit=1");
+        !body["buckets"].as_array().unwrap().is_empty()
+    });
+    let signalled = Instant::now();
+    let code = server.terminate();
+    assert!(code.success(), "{code:?}; log:\n{}", server.log());
+    assert!(
+        signalled.elapsed() < Duration::from_secs(frostline::daemon::SHUTDOWN_SECONDS_MAX + 15),
+        "stopped in {:?}",
+        signalled.elapsed()
+    );
+    // The request in flight was answered before the server stopped.
+    let (status, body) = archiving.join().unwrap();
+    assert_eq!(status, 200, "{body}");
+    let first_run: serde_json::Value = serde_json::from_str(&body).unwrap();
+    eprintln!("archived before the stop: {}", first_run["archived"]);
+    assert!(!d.data.join(frostline::api::ADDR_FILE).exists(), "the address file is removed at stop");
+    assert!(!d.data.join(frostline::engine::PID_FILE).exists(), "the pid file is removed at stop");
+    assert!(server.log().contains("SIGTERM: stopping") && server.log().contains("frostline stopped"));
+
+    // A restart with passes every second finishes the work (a bucket left Archiving is taken
+    // over after its 3 s lease).
+    let server = Server::start(&d, &["--interval-seconds", "1", "--lease-seconds", "3"], true);
+    server.wait_for("every due bucket archived", |s| {
+        let status = s.json("/v1/status");
+        let states = &status["tables"][0]["states"];
+        let count = |state: &str| states[state]["buckets"].as_u64().unwrap_or(0);
+        count("archiving") == 0 && count("archived_cleanup_pending") == 0 && count("hot") > 0 && status["due_now"] == 0
+    });
+    let status = server.json("/v1/status");
+    // 2023 and 2024: 24 months in 3 partitions.
+    assert_eq!(status["tables"][0]["states"]["archived"]["buckets"], 72, "{status}");
+    assert_eq!(
+        status["tables"][0]["states"]["archived"]["rows"].as_u64().unwrap()
+            + status["tables"][0]["states"]["hot"]["rows"].as_u64().unwrap(),
+        2_000,
+        "{status}"
+    );
+    assert!(
+        server.json("/v1/tables/events/buckets?state=hot")["buckets"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|b| b["start"].as_str().unwrap() >= "2025")
+    );
+    let records = server.all_records(700);
+    let keys: Vec<String> = records.iter().map(|r| r["sort_key"].as_str().unwrap().to_string()).collect();
+    let expected: Vec<String> = (0..2_000).map(|i| format!("{i:06}")).collect();
+    assert_eq!(keys, expected, "every record, once, in order");
+}

@@ -1,0 +1,336 @@
+//! The retention lifecycle: archive expiry with tombstones, legal holds, outbox delivery to
+//! sinks, the orphan sweep and the scrub.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::sync::{Arc, Mutex};
+
+use frostline::clock::Clock;
+use frostline::model::BucketState;
+use frostline::storage::faults::{Fault, FaultyBackend, Op};
+use frostline::store::schema::Hold;
+
+use crate::support::*;
+
+const DAY_US: i64 = 86_400_000_000;
+
+fn policy(extra: &str) -> String {
+    format!(
+        r#"
+[[table]]
+id = "r"
+strategy = {{ plugin = "builtin:calendar-day-utc" }}
+retention = {{ plugin = "builtin:eligible-before", config = {{ archive_after = "1d", expire_after = "30d" }} }}
+{extra}"#
+    )
+}
+
+/// Appends a day of records, archives them, and returns the engine ready for expiry.
+fn archived_engine(extra: &str) -> TestEngine {
+    let e = TestEngine::new(&policy(extra), "2024-03-01T12:00:00Z");
+    e.engine.append("r", records("2024-03-01T00:00:00Z", 1, 9)).unwrap();
+    e.pass(); // plan
+    e.clock.set(t("2024-03-05T00:00:00Z"));
+    let report = e.pass();
+    assert_eq!(report.archived, 3, "{report:?}");
+    e
+}
+
+fn objects(e: &TestEngine) -> Vec<String> {
+    runtime().block_on(e.backend("r").list("table=r/")).unwrap().into_iter().map(|o| o.key).collect()
+}
+
+#[test]
+fn an_archive_expires_with_a_tombstone_and_queries_say_so() {
+    let sink = tempfile::NamedTempFile::new().unwrap();
+    let e = archived_engine(&format!(
+        "[[sink]]\nname = \"audit\"\nkind = \"jsonl\"\npath = \"{}\"\n",
+        sink.path().display()
+    ));
+    assert_eq!(objects(&e).len(), 6, "a segment and a manifest per bucket");
+    // Not yet: expiry is 30 days after the bucket ends.
+    e.clock.set(t("2024-03-20T00:00:00Z"));
+    assert_eq!(e.pass().expired, 0);
+    e.clock.set(t("2024-04-01T00:00:00Z"));
+    let report = e.pass();
+    assert_eq!(report.expired, 3, "{report:?}");
+    assert!(objects(&e).is_empty(), "every object deleted");
+    for meta in e.engine.store.buckets("r", None).unwrap() {
+        assert_eq!(meta.state, BucketState::Expired);
+        let tombstone = e.engine.store.tombstone(&meta.id).unwrap().expect("tombstone kept");
+        assert!(tombstone.completed_at.is_some());
+        assert_eq!(tombstone.keys.len(), 2);
+        assert!(tombstone.keys[0].contains("manifest-"), "manifest deleted first");
+        assert!(tombstone.reason.contains("expire_after=30d"), "{}", tombstone.reason);
+    }
+    let page = runtime()
+        .block_on(frostline::query::query(
+            &e.engine,
+            frostline::query::QueryRequest { table: "r".into(), ..Default::default() },
+        ))
+        .unwrap();
+    assert!(page.records.is_empty());
+    assert_eq!(page.expired.len(), 3, "the query says the data expired, not that it is missing");
+    assert!(page.expired[0].reason.contains("expire_after"));
+    assert_eq!(page.expired[0].expired_at, t("2024-04-01T00:00:00Z"));
+    // Events were delivered to the sink, in order, before being removed from the outbox.
+    e.pass();
+    let lines: Vec<serde_json::Value> =
+        std::fs::read_to_string(sink.path()).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let kinds: Vec<&str> = lines.iter().map(|l| l["kind"].as_str().unwrap()).collect();
+    assert_eq!(kinds.iter().filter(|k| **k == "archive_expiring").count(), 3, "{kinds:?}");
+    assert_eq!(kinds.iter().filter(|k| **k == "archive_expired").count(), 3, "{kinds:?}");
+    let first_expiring = kinds.iter().position(|k| *k == "archive_expiring").unwrap();
+    let first_expired = kinds.iter().position(|k| *k == "archive_expired").unwrap();
+    assert!(first_expiring < first_expired, "intent before completion");
+    assert_eq!(e.engine.store.outbox_len().unwrap(), 0);
+
+    // After the replay period the tombstones are purged; queries still say "expired".
+    e.clock.advance(31 * DAY_US);
+    let report = e.pass();
+    assert_eq!(report.tombstones_purged, 3, "{report:?}");
+    let meta = &e.engine.store.buckets("r", None).unwrap()[0];
+    assert!(e.engine.store.tombstone(&meta.id).unwrap().is_none());
+    let page = runtime()
+        .block_on(frostline::query::query(
+            &e.engine,
+            frostline::query::QueryRequest { table: "r".into(), ..Default::default() },
+        ))
+        .unwrap();
+    assert_eq!(page.expired.len(), 3);
+}
+
+fn hold(table: &str, partition: Option<&str>) -> Hold {
+    Hold {
+        id: format!("h-test-{}", partition.unwrap_or("all")),
+        table: table.into(),
+        partition_key: partition.map(str::to_string),
+        tenant: None,
+        bucket_key: None,
+        reason: "litigation 2024-17".into(),
+        placed_by: "legal@example.com".into(),
+        placed_at: 0,
+        source: "cli".into(),
+    }
+}
+
+#[test]
+fn a_legal_hold_beats_expiry_and_lifting_it_replans() {
+    let e = archived_engine("");
+    let covered = e.engine.store.place_hold(hold("r", Some("p1")), e.clock.now()).unwrap();
+    assert_eq!(covered, 1);
+    e.clock.set(t("2024-04-01T00:00:00Z"));
+    let report = e.pass();
+    assert_eq!((report.expired, report.held), (2, 1), "{report:?}");
+    assert_eq!(objects(&e).len(), 2, "the held bucket's archive is kept");
+    let held: Vec<_> = e.engine.store.buckets("r", Some(b"p1")).unwrap();
+    assert_eq!(held[0].state, BucketState::Archived { hot_deleted: true });
+    assert_eq!(held[0].held_by, vec!["h-test-p1".to_string()]);
+    assert_eq!(e.pass().expired, 0, "parked, not retried while held");
+    e.engine.store.lift_hold("h-test-p1".into(), "legal@example.com".into(), e.clock.now()).unwrap();
+    assert_eq!(e.pass().expired, 1, "lifting re-plans the bucket");
+    assert!(objects(&e).is_empty());
+}
+
+#[test]
+fn a_hold_placed_while_an_expiry_is_in_flight_wins() {
+    let e = archived_engine("");
+    e.clock.set(t("2024-04-01T00:00:00Z"));
+    let store = e.engine.store.clone();
+    let id = store.buckets("r", Some(b"p0")).unwrap()[0].id.clone();
+    let claimed = store.claim(id.clone(), "w".into(), e.clock.now(), 60_000_000).unwrap().unwrap();
+    // The hold lands between the claim and the expiry's fenced transaction.
+    store.place_hold(hold("r", None), e.clock.now()).unwrap();
+    let tombstone = store
+        .begin_expiry(id.clone(), "w".into(), claimed.generation, e.clock.now(), vec![], vec!["k".into()])
+        .unwrap();
+    assert!(tombstone.is_none(), "the expiry re-checks holds under its fence");
+    assert_eq!(store.bucket(&id).unwrap().unwrap().state, BucketState::Archived { hot_deleted: true });
+    assert_eq!(objects(&e).len(), 6);
+}
+
+#[test]
+fn a_hold_declared_in_the_policy_directory_holds_until_removed() {
+    let hold_toml = "[[hold]]\ntable = \"r\"\nreason = \"regulator request\"\n";
+    let e = archived_engine(hold_toml);
+    e.clock.set(t("2024-04-01T00:00:00Z"));
+    assert_eq!(e.pass().held, 3);
+    let dir = e.engine.policies().dir.clone();
+    std::fs::write(dir.join("tables.toml"), policy("")).unwrap();
+    assert!(frostline::policy::reload::reload(&e.engine, "test").accepted);
+    assert_eq!(e.pass().expired, 3, "removing the hold from the directory re-plans");
+}
+
+/// A minimal HTTP server that answers 200 and records each request's Idempotency-Key.
+fn webhook_server() -> (String, Arc<Mutex<Vec<String>>>) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/events", listener.local_addr().unwrap());
+    let keys = Arc::new(Mutex::new(Vec::new()));
+    let seen = keys.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            let mut length = 0;
+            let mut key = String::new();
+            loop {
+                let mut line = String::new();
+                if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
+                    break;
+                }
+                let lower = line.to_ascii_lowercase();
+                if let Some(v) = lower.strip_prefix("content-length:") {
+                    length = v.trim().parse().unwrap_or(0);
+                }
+                if lower.starts_with("idempotency-key:") {
+                    key = line["idempotency-key:".len()..].trim().to_string();
+                }
+            }
+            let mut body = vec![0; length];
+            let _ = reader.read_exact(&mut body);
+            seen.lock().unwrap().push(key);
+            let _ = stream.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
+        }
+    });
+    (url, keys)
+}
+
+#[test]
+fn a_sink_that_is_down_delays_delivery_but_never_blocks_archival() {
+    // A port that nothing listens on.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let sink =
+        format!("[[sink]]\nname = \"hook\"\nkind = \"webhook\"\nurl = \"http://{dead}/events\"\ntimeout_ms = 500\n");
+    let e = archived_engine(&sink);
+    assert!(e.engine.store.outbox_len().unwrap() >= 6, "archival went on while the sink is down");
+    let backlog = e.engine.store.outbox_len().unwrap();
+
+    let (url, keys) = webhook_server();
+    let dir = e.engine.policies().dir.clone();
+    std::fs::write(
+        dir.join("tables.toml"),
+        policy(&format!("[[sink]]\nname = \"hook\"\nkind = \"webhook\"\nurl = \"{url}\"\n")),
+    )
+    .unwrap();
+    assert!(frostline::policy::reload::reload(&e.engine, "test").accepted);
+    // The sink is backed off after its failure; delivery resumes once the backoff passes.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while e.engine.store.outbox_len().unwrap() > 0 {
+        assert!(std::time::Instant::now() < deadline, "backlog never drained");
+        std::thread::sleep(std::time::Duration::from_millis(250));
+        e.pass();
+    }
+    let keys = keys.lock().unwrap().clone();
+    assert_eq!(keys.len() as u64, backlog, "each event delivered once here: {keys:?}");
+    assert!(keys.iter().all(|k| k.starts_with("frostline-hook-")));
+    let unique: std::collections::HashSet<_> = keys.iter().collect();
+    assert_eq!(unique.len(), keys.len(), "one idempotency key per event");
+}
+
+#[test]
+fn the_orphan_sweep_deletes_only_old_unreferenced_objects() {
+    let e = archived_engine("");
+    let backend = e.backend("r");
+    runtime()
+        .block_on(
+            backend
+                .put_create("table=r/bucket=day:2024-03-01/partition=p0/seg-00009-0123456789abcdef.jsonl", "x".into()),
+        )
+        .unwrap();
+    // Real time is what the store stamps objects with; the engine's clock decides their age.
+    e.clock.set(frostline::clock::SystemClock.now());
+    let young = runtime().block_on(frostline::archive::sweep::sweep(&e.engine, false)).unwrap();
+    assert_eq!((young.orphans, young.too_young, young.deleted), (0, 1, 0), "{young:?}");
+    e.clock.advance(2 * DAY_US);
+    let dry = runtime().block_on(frostline::archive::sweep::sweep(&e.engine, true)).unwrap();
+    assert_eq!((dry.orphans, dry.deleted, dry.referenced), (1, 0, 6), "{dry:?}");
+    assert_eq!(objects(&e).len(), 7, "a dry run deletes nothing");
+    let real = runtime().block_on(frostline::archive::sweep::sweep(&e.engine, false)).unwrap();
+    assert_eq!(real.deleted, 1);
+    assert_eq!(objects(&e).len(), 6);
+    let verdicts = runtime().block_on(frostline::archive::verify::verify(&e.engine, None, None, |_| {})).unwrap();
+    assert!(verdicts.iter().all(|v| v.ok), "{verdicts:?}");
+}
+
+#[test]
+fn the_sweep_spares_objects_an_in_flight_upload_named_and_stops_when_listing_fails() {
+    let e = TestEngine::new(&policy(""), "2024-03-01T12:00:00Z");
+    e.engine.append("r", records("2024-03-01T00:00:00Z", 1, 3)).unwrap();
+    e.pass();
+    e.clock.set(t("2024-03-05T00:00:00Z"));
+    let store = e.engine.store.clone();
+    let id = store.buckets("r", Some(b"p0")).unwrap()[0].id.clone();
+    let claimed = store.claim(id.clone(), "w".into(), e.clock.now(), 3_600_000_000_000).unwrap().unwrap();
+    let key = "table=r/bucket=day:2024-03-01/partition=p0/seg-00000-00000000deadbeef.jsonl".to_string();
+    store
+        .record_intent(
+            frostline::store::schema::UploadIntent {
+                bucket: id,
+                generation: claimed.generation,
+                target: "t".into(),
+                keys: vec![key.clone()],
+                recorded_at: e.clock.now(),
+            },
+            "w".into(),
+            e.clock.now(),
+        )
+        .unwrap();
+    runtime().block_on(e.backend("r").put_create(&key, "in flight".into())).unwrap();
+    e.clock.set(frostline::clock::SystemClock.now() + 10 * DAY_US);
+    let report = runtime().block_on(frostline::archive::sweep::sweep(&e.engine, false)).unwrap();
+    assert_eq!((report.referenced, report.deleted), (1, 0), "{report:?}");
+
+    let faulty = FaultyBackend::new(e.backend("r"));
+    e.with_backend("r", faulty.clone());
+    faulty.add(Op::List, "", Fault::Error, None);
+    assert!(runtime().block_on(frostline::archive::sweep::sweep(&e.engine, false)).is_err());
+    faulty.clear();
+    assert_eq!(objects(&e).len(), 1, "nothing deleted by a sweep that could not list");
+}
+
+#[test]
+fn verify_reports_a_corrupted_segment_and_exits_non_zero() {
+    let root = tempfile::tempdir().unwrap();
+    let policies = root.path().join("policies");
+    std::fs::create_dir_all(&policies).unwrap();
+    std::fs::write(
+        policies.join("tables.toml"),
+        "[[table]]\nid = \"events\"\nstrategy = { plugin = \"builtin:calendar-year-utc\" }\n",
+    )
+    .unwrap();
+    let data = root.path().join("data");
+    let (p, d) = (policies.to_str().unwrap(), data.to_str().unwrap());
+    let lines: String = (0..20)
+        .map(|i| format!("{{\"partition_key\":\"a\",\"event_time\":\"2020-0{}-01T00:00:00Z\",\"sort_key\":\"{i}\",\"body\":{{\"i\":{i}}}}}\n", 1 + i % 9))
+        .collect();
+    let input = root.path().join("in.jsonl");
+    std::fs::write(&input, lines).unwrap();
+    let run = |args: &[&str]| {
+        std::process::Command::new(frostline_bin()).args(args).args(["--data", d, "--policies", p]).output().unwrap()
+    };
+    assert!(run(&["ingest", "--table", "events", input.to_str().unwrap()]).status.success());
+    assert!(run(&["archive", "--once"]).status.success());
+    let ok = run(&["verify"]);
+    assert_eq!(ok.status.code(), Some(0), "{}", text(&ok.stdout));
+    assert!(text(&ok.stdout).contains("1 buckets verified, 0 failed"), "{}", text(&ok.stdout));
+    let mut segments = Vec::new();
+    for entry in walk(&data.join("archive")) {
+        if entry.to_string_lossy().contains("seg-") {
+            segments.push(entry);
+        }
+    }
+    let mut bytes = std::fs::read(&segments[0]).unwrap();
+    bytes[10] ^= 0x20;
+    std::fs::write(&segments[0], bytes).unwrap();
+    let bad = run(&["verify"]);
+    assert_eq!(bad.status.code(), Some(1));
+    assert!(text(&bad.stdout).contains("FAIL"), "{}", text(&bad.stdout));
+}
+
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() { out.extend(walk(&path)) } else { out.push(path) }
+    }
+    out
+}
