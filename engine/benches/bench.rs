@@ -36,7 +36,6 @@ use bytes::Bytes;
 use frostline::archive::{self, PassReport};
 use frostline::clock::ManualClock;
 use frostline::engine::Engine;
-use frostline::format::jsonl;
 use frostline::format::manifest::{MANIFEST_VERSION, Manifest, SegmentInfo, sha256_hex};
 use frostline::model::rows::summarize;
 use frostline::model::time::{MICROS_PER_DAY, MICROS_PER_SECOND, format_rfc3339};
@@ -1770,7 +1769,7 @@ fn archive_phases(engine: &Arc<Engine>, runtime: &tokio::runtime::Runtime) -> Re
         lap(&mut seconds[1], &mut mark);
         let rows = store.rows(&id, None, usize::MAX)?;
         lap(&mut seconds[2], &mut mark);
-        let encoded = jsonl::encode_segments(&rows)?;
+        let encoded = frostline::format::encode_segments(table.format, &rows)?;
         lap(&mut seconds[3], &mut mark);
         let prefix = keys::bucket_prefix(&id.table, &id.bucket_key, &id.partition_key);
         let mut infos = Vec::new();
@@ -1796,6 +1795,7 @@ fn archive_phases(engine: &Arc<Engine>, runtime: &tokio::runtime::Runtime) -> Re
             strategy: format!("{} {}", table.strategy.identity().name, table.strategy.identity().fingerprint()),
             generation,
             format: table.format,
+            schema: table.format.schema().to_string(),
             target: backend.target().to_string(),
             policy: meta.plan.clone(),
             summary: summarize(&rows),
@@ -1825,7 +1825,7 @@ fn archive_phases(engine: &Arc<Engine>, runtime: &tokio::runtime::Runtime) -> Re
             ensure!(stored == *payload, "{} differs from what was written", info.key);
             keys::check_content_address(&info.key, &sha256_hex(&stored))?;
             lap(&mut seconds[8], &mut mark);
-            archive::verify_segment(info, &stored)?;
+            archive::verify_segment(table.format, info, &stored)?;
             lap(&mut seconds[9], &mut mark);
         }
         runtime.block_on(backend.put_create(&manifest_key, manifest_bytes.clone()))?;

@@ -32,6 +32,7 @@ fn manifest_of(
         strategy: "test".into(),
         generation,
         format: frostline::format::Format::Jsonl,
+        schema: String::new(),
         target: "memory://".into(),
         policy: None,
         summary: frostline::model::rows::summarize(rows),

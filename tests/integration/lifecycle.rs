@@ -36,7 +36,13 @@ fn archived_engine(extra: &str) -> TestEngine {
 }
 
 fn objects(e: &TestEngine) -> Vec<String> {
-    runtime().block_on(e.backend("r").list("table=r/")).unwrap().into_iter().map(|o| o.key).collect()
+    runtime()
+        .block_on(e.backend("r").list("table=r/"))
+        .unwrap()
+        .into_iter()
+        .map(|o| o.key)
+        .filter(|k| !k.ends_with(frostline::archive::catalog::CATALOG_FILE))
+        .collect()
 }
 
 #[test]

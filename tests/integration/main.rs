@@ -5,6 +5,7 @@ mod api;
 mod archival;
 mod crash;
 mod e2e;
+mod formats;
 mod lifecycle;
 mod plugins;
 mod races;

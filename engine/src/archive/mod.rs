@@ -8,6 +8,7 @@
 //! publication defers the bucket; a failure after it leaves cleanup pending for a retry or a
 //! takeover. Each pass plans new buckets and runs due cleanups before it discovers new work.
 
+pub mod catalog;
 pub mod expiry;
 pub mod outbox;
 pub mod sweep;
@@ -20,7 +21,7 @@ use bytes::Bytes;
 
 use crate::engine::Engine;
 use crate::error::{Error, Result};
-use crate::format::jsonl;
+use crate::format::Format;
 use crate::format::manifest::{MANIFEST_VERSION, Manifest, SegmentInfo, sha256_hex};
 use crate::model::rows::summarize;
 use crate::model::{BucketFacts, BucketState, Micros, Record};
@@ -103,6 +104,14 @@ pub async fn run_pass(engine: &Arc<Engine>, owner: &str) -> Result<PassReport> {
             Err(e) => {
                 tracing::warn!(bucket = %meta.id, error = %e, "archival step failed");
                 report.errors.push(format!("{}: {e}", meta.id));
+            }
+        }
+    }
+    // The catalogs are derived from the manifests; refresh them when archives changed.
+    if report.archived + report.expired > 0 {
+        for table in engine.policies().tables.keys() {
+            if let Err(e) = catalog::write(engine, table).await {
+                report.errors.push(format!("catalog of `{table}`: {e}"));
             }
         }
     }
@@ -314,7 +323,7 @@ async fn upload_and_publish(
     let id = meta.id.clone();
     let generation = meta.generation;
     let rows = snapshot(engine, &id, owner, generation).await?;
-    let encoded = jsonl::encode_segments(&rows)?;
+    let encoded = crate::format::encode_segments(table.format, &rows)?;
     let prefix = keys::bucket_prefix(&id.table, &id.bucket_key, &id.partition_key);
     let backend = table.backend.clone();
     let mut segments = Vec::with_capacity(encoded.len());
@@ -341,6 +350,7 @@ async fn upload_and_publish(
         strategy: format!("{} {}", table.strategy.identity().name, table.strategy.identity().fingerprint()),
         generation,
         format: table.format,
+        schema: table.format.schema().to_string(),
         target: backend.target().to_string(),
         policy: meta.plan.clone(),
         summary: summarize(&rows),
@@ -367,7 +377,7 @@ async fn upload_and_publish(
         heartbeat.check("a segment upload")?;
         create_verified(backend.as_ref(), &info.key, payload, |bytes| {
             crate::failpoints::hit("after_segment_upload")?;
-            verify_segment(info, bytes).map(|_| ())
+            verify_segment(table.format, info, bytes).map(|_| ())
         })
         .await?;
         crate::failpoints::hit("after_read_back")?;
@@ -460,7 +470,7 @@ async fn create_verified(
 
 /// Verifies a segment's bytes against its manifest entry: hash, row count, row checksum,
 /// and every row parses.
-pub fn verify_segment(info: &SegmentInfo, bytes: &[u8]) -> Result<Vec<Record>> {
+pub fn verify_segment(format: Format, info: &SegmentInfo, bytes: &[u8]) -> Result<Vec<Record>> {
     let sha = sha256_hex(bytes);
     if sha != info.sha256 || bytes.len() as u64 != info.bytes {
         return Err(Error::Corruption(format!(
@@ -472,7 +482,7 @@ pub fn verify_segment(info: &SegmentInfo, bytes: &[u8]) -> Result<Vec<Record>> {
         )));
     }
     keys::check_content_address(&info.key, &sha)?;
-    let rows = jsonl::decode_segment(bytes)?;
+    let rows = format.decode(bytes)?;
     let summary = summarize(&rows);
     if summary != info.summary || rows.len() as u64 != info.rows {
         return Err(Error::Corruption(format!(
@@ -516,7 +526,7 @@ pub async fn read_archive(
         let bytes = backend.get(&segment.key).await?.ok_or_else(|| {
             Error::Corruption(format!("segment `{}` named by `{manifest_key}` is missing", segment.key))
         })?;
-        rows.extend(verify_segment(segment, &bytes)?);
+        rows.extend(verify_segment(manifest.format, segment, &bytes)?);
     }
     Ok(rows)
 }

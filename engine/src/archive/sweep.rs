@@ -60,6 +60,9 @@ pub async fn sweep(engine: &Arc<Engine>, dry_run: bool) -> Result<SweepReport> {
     for (id, table) in &policies.tables {
         let listed = table.backend.list(&keys::table_prefix(id)).await?;
         for object in listed {
+            if object.key.ends_with(super::catalog::CATALOG_FILE) {
+                continue; // derived, rewritten by every pass that changes archives
+            }
             report.listed += 1;
             if referenced.contains(&object.key) {
                 report.referenced += 1;

@@ -32,6 +32,9 @@ pub struct Manifest {
     pub strategy: String,
     pub generation: u64,
     pub format: Format,
+    /// The columns of the segments' rows, in words, for readers that come without frostline.
+    #[serde(default)]
+    pub schema: String,
     /// Where the archive was written (store URL and prefix), so a table can move later.
     pub target: String,
     /// The retention plan in force when the bucket was archived, for audits.

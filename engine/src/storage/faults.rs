@@ -46,11 +46,17 @@ pub struct FaultyBackend {
     inner: Arc<dyn ArchiveBackend>,
     rules: Mutex<Vec<FaultRule>>,
     fired: Mutex<Vec<(Op, String, Fault)>>,
+    reads: Mutex<Vec<String>>,
 }
 
 impl FaultyBackend {
     pub fn new(inner: Arc<dyn ArchiveBackend>) -> Arc<Self> {
-        Arc::new(FaultyBackend { inner, rules: Mutex::new(Vec::new()), fired: Mutex::new(Vec::new()) })
+        Arc::new(FaultyBackend {
+            inner,
+            rules: Mutex::new(Vec::new()),
+            fired: Mutex::new(Vec::new()),
+            reads: Mutex::new(Vec::new()),
+        })
     }
 
     pub fn add(&self, op: Op, key_contains: &str, fault: Fault, times: Option<u32>) {
@@ -64,6 +70,11 @@ impl FaultyBackend {
 
     pub fn clear(&self) {
         self.rules.lock().expect("rules").clear();
+    }
+
+    /// Every key read with `get`, in order (to observe what a read path touches).
+    pub fn reads(&self) -> Vec<String> {
+        self.reads.lock().expect("reads").clone()
     }
 
     /// Every fault that fired, in order.
@@ -110,6 +121,7 @@ impl ArchiveBackend for FaultyBackend {
     }
 
     async fn get(&self, key: &str) -> Result<Option<Bytes>> {
+        self.reads.lock().expect("reads").push(key.to_string());
         match self.take(Op::Get, key) {
             Some(Fault::Error) | Some(Fault::LandThenError) => Err(Self::injected(Op::Get, key)),
             Some(Fault::CorruptRead) => Ok(self.inner.get(key).await?.map(|b| {

@@ -1,0 +1,93 @@
+//! The catalog: one object per table, `table=<table>/_catalog.json`, listing every published
+//! manifest with its bounds and segments, so a reader (DuckDB, Spark, a script) finds every
+//! segment without listing every bucket.
+//!
+//! It is derived data, never the only copy of anything: it is rebuilt from the recorded
+//! manifests after every pass that published or expired something, and by `frostline
+//! catalog`. Backends are create-only, so a rebuild deletes the old catalog and creates the new
+//! one; a reader that finds none in between can retry or list the manifests.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use serde::Serialize;
+
+use super::blocking;
+use crate::engine::Engine;
+use crate::error::Result;
+use crate::model::{BucketState, Micros};
+use crate::storage::PutOutcome;
+
+pub const CATALOG_FILE: &str = "_catalog.json";
+pub const CATALOG_VERSION: u32 = 1;
+
+#[derive(Debug, Clone, Serialize)]
+pub struct CatalogEntry {
+    pub manifest_key: String,
+    pub partition_key: String,
+    pub bucket_key: String,
+    pub start: Micros,
+    pub end: Micros,
+    pub rows: u64,
+    pub bytes: u64,
+    pub format: crate::format::Format,
+    pub segments: Vec<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Catalog {
+    pub version: u32,
+    pub table: String,
+    pub generated_at: Micros,
+    pub manifests: Vec<CatalogEntry>,
+}
+
+pub fn catalog_key(table: &str) -> String {
+    format!("{}{CATALOG_FILE}", crate::storage::keys::table_prefix(table))
+}
+
+/// Builds a table's catalog from its published buckets' recorded manifests.
+pub async fn build(engine: &Arc<Engine>, table: &str) -> Result<Catalog> {
+    let (store, id) = (engine.store.clone(), table.to_string());
+    let now = engine.clock.now();
+    blocking(move || {
+        let mut manifests = Vec::new();
+        for meta in store.buckets(&id, None)? {
+            if !matches!(meta.state, BucketState::Archived { .. }) {
+                continue;
+            }
+            let (Some(key), Some(manifest)) = (meta.manifest_key.clone(), store.latest_manifest(&meta.id)?) else {
+                continue;
+            };
+            manifests.push(CatalogEntry {
+                manifest_key: key,
+                partition_key: manifest.partition_key.clone(),
+                bucket_key: meta.id.bucket_key.clone(),
+                start: manifest.bucket.start,
+                end: manifest.bucket.end,
+                rows: manifest.summary.rows,
+                bytes: manifest.bytes,
+                format: manifest.format,
+                segments: manifest.segments.iter().map(|s| s.key.clone()).collect(),
+            });
+        }
+        manifests.sort_by(|a, b| (a.start, &a.partition_key).cmp(&(b.start, &b.partition_key)));
+        Ok(Catalog { version: CATALOG_VERSION, table: id, generated_at: now, manifests })
+    })
+    .await
+}
+
+/// Rebuilds and writes a table's catalog; returns how many manifests it lists.
+pub async fn write(engine: &Arc<Engine>, table: &str) -> Result<usize> {
+    let catalog = build(engine, table).await?;
+    let backend = engine.policies().table(table)?.backend.clone();
+    let key = catalog_key(table);
+    let bytes = Bytes::from(serde_json::to_vec_pretty(&catalog).expect("a catalog serializes"));
+    backend.delete(&key).await?;
+    match backend.put_create(&key, bytes).await? {
+        PutOutcome::Created => {}
+        // Another writer rebuilt it at the same moment; both are derived from the same state.
+        PutOutcome::AlreadyExists => {}
+    }
+    Ok(catalog.manifests.len())
+}
