@@ -1,6 +1,6 @@
 //! Builds the guest plugins in `plugins/` for `wasm32-wasip2`, so a plain `cargo build` or
 //! `cargo test` produces the built-in components that are embedded in the binary, and the
-//! test-only components the integration tests load from `FROSTLINE_GUEST_DIR`.
+//! test-only and Rust example components the integration tests load from `FROSTLINE_GUEST_DIR`.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -17,6 +17,7 @@ fn main() {
         "../plugins/Cargo.toml",
         "../plugins/Cargo.lock",
         "../plugins/builtin",
+        "../plugins/examples/dir-archiver-rs",
         "../plugins/shared",
         "../plugins/testing",
         "../wit",

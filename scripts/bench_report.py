@@ -96,7 +96,7 @@ def render(doc):
       "machine is shared and noisy, so medians are quoted. Figures that are compared (WASM against "
       "native Rust, appends against plain redb, a pass against the I/O floor) are sampled round by round, "
       "one sample of each per round, so load from elsewhere hits both alike. Rows named \"instrumented ...\" "
-      "and \"... rebuilt on plain redb\" time the phases of extra runs (at most 3), to show where the time goes. Slow compiles of large components are repeated fewer times in the default run "
+      "and \"... rebuilt on plain redb\" time the phases of extra runs (at most 5), to show where the time goes. Slow compiles of large components are repeated fewer times in the default run "
       "(see the Runs column).")
     w(f"- Ratio: {doc['ratio_definition']}.")
     w("")

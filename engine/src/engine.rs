@@ -26,6 +26,8 @@ pub struct Engine {
     pub clock: SharedClock,
     pub settings: Settings,
     pub data_dir: PathBuf,
+    /// How the policy directory is loaded, at open and on every reload.
+    pub load_options: crate::policy::LoadOptions,
     policies: RwLock<Arc<PolicySet>>,
     last_reload: std::sync::Mutex<Option<crate::policy::reload::ReloadOutcome>>,
     /// Reload attempts since start: accepted, refused (for metrics).
@@ -42,16 +44,28 @@ impl Engine {
     /// Opens the data directory and loads the policy directory. Every table's strategy is
     /// registered (or checked against the one its buckets were made with).
     pub fn open(data_dir: &Path, policies_dir: &Path, settings: Settings, clock: SharedClock) -> Result<Arc<Engine>> {
+        Self::open_with(data_dir, policies_dir, settings, clock, crate::policy::LoadOptions::default())
+    }
+
+    /// `open`, loading the policy directory (now and on reloads) with `load_options`.
+    pub fn open_with(
+        data_dir: &Path,
+        policies_dir: &Path,
+        settings: Settings,
+        clock: SharedClock,
+        load_options: crate::policy::LoadOptions,
+    ) -> Result<Arc<Engine>> {
         std::fs::create_dir_all(data_dir).map_err(|e| Error::io(data_dir, e))?;
         let store = Store::open(&data_dir.join(DATABASE_FILE))?;
         let host = PluginHost::new(Some(data_dir.join("plugin-cache")))?;
-        let policies = crate::policy::load(policies_dir, data_dir, &host, &settings)?;
+        let policies = crate::policy::load_with(policies_dir, data_dir, &host, &settings, &load_options)?;
         let engine = Engine {
             store,
             host,
             clock,
             settings,
             data_dir: data_dir.to_path_buf(),
+            load_options,
             policies: RwLock::new(Arc::new(policies)),
             last_reload: std::sync::Mutex::new(None),
             reloads: Default::default(),

@@ -1,14 +1,19 @@
 #!/usr/bin/env bash
-# Builds the example strategy plugins into OUT_DIR:
-#   OUT_DIR/iso-week-py.wasm        (Python, componentize-py 0.25.1)
-#   OUT_DIR/fiscal-quarter-js.wasm  (JavaScript, componentize-js 0.23.0, SpiderMonkey)
+# Builds the Python and JavaScript example plugins into OUT_DIR:
+#   OUT_DIR/iso-week-py.wasm          bucket-strategy (Python, componentize-py 0.25.1)
+#   OUT_DIR/fiscal-quarter-js.wasm    bucket-strategy (JavaScript, componentize-js 0.23.0, SpiderMonkey)
+#   OUT_DIR/gzip-archiver-py.wasm     archiver over the host's blob store (Python)
+#   OUT_DIR/prefix-archiver-js.wasm   archiver over the host's blob store (JavaScript)
+# (The Rust example archiver, dir-archiver-rs, is built with the guest workspace by
+# engine/build.rs.)
 #
 # Usage: plugins/examples/build.sh OUT_DIR
 #
 # Needs only python3 (with venv and pip), node and npm. Installs its own tools on first use
 # (about 20 s, from PyPI and the npm registry) and reuses them afterwards:
 #   plugins/examples/.tools/venv                  componentize-py==0.25.1
-#   plugins/examples/fiscal-quarter-js/node_modules   from package-lock.json (npm ci)
+#   plugins/examples/fiscal-quarter-js/node_modules   from package-lock.json (npm ci); the
+#                                                     JavaScript archiver uses the same install
 # The WIT is ../../wit from this script; FROSTLINE_WIT_DIR overrides it.
 set -euo pipefail
 
@@ -19,12 +24,11 @@ fi
 
 HERE="$(cd "$(dirname "$0")" && pwd)"
 WIT_DIR="${FROSTLINE_WIT_DIR:-$HERE/../../wit}"
-WORLD="bucket-strategy"
 PY_VERSION="0.25.1"
 JS_VERSION="0.23.0"
 VENV="$HERE/.tools/venv"
 JS_DIR="$HERE/fiscal-quarter-js"
-PY_DIR="$HERE/iso-week-py"
+COMPONENTIZE_JS="$JS_DIR/node_modules/.bin/componentize-js"
 
 die() { echo "build.sh: $*" >&2; exit 1; }
 now() { date +%s.%N; }
@@ -65,27 +69,40 @@ fi
 # ---- components ----------------------------------------------------------------------------
 # Each is written to a temporary name first, so a failed build leaves no stale .wasm behind.
 
-start="$(now)"
-echo "building $OUT_DIR/iso-week-py.wasm"
-rm -f "$OUT_DIR/iso-week-py.wasm"
-(
-    cd "$PY_DIR"
-    # -p . : the app (app.py) and its helper module (isoweek.py) come from this folder.
-    env -u VIRTUAL_ENV "$VENV/bin/componentize-py" --quiet -d "$WIT_DIR" -w "$WORLD" \
-        componentize -p . app -o "$OUT_DIR/iso-week-py.wasm.tmp"
-)
-mv "$OUT_DIR/iso-week-py.wasm.tmp" "$OUT_DIR/iso-week-py.wasm"
-echo "  $(wc -c <"$OUT_DIR/iso-week-py.wasm") bytes in $(since "$start") s"
+# build_py NAME WORLD: componentize-py on NAME/app.py (and its helper modules) -> OUT_DIR/NAME.wasm
+build_py() {
+    local name="$1" world="$2" start
+    start="$(now)"
+    echo "building $OUT_DIR/$name.wasm"
+    rm -f "$OUT_DIR/$name.wasm"
+    (
+        cd "$HERE/$name"
+        # -p . : the app (app.py) and any helper module come from this folder.
+        env -u VIRTUAL_ENV "$VENV/bin/componentize-py" --quiet -d "$WIT_DIR" -w "$world" \
+            componentize -p . app -o "$OUT_DIR/$name.wasm.tmp"
+    )
+    mv "$OUT_DIR/$name.wasm.tmp" "$OUT_DIR/$name.wasm"
+    echo "  $(wc -c <"$OUT_DIR/$name.wasm") bytes in $(since "$start") s"
+}
 
-start="$(now)"
-echo "building $OUT_DIR/fiscal-quarter-js.wasm"
-rm -f "$OUT_DIR/fiscal-quarter-js.wasm"
-(
-    cd "$JS_DIR"
-    # -d ...: no WASI features, so the component imports only frostline:plugin (without
-    # `http fetch-event` it would import wasi:http and not link in the frostline host).
-    ./node_modules/.bin/componentize-js app.js --wit "$WIT_DIR" --world-name "$WORLD" \
-        -d stdio random clocks http fetch-event -o "$OUT_DIR/fiscal-quarter-js.wasm.tmp"
-)
-mv "$OUT_DIR/fiscal-quarter-js.wasm.tmp" "$OUT_DIR/fiscal-quarter-js.wasm"
-echo "  $(wc -c <"$OUT_DIR/fiscal-quarter-js.wasm") bytes in $(since "$start") s"
+# build_js NAME WORLD: componentize-js on NAME/app.js -> OUT_DIR/NAME.wasm
+build_js() {
+    local name="$1" world="$2" start
+    start="$(now)"
+    echo "building $OUT_DIR/$name.wasm"
+    rm -f "$OUT_DIR/$name.wasm"
+    (
+        cd "$HERE/$name"
+        # -d ...: no WASI features, so the component imports only frostline:plugin (without
+        # `http fetch-event` it would import wasi:http and not link in the frostline host).
+        "$COMPONENTIZE_JS" app.js --wit "$WIT_DIR" --world-name "$world" \
+            -d stdio random clocks http fetch-event -o "$OUT_DIR/$name.wasm.tmp"
+    )
+    mv "$OUT_DIR/$name.wasm.tmp" "$OUT_DIR/$name.wasm"
+    echo "  $(wc -c <"$OUT_DIR/$name.wasm") bytes in $(since "$start") s"
+}
+
+build_py iso-week-py bucket-strategy
+build_js fiscal-quarter-js bucket-strategy
+build_py gzip-archiver-py archiver
+build_js prefix-archiver-js archiver

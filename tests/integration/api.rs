@@ -129,6 +129,10 @@ impl Server {
         http("POST", &self.url(path), token, body)
     }
 
+    fn delete(&self, path: &str, token: Option<&str>) -> (u16, String) {
+        http("DELETE", &self.url(path), token, None)
+    }
+
     fn json(&self, path: &str) -> serde_json::Value {
         let (status, body) = self.get(path, Some(USER));
         assert_eq!(status, 200, "GET {path}: {body}");
@@ -223,6 +227,13 @@ fn http(method: &str, url: &str, token: Option<&str>, body: Option<&str>) -> (u1
                 Some(b) => r.send(b),
                 None => r.send_empty(),
             }
+        }
+        "DELETE" => {
+            let mut r = agent().delete(url);
+            if let Some(a) = &auth {
+                r = r.header("Authorization", a);
+            }
+            r.call()
         }
         other => panic!("method {other}"),
     };
@@ -422,10 +433,11 @@ fn auth_refuses_missing_wrong_and_non_admin_tokens_and_changes_nothing() {
     let server = Server::start(&d, &["--interval-seconds", "3600"], true);
     let lines = sample_lines(12).join("\n");
     for route in ROUTES.iter().filter(|r| r.access != frostline::api::Access::Public) {
-        let path = route.path.replace("{table}", "events");
+        let path = route.path.replace("{table}", "events").replace("{id}", "h-000000000001");
         for token in [None, Some(WRONG), Some(""), Some("Basic abc")] {
             let (status, body) = match route.method {
                 "GET" => server.get(&path, token),
+                "DELETE" => server.delete(&path, token),
                 _ => server.post(&path, token, Some(&lines)),
             };
             assert_eq!(status, 401, "{} {path} with {token:?}: {body}", route.method);
@@ -439,14 +451,16 @@ fn auth_refuses_missing_wrong_and_non_admin_tokens_and_changes_nothing() {
     assert_eq!(response.headers().get("www-authenticate").unwrap(), "Bearer");
     assert_eq!(count_records(&server), 0, "no refused append wrote anything");
 
-    // An ordinary token may not reload or archive.
+    // An ordinary token may not reload, archive, place a hold or verify.
     let (status, _) = server.post("/v1/tables/events/records", Some(USER), Some(&lines));
     assert_eq!(status, 200);
-    for path in ["/v1/reload", "/v1/archive"] {
-        let (status, body) = server.post(path, Some(USER), None);
+    let hold = r#"{"table":"events","reason":"audit","placed_by":"user"}"#;
+    for (path, body) in [("/v1/reload", None), ("/v1/archive", None), ("/v1/holds", Some(hold)), ("/v1/verify", None)] {
+        let (status, body) = server.post(path, Some(USER), body);
         assert_eq!(status, 403, "{path}: {body}");
         assert!(body.contains("\"kind\":\"forbidden\""), "{body}");
     }
+    assert_eq!(server.json("/v1/holds")["holds"], serde_json::json!([]), "no hold was placed");
     assert!(server.json("/v1/tables/events/buckets?state=archived")["buckets"].as_array().unwrap().is_empty());
     assert_eq!(server.json("/v1/reload")["last_reload"], serde_json::Value::Null, "no reload ran");
     // An admin token is valid on every route.
@@ -700,10 +714,15 @@ fn the_openapi_file_matches_the_server() {
 
     let d = dirs();
     let server = Server::start(&d, &["--interval-seconds", "3600"], true);
+    let (status, body) =
+        server.post("/v1/holds", Some(ADMIN), Some(r#"{"table":"events","reason":"spec","placed_by":"test"}"#));
+    assert_eq!(status, 201, "{body}");
+    let hold: serde_json::Value = serde_json::from_str(&body).unwrap();
     for (method, route) in &documented {
-        let url = route.replace("{table}", "events");
+        let url = route.replace("{table}", "events").replace("{id}", hold["id"].as_str().unwrap());
         let (status, body) = match method.as_str() {
             "GET" => server.get(&url, Some(ADMIN)),
+            "DELETE" => server.delete(&url, Some(ADMIN)),
             _ => server.post(&url, Some(ADMIN), Some(&sample_lines(3).join("\n"))),
         };
         assert!(status != 404 && status != 405, "{method} {route} answered {status}: {body}");
@@ -778,4 +797,230 @@ fn sigterm_while_archiving_stops_in_bounds_and_a_restart_completes_the_work() {
     let keys: Vec<String> = records.iter().map(|r| r["sort_key"].as_str().unwrap().to_string()).collect();
     let expected: Vec<String> = (0..2_000).map(|i| format!("{i:06}")).collect();
     assert_eq!(keys, expected, "every record, once, in order");
+}
+
+/// `events` archives at the 2025 cutoff and expires 30 days after a bucket ends; `audit` is
+/// held by the policy directory.
+const LIFECYCLE_POLICY: &str = r#"
+[[table]]
+id = "events"
+writable_buckets = 48
+strategy = { plugin = "builtin:calendar-month-utc" }
+retention = { plugin = "builtin:eligible-before", config = { expire_after = "30d" } }
+
+[[table]]
+id = "audit"
+strategy = { plugin = "builtin:calendar-month-utc" }
+retention = { plugin = "builtin:eligible-before" }
+
+[[hold]]
+table = "audit"
+reason = "regulator request"
+"#;
+
+fn lifecycle_dirs() -> Dirs {
+    let d = dirs();
+    std::fs::write(d.policies.join("tables.toml"), LIFECYCLE_POLICY).unwrap();
+    d
+}
+
+/// The retention report's entries, by partition.
+fn retention(server: &Server) -> Vec<serde_json::Value> {
+    let report = server.json("/v1/tables/events/retention");
+    assert_eq!(report["truncated"], false, "{report}");
+    report["buckets"].as_array().unwrap().clone()
+}
+
+fn holds(server: &Server) -> Vec<serde_json::Value> {
+    server.json("/v1/holds")["holds"].as_array().unwrap().clone()
+}
+
+#[test]
+fn holds_retention_and_verify_over_the_api() {
+    let d = lifecycle_dirs();
+    let server = Server::start(&d, &["--interval-seconds", "3600"], true);
+    let lines = sample_lines(60);
+    let (status, body) = server.post("/v1/tables/events/records", Some(USER), Some(&lines.join("\n")));
+    assert_eq!(status, 200, "{body}");
+
+    // The policy-declared hold is listed from the start.
+    let listed = holds(&server);
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    let policy_hold = listed[0]["id"].as_str().unwrap().to_string();
+    assert!(policy_hold.starts_with("policy-") && listed[0]["table"] == "audit", "{listed:?}");
+
+    // Placing: bad input is refused and places nothing.
+    let place = |body: &str, token: &str| server.post("/v1/holds", Some(token), Some(body));
+    for (body, status) in [
+        (r#"{"table":"nope","reason":"x","placed_by":"me"}"#, 404),
+        (r#"{"table":"events","reason":"  ","placed_by":"me"}"#, 422),
+        (r#"{"table":"events","reason":"x","placed_by":""}"#, 422),
+        (r#"{"table":"events","placed_by":"me"}"#, 400),
+        (r#"{"table":"events","reason":"x","placed_by":"me","colour":"blue"}"#, 400),
+        ("not json", 400),
+    ] {
+        let (got, answer) = place(body, ADMIN);
+        assert_eq!(got, status, "{body}: {answer}");
+    }
+    let (status, body) = place(r#"{"table":"events","reason":"x","placed_by":"me"}"#, USER);
+    assert_eq!(status, 403, "{body}");
+    assert_eq!(holds(&server).len(), 1, "no refused request placed a hold");
+
+    // A hold on one partition.
+    let (status, body) =
+        place(r#"{"table":"events","partition":"site-0","reason":"litigation 42","placed_by":"legal"}"#, ADMIN);
+    assert_eq!(status, 201, "{body}");
+    let placed: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let id = placed["id"].as_str().unwrap().to_string();
+    let site0 = retention(&server).iter().filter(|b| b["partition_key"] == "site-0").count() as u64;
+    assert!(site0 > 0);
+    assert_eq!(placed["covered_buckets"], site0, "{placed}");
+    let listed = holds(&server);
+    let ours = listed.iter().find(|h| h["id"] == id.as_str()).unwrap_or_else(|| panic!("{listed:?}"));
+    assert_eq!(
+        (&ours["partition_key"], &ours["source"], &ours["covered_buckets"]),
+        (&"site-0".into(), &"api".into(), &site0.into())
+    );
+    for b in retention(&server) {
+        let covered = b["holds"].as_array().unwrap().iter().any(|h| h == id.as_str());
+        assert_eq!(covered, b["partition_key"] == "site-0", "{b}");
+    }
+
+    // The hold blocks nothing it should not: appends go on, every due bucket is archived, and
+    // only the held partition's archives are kept past their expiry.
+    let (status, body) = server.post(
+        "/v1/tables/events/records",
+        Some(USER),
+        Some(&line("site-0", "2025-02-01T00:00:00Z", "late", "{}")),
+    );
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = server.post("/v1/archive", Some(ADMIN), None);
+    assert_eq!(status, 200, "{body}");
+    let report: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert!(report["archived"].as_u64().unwrap() > 0, "{report}");
+    let entries = retention(&server);
+    let old: Vec<&serde_json::Value> =
+        entries.iter().filter(|b| b["end"].as_str().unwrap() <= "2025-01-01T00:00:00Z").collect();
+    assert!(!old.is_empty());
+    for b in &old {
+        assert!(b["archived_at"].is_string() && b["archive_at"].is_string() && b["reason"].is_string(), "{b}");
+        if b["partition_key"] == "site-0" {
+            assert_eq!((&b["state"], &b["next"]), (&"archived".into(), &"held".into()), "{b}");
+            assert_eq!(b["held_by"], serde_json::json!([id]), "{b}");
+        } else {
+            assert_eq!(b["state"], "expired", "{b}");
+            assert!(b["expired_at"].is_string() && b["expiry_reason"].is_string(), "{b}");
+        }
+    }
+    assert!(entries.iter().any(|b| b["state"] == "hot" && b["next"] != "held"), "{entries:?}");
+
+    // The retention report's parameters.
+    assert_eq!(server.json("/v1/tables/events/retention?limit=1")["buckets"].as_array().unwrap().len(), 1);
+    assert_eq!(server.json("/v1/tables/events/retention?limit=1")["truncated"], true);
+    let site1 = server.json("/v1/tables/events/retention?partition=site-1");
+    assert!(site1["buckets"].as_array().unwrap().iter().all(|b| b["partition_key"] == "site-1"), "{site1}");
+    for bad in ["/v1/tables/events/retention?limit=0", "/v1/tables/events/retention?colour=blue"] {
+        assert_eq!(server.get(bad, Some(USER)).0, 400, "{bad}");
+    }
+    assert_eq!(server.get("/v1/tables/nope/retention", Some(USER)).0, 404);
+    assert_eq!(server.get("/v1/tables/events/retention", None).0, 401);
+
+    // Verify: every archive still held checks out.
+    let (status, body) = server.post("/v1/verify", Some(ADMIN), None);
+    assert_eq!(status, 200, "{body}");
+    let verified: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let archived = entries.iter().filter(|b| b["state"] == "archived").count();
+    assert_eq!(verified["verdicts"].as_array().unwrap().len(), archived, "{verified}");
+    assert_eq!(verified["failed"], 0, "{verified}");
+    let (status, body) = server.post("/v1/verify?table=events&sample=1", Some(ADMIN), None);
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(serde_json::from_str::<serde_json::Value>(&body).unwrap()["verdicts"].as_array().unwrap().len(), 1);
+    for (path, status) in
+        [("/v1/verify?table=nope", 404), ("/v1/verify?sample=0", 400), ("/v1/verify?colour=blue", 400)]
+    {
+        assert_eq!(server.post(path, Some(ADMIN), None).0, status, "{path}");
+    }
+    assert_eq!(server.post("/v1/verify", Some(USER), None).0, 403);
+
+    // Lifting: a plain token cannot, a policy hold cannot, an unknown id is 404.
+    let (status, body) = server.delete(&format!("/v1/holds/{id}"), Some(USER));
+    assert_eq!(status, 403, "{body}");
+    assert!(holds(&server).iter().any(|h| h["id"] == id.as_str()), "the hold is still there");
+    let (status, body) = server.delete(&format!("/v1/holds/{policy_hold}"), Some(ADMIN));
+    assert_eq!(status, 409, "{body}");
+    assert!(body.contains("policy directory"), "{body}");
+    assert_eq!(server.delete("/v1/holds/h-000000000000", Some(ADMIN)).0, 404);
+    assert_eq!(server.delete(&format!("/v1/holds/{id}?colour=blue"), Some(ADMIN)).0, 400);
+    let (status, body) = server.delete(&format!("/v1/holds/{id}?by=legal%40example.com"), Some(ADMIN));
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(serde_json::from_str::<serde_json::Value>(&body).unwrap()["lifted"], id.as_str());
+    assert_eq!(server.delete(&format!("/v1/holds/{id}"), Some(ADMIN)).0, 404, "lifted once");
+    assert!(!holds(&server).iter().any(|h| h["id"] == id.as_str()));
+    assert!(retention(&server).iter().all(|b| b["holds"].as_array().unwrap().is_empty()));
+
+    // What it held is re-planned and expires on the next pass.
+    let (status, body) = server.post("/v1/archive", Some(ADMIN), None);
+    assert_eq!(status, 200, "{body}");
+    for b in retention(&server).iter().filter(|b| b["end"].as_str().unwrap() <= "2025-01-01T00:00:00Z") {
+        assert_eq!(b["state"], "expired", "{b}");
+    }
+}
+
+#[test]
+fn the_cli_places_lists_and_lifts_holds_and_verifies_through_a_running_engine() {
+    let d = lifecycle_dirs();
+    let server = Server::start(&d, &["--interval-seconds", "3600"], true);
+    let cli = |args: &[&str], user: &str, admin: Option<&str>| {
+        let mut command = command(&d);
+        command.args(args).stdin(Stdio::null()).env("FROSTLINE_TOKEN", user);
+        if let Some(admin) = admin {
+            command.env("FROSTLINE_ADMIN_TOKEN", admin);
+        }
+        command.output().unwrap()
+    };
+    let (status, body) = server.post("/v1/tables/events/records", Some(USER), Some(&sample_lines(30).join("\n")));
+    assert_eq!(status, 200, "{body}");
+
+    let place = ["hold", "place", "--table", "events", "--partition", "site-1", "--reason", "audit", "--by", "ops"];
+    let refused = cli(&place, USER, None);
+    assert!(!refused.status.success());
+    assert!(text(&refused.stderr).contains("FROSTLINE_ADMIN_TOKEN"), "{}", text(&refused.stderr));
+    assert_eq!(holds(&server).len(), 1, "only the policy hold");
+
+    let placed = cli(&place, USER, Some(ADMIN));
+    assert!(placed.status.success(), "{}", text(&placed.stderr));
+    let placed: serde_json::Value = serde_json::from_slice(&placed.stdout).unwrap();
+    let id = placed["id"].as_str().unwrap().to_string();
+    assert!(placed["covered_buckets"].as_u64().unwrap() > 0, "{placed}");
+    let unknown = cli(&["hold", "place", "--table", "nope", "--reason", "x"], USER, Some(ADMIN));
+    assert_eq!(unknown.status.code(), Some(2), "{}", text(&unknown.stderr));
+
+    let listed = cli(&["hold", "list", "--json"], USER, None);
+    assert!(listed.status.success(), "{}", text(&listed.stderr));
+    let listed: serde_json::Value = serde_json::from_slice(&listed.stdout).unwrap();
+    let ours = listed.as_array().unwrap().iter().find(|h| h["id"] == id.as_str()).unwrap();
+    assert_eq!((&ours["placed_by"], &ours["covered_buckets"]), (&"ops".into(), &placed["covered_buckets"]));
+    let human = cli(&["hold", "list"], USER, None);
+    assert!(text(&human.stdout).contains(&id) && text(&human.stdout).contains("regulator request"));
+
+    let policy_hold = listed.as_array().unwrap().iter().find(|h| h["table"] == "audit").unwrap()["id"].clone();
+    let refused = cli(&["hold", "lift", policy_hold.as_str().unwrap()], USER, Some(ADMIN));
+    assert!(!refused.status.success() && text(&refused.stderr).contains("policy directory"));
+    let lifted = cli(&["hold", "lift", &id, "--by", "ops"], USER, Some(ADMIN));
+    assert!(lifted.status.success(), "{}", text(&lifted.stderr));
+    assert_eq!(text(&lifted.stdout).trim(), format!(r#"{{"lifted":"{id}"}}"#));
+    assert!(!holds(&server).iter().any(|h| h["id"] == id.as_str()));
+    let again = cli(&["hold", "lift", &id], USER, Some(ADMIN));
+    assert!(!again.status.success() && text(&again.stderr).contains("no hold"), "{}", text(&again.stderr));
+
+    assert_eq!(server.post("/v1/archive", Some(ADMIN), None).0, 200);
+    let verified = cli(&["verify"], USER, Some(ADMIN));
+    assert!(verified.status.success(), "{}{}", text(&verified.stdout), text(&verified.stderr));
+    assert!(text(&verified.stdout).contains(", 0 failed"), "{}", text(&verified.stdout));
+    let json = cli(&["verify", "--json", "--table", "events", "--sample", "1"], USER, Some(ADMIN));
+    assert!(json.status.success(), "{}", text(&json.stderr));
+    let verdicts: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert!(verdicts.as_array().unwrap().len() <= 1 && verdicts.as_array().unwrap().iter().all(|v| v["ok"] == true));
+    let refused = cli(&["verify"], USER, None);
+    assert!(!refused.status.success() && text(&refused.stderr).contains("403"), "{}", text(&refused.stderr));
 }

@@ -3,10 +3,12 @@
 
 mod api;
 mod archival;
+mod archivers;
 mod crash;
 mod e2e;
 mod formats;
 mod lifecycle;
+mod object_stores;
 mod plugins;
 mod races;
 mod reload;

@@ -71,19 +71,41 @@ pub fn t(text: &str) -> i64 {
 impl TestEngine {
     /// `policy` is the text of `policies/tables.toml`.
     pub fn new(policy: &str, now: &str) -> TestEngine {
+        Self::open(policy, now, &[], Default::default()).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Like `new`, with more files in the policy directory (`(relative path, content)`, e.g.
+    /// secret files) and load options (e.g. a wrapper around each target, which is still
+    /// probed); returns the engine's refusal instead of panicking.
+    pub fn open(
+        policy: &str,
+        now: &str,
+        files: &[(&str, &str)],
+        options: frostline::policy::LoadOptions,
+    ) -> Result<TestEngine, frostline::error::Error> {
         let dir = tempfile::tempdir().unwrap();
         let policies = dir.path().join("policies");
         std::fs::create_dir_all(&policies).unwrap();
         std::fs::write(policies.join("tables.toml"), policy).unwrap();
+        for (path, content) in files {
+            let path = policies.join(path);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, content).unwrap();
+        }
         let clock = frostline::clock::ManualClock::new(t(now));
-        let engine = frostline::engine::Engine::open(
+        let engine = frostline::engine::Engine::open_with(
             &dir.path().join("data"),
             &policies,
             frostline::settings::Settings::default(),
             clock.clone(),
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
-        TestEngine { engine, clock, _dir: dir }
+            options,
+        )?;
+        Ok(TestEngine { engine, clock, _dir: dir })
+    }
+
+    /// The policy directory.
+    pub fn policies_dir(&self) -> std::path::PathBuf {
+        self._dir.path().join("policies")
     }
 
     /// Replaces one table's archive backend (to inject faults).
@@ -115,6 +137,7 @@ impl TestEngine {
                 retired: current.retired.clone(),
                 holds: current.holds.clone(),
                 sinks: current.sinks.clone(),
+                target_probes: current.target_probes.clone(),
             })
             .unwrap();
     }

@@ -1,5 +1,6 @@
 //! A small blocking client of the API, for the CLI: while an engine runs on a data directory,
-//! `ingest`, `query`, `status` and `archive --once` go through it. Tokens come from
+//! `ingest`, `query`, `status`, `archive --once`, `hold place|lift|list` and `verify` go
+//! through it. Tokens come from
 //! FROSTLINE_TOKEN and FROSTLINE_ADMIN_TOKEN.
 
 use std::net::SocketAddr;
@@ -33,6 +34,19 @@ pub struct AppendCounts {
 pub struct Page {
     pub records: Vec<Box<serde_json::value::RawValue>>,
     pub next_cursor: Option<String>,
+}
+
+/// The answer of `POST /v1/verify`: a verdict per archived bucket checked, and how many failed.
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
+pub struct VerifyReport {
+    pub verdicts: Vec<crate::archive::verify::BucketVerdict>,
+    pub failed: usize,
+}
+
+/// The answer of `GET /v1/holds`.
+#[derive(Debug, Deserialize, serde::Serialize)]
+pub struct HoldsPage {
+    pub holds: Vec<crate::cli::lifecycle::HoldListing>,
 }
 
 /// The query of one page.
@@ -98,6 +112,13 @@ impl Client {
         let response = match method {
             "GET" => {
                 let mut request = self.agent.get(&url);
+                if let Some(value) = &authorization {
+                    request = request.header("Authorization", value);
+                }
+                request.call()
+            }
+            "DELETE" => {
+                let mut request = self.agent.delete(&url);
                 if let Some(value) = &authorization {
                     request = request.header("Authorization", value);
                 }
@@ -190,6 +211,45 @@ impl Client {
     /// Runs passes until idle now; the `PassReport` as JSON.
     pub fn archive(&self) -> Result<serde_json::Value> {
         let text = self.send("POST", "/v1/archive", None, true)?;
+        self.json(&text)
+    }
+
+    /// Every hold, placed and policy-declared, with the buckets each covers.
+    pub fn holds(&self) -> Result<Vec<crate::cli::lifecycle::HoldListing>> {
+        let text = self.send("GET", "/v1/holds", None, false)?;
+        Ok(self.json::<HoldsPage>(&text)?.holds)
+    }
+
+    /// Places a hold (admin).
+    pub fn place_hold(
+        &self,
+        request: &crate::cli::lifecycle::HoldRequest,
+    ) -> Result<crate::cli::lifecycle::HoldPlaced> {
+        let body = serde_json::to_vec(request).map_err(|e| Error::Internal(format!("encoding the hold: {e}")))?;
+        let text = self.send("POST", "/v1/holds", Some(("application/json", &body)), true)?;
+        self.json(&text)
+    }
+
+    /// Lifts a hold (admin); the id lifted.
+    pub fn lift_hold(&self, id: &str, by: &str) -> Result<String> {
+        let path = format!("/v1/holds/{}?by={}", percent_encode(id), percent_encode(by));
+        let text = self.send("DELETE", &path, None, true)?;
+        let answer: serde_json::Value = self.json(&text)?;
+        Ok(answer["lifted"].as_str().unwrap_or(id).to_string())
+    }
+
+    /// Verifies archived buckets (admin): of one table, or a random sample.
+    pub fn verify(&self, table: Option<&str>, sample: Option<usize>) -> Result<VerifyReport> {
+        let mut params = Vec::new();
+        if let Some(table) = table {
+            params.push(format!("table={}", percent_encode(table)));
+        }
+        if let Some(sample) = sample {
+            params.push(format!("sample={sample}"));
+        }
+        let path =
+            if params.is_empty() { "/v1/verify".to_string() } else { format!("/v1/verify?{}", params.join("&")) };
+        let text = self.send("POST", &path, None, true)?;
         self.json(&text)
     }
 }

@@ -29,7 +29,8 @@ pub(super) fn method_router(route: &Route) -> MethodRouter<Arc<ApiState>> {
     let filter = match route.method {
         "GET" => MethodFilter::GET,
         "POST" => MethodFilter::POST,
-        other => panic!("route {} uses method {other}; only GET and POST are served", route.path),
+        "DELETE" => MethodFilter::DELETE,
+        other => panic!("route {} uses method {other}; only GET, POST and DELETE are served", route.path),
     };
     match route.id {
         RouteId::Health => on(filter, health),
@@ -42,6 +43,11 @@ pub(super) fn method_router(route: &Route) -> MethodRouter<Arc<ApiState>> {
         RouteId::LastReload => on(filter, last_reload),
         RouteId::Reload => on(filter, reload),
         RouteId::Archive => on(filter, archive),
+        RouteId::Holds => on(filter, holds),
+        RouteId::PlaceHold => on(filter, place_hold),
+        RouteId::LiftHold => on(filter, lift_hold),
+        RouteId::Retention => on(filter, retention),
+        RouteId::Verify => on(filter, verify),
     }
 }
 
@@ -60,14 +66,29 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> crate::Result<T> + Send
 /// The table named in the path, if the active policy set declares it.
 fn known_table(state: &ApiState, path: Result<Path<String>, PathRejection>) -> Result<String, ApiError> {
     let Path(table) = path.map_err(|e| ApiError::bad_request(e.body_text()))?;
-    if !state.engine.policies().tables.contains_key(&table) {
-        return Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            "not_found",
-            format!("no table `{table}` in the policy directory; GET /v1/status lists the tables"),
-        ));
-    }
+    check_table(state, &table)?;
     Ok(table)
+}
+
+/// `Ok` when the active policy set declares `table`, else the 404 answer.
+fn check_table(state: &ApiState, table: &str) -> Result<(), ApiError> {
+    if state.engine.policies().tables.contains_key(table) {
+        return Ok(());
+    }
+    Err(ApiError::new(
+        StatusCode::NOT_FOUND,
+        "not_found",
+        format!("no table `{table}` in the policy directory; GET /v1/status lists the tables"),
+    ))
+}
+
+/// A limit parameter of a listing: default `BUCKETS_LIMIT_DEFAULT`, 1 to `BUCKETS_LIMIT_MAX`.
+fn listing_limit(limit: Option<usize>) -> Result<usize, ApiError> {
+    let limit = limit.unwrap_or(BUCKETS_LIMIT_DEFAULT);
+    if limit == 0 || limit > BUCKETS_LIMIT_MAX {
+        return Err(ApiError::bad_request(format!("limit must be 1 to {BUCKETS_LIMIT_MAX} (BUCKETS_LIMIT_MAX)")));
+    }
+    Ok(limit)
 }
 
 fn query_params<T>(params: Result<Query<T>, QueryRejection>) -> Result<T, ApiError> {
@@ -346,10 +367,7 @@ async fn buckets(
             ))
         })?),
     };
-    let limit = params.limit.unwrap_or(BUCKETS_LIMIT_DEFAULT);
-    if limit == 0 || limit > BUCKETS_LIMIT_MAX {
-        return Err(ApiError::bad_request(format!("limit must be 1 to {BUCKETS_LIMIT_MAX} (BUCKETS_LIMIT_MAX)")));
-    }
+    let limit = listing_limit(params.limit)?;
     let (store, id, partition) = (state.engine.store.clone(), table.clone(), params.partition.clone());
     let mut metas = blocking(move || store.buckets(&id, partition.as_deref().map(str::as_bytes))).await?;
     metas.retain(|b| wanted.is_none_or(|s| b.state == s));
@@ -451,6 +469,228 @@ async fn archive(State(state): Shared) -> Result<Response, ApiError> {
     })
     .await;
     Ok(Json(report).into_response())
+}
+
+async fn holds(State(state): Shared) -> Result<Response, ApiError> {
+    let holds = blocking(move || crate::cli::lifecycle::list_holds(&state.engine)).await?;
+    Ok(Json(super::client::HoldsPage { holds }).into_response())
+}
+
+fn unprocessable(message: impl Into<String>) -> ApiError {
+    ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_input", message)
+}
+
+async fn place_hold(State(state): Shared, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
+    let bytes = read_body(&headers, body).await?;
+    let request: crate::cli::lifecycle::HoldRequest = serde_json::from_slice(&bytes).map_err(|e| {
+        ApiError::bad_request(format!(
+            "the body is not a hold {{\"table\", \"partition\"?, \"tenant\"?, \"bucket\"?, \"reason\", \"placed_by\"}}: {e}"
+        ))
+    })?;
+    check_table(&state, &request.table)?;
+    if request.reason.trim().is_empty() {
+        return Err(unprocessable("`reason` must say why the data is held; nothing was placed"));
+    }
+    if request.placed_by.trim().is_empty() {
+        return Err(unprocessable("`placed_by` must say who places the hold; nothing was placed"));
+    }
+    let placed = blocking(move || crate::cli::lifecycle::place_hold(&state.engine, request, "api")).await.map_err(
+        |mut refusal| {
+            if refusal.body.error.kind == "invalid_input" {
+                refusal.status = StatusCode::UNPROCESSABLE_ENTITY;
+            }
+            refusal
+        },
+    )?;
+    Ok((StatusCode::CREATED, Json(placed)).into_response())
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LiftParams {
+    by: Option<String>,
+}
+
+async fn lift_hold(
+    State(state): Shared,
+    path: Result<Path<String>, PathRejection>,
+    params: Result<Query<LiftParams>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let Path(id) = path.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    let params = query_params(params)?;
+    let by = params.by.map(|b| b.trim().to_string()).filter(|b| !b.is_empty()).unwrap_or_else(|| "api".into());
+    let wanted = id.clone();
+    let lifted = blocking(move || {
+        let lifecycle_id = wanted.clone();
+        // A policy hold is refused (409) by `lift_hold` whether or not it exists.
+        if !crate::cli::lifecycle::is_policy_hold(&wanted)
+            && !state.engine.store.holds()?.iter().any(|h| h.id == wanted)
+        {
+            return Ok(None);
+        }
+        crate::cli::lifecycle::lift_hold(&state.engine, lifecycle_id, by).map(Some)
+    })
+    .await?;
+    match lifted {
+        Some(hold) => Ok(Json(serde_json::json!({"lifted": hold.id, "hold": hold})).into_response()),
+        None => Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("no hold with id `{id}`; GET /v1/holds lists them"),
+        )),
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RetentionParams {
+    partition: Option<String>,
+    limit: Option<usize>,
+}
+
+/// Why a bucket is where it is in its lifecycle; times are RFC 3339.
+#[derive(Debug, Serialize)]
+struct RetentionEntry {
+    partition_key: String,
+    bucket_key: String,
+    start: String,
+    end: String,
+    state: &'static str,
+    state_since: String,
+    /// The retention policy's plan (none until the bucket is planned).
+    archive_at: Option<String>,
+    expire_at: Option<String>,
+    reason: Option<String>,
+    /// Holds that stopped this bucket's expiry.
+    held_by: Vec<String>,
+    /// Every hold (placed or policy-declared) that covers the bucket now.
+    holds: Vec<String>,
+    archived_at: Option<String>,
+    hot_deleted_at: Option<String>,
+    /// From the expiry's tombstone.
+    expired_at: Option<String>,
+    expiry_reason: Option<String>,
+    /// When the next action is due, and what it is.
+    due_at: Option<String>,
+    next: &'static str,
+    last_error: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+struct RetentionPage {
+    table: String,
+    buckets: Vec<RetentionEntry>,
+    truncated: bool,
+}
+
+/// What the engine does next with a bucket: `plan`, `archive`, `delete_hot`, `expire`,
+/// `held` (its expiry waits for holds) or `none`.
+fn next_action(meta: &crate::store::schema::BucketMeta, covered: bool) -> &'static str {
+    let plan = meta.plan.as_ref();
+    match meta.state {
+        BucketState::Hot if plan.is_none() => "plan",
+        BucketState::Hot => {
+            if plan.is_some_and(|p| p.archive_at.is_some()) {
+                "archive"
+            } else {
+                "none"
+            }
+        }
+        BucketState::Archiving => "archive",
+        BucketState::Archived { hot_deleted: false } => "delete_hot",
+        BucketState::Archived { hot_deleted: true } => {
+            let expires = plan.is_some_and(|p| p.expire_at.is_some());
+            if expires && (covered || !meta.held_by.is_empty()) {
+                "held"
+            } else if expires {
+                "expire"
+            } else {
+                "none"
+            }
+        }
+        BucketState::Expired => "none",
+    }
+}
+
+async fn retention(
+    State(state): Shared,
+    path: Result<Path<String>, PathRejection>,
+    params: Result<Query<RetentionParams>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let table = known_table(&state, path)?;
+    let params = query_params(params)?;
+    let limit = listing_limit(params.limit)?;
+    let (engine, id) = (state.engine.clone(), table.clone());
+    let (mut metas, holds, tombstones) = blocking(move || {
+        let metas = engine.store.buckets(&id, params.partition.as_deref().map(str::as_bytes))?;
+        let mut holds = engine.store.holds()?;
+        holds.extend(engine.policies().holds.iter().cloned());
+        holds.retain(|h| h.table == id);
+        let tombstones: std::collections::HashMap<_, _> = engine
+            .store
+            .tombstones()?
+            .into_iter()
+            .filter(|t| t.bucket.table == id)
+            .map(|t| (t.bucket.clone(), t))
+            .collect();
+        Ok((metas, holds, tombstones))
+    })
+    .await?;
+    metas.sort_by(|a, b| (a.descriptor.start, &a.id.partition_key).cmp(&(b.descriptor.start, &b.id.partition_key)));
+    let truncated = metas.len() > limit;
+    metas.truncate(limit);
+    let entries = metas
+        .into_iter()
+        .map(|b| {
+            let covering: Vec<String> = holds.iter().filter(|h| h.covers(&b)).map(|h| h.id.clone()).collect();
+            let tombstone = tombstones.get(&b.id);
+            let plan = b.plan.as_ref();
+            RetentionEntry {
+                partition_key: String::from_utf8_lossy(&b.id.partition_key).into_owned(),
+                bucket_key: b.id.bucket_key.clone(),
+                start: format_rfc3339(b.descriptor.start),
+                end: format_rfc3339(b.descriptor.end),
+                state: b.state.name(),
+                state_since: format_rfc3339(b.state_since),
+                archive_at: plan.and_then(|p| p.archive_at).map(format_rfc3339),
+                expire_at: plan.and_then(|p| p.expire_at).map(format_rfc3339),
+                reason: plan.map(|p| p.reason.clone()),
+                next: next_action(&b, !covering.is_empty()),
+                held_by: b.held_by.clone(),
+                holds: covering,
+                archived_at: b.archived_at.map(format_rfc3339),
+                hot_deleted_at: b.hot_deleted_at.map(format_rfc3339),
+                expired_at: tombstone.map(|t| format_rfc3339(t.expired_at)),
+                expiry_reason: tombstone.map(|t| t.reason.clone()),
+                due_at: b.due_at.map(format_rfc3339),
+                last_error: b.last_error.clone(),
+            }
+        })
+        .collect();
+    Ok(Json(RetentionPage { table, buckets: entries, truncated }).into_response())
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct VerifyParams {
+    table: Option<String>,
+    sample: Option<usize>,
+}
+
+async fn verify(
+    State(state): Shared,
+    params: Result<Query<VerifyParams>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let params = query_params(params)?;
+    if let Some(table) = &params.table {
+        check_table(&state, table)?;
+    }
+    if params.sample == Some(0) {
+        return Err(ApiError::bad_request("sample must be at least 1 (or left out to verify every archived bucket)"));
+    }
+    let verdicts = crate::archive::verify::verify(&state.engine, params.table, params.sample, |_| {}).await?;
+    let failed = verdicts.iter().filter(|v| !v.ok).count();
+    Ok(Json(super::client::VerifyReport { verdicts, failed }).into_response())
 }
 
 #[cfg(test)]

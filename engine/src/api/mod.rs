@@ -1,6 +1,6 @@
 //! The HTTP API of the running engine (`frostline run --listen ADDR`): append, query across hot
-//! and cold, status, buckets, plugins, policy reload, archive now, Prometheus metrics and
-//! health. docs/API.md describes it for callers and docs/openapi.json formally; a test checks
+//! and cold, status, buckets, the retention report, legal holds, plugins, policy reload,
+//! archive now, verify, Prometheus metrics and health. docs/API.md describes it for callers and docs/openapi.json formally; a test checks
 //! the file against the server built from `ROUTES`.
 //!
 //! Every route is declared once, in `ROUTES`, with the access it needs; the router and the
@@ -67,13 +67,18 @@ pub enum RouteId {
     LastReload,
     Reload,
     Archive,
+    Holds,
+    PlaceHold,
+    LiftHold,
+    Retention,
+    Verify,
 }
 
 /// One route of the API.
 #[derive(Debug, Clone, Copy)]
 pub struct Route {
     pub id: RouteId,
-    /// `GET` or `POST`.
+    /// `GET`, `POST` or `DELETE`.
     pub method: &'static str,
     /// The path template, with `{name}` parameters (axum's and OpenAPI's syntax).
     pub path: &'static str,
@@ -92,6 +97,11 @@ pub const ROUTES: &[Route] = &[
     Route { id: RouteId::LastReload, method: "GET", path: "/v1/reload", access: Access::Token },
     Route { id: RouteId::Reload, method: "POST", path: "/v1/reload", access: Access::Admin },
     Route { id: RouteId::Archive, method: "POST", path: "/v1/archive", access: Access::Admin },
+    Route { id: RouteId::Holds, method: "GET", path: "/v1/holds", access: Access::Token },
+    Route { id: RouteId::PlaceHold, method: "POST", path: "/v1/holds", access: Access::Admin },
+    Route { id: RouteId::LiftHold, method: "DELETE", path: "/v1/holds/{id}", access: Access::Admin },
+    Route { id: RouteId::Retention, method: "GET", path: "/v1/tables/{table}/retention", access: Access::Token },
+    Route { id: RouteId::Verify, method: "POST", path: "/v1/verify", access: Access::Admin },
 ];
 
 /// The access a request to `method path_template` needs, or `None` for an unknown route.
@@ -111,7 +121,7 @@ pub struct ServeArgs {
     /// comma-separated.
     #[arg(long, env = "FROSTLINE_TOKEN_FILE")]
     pub token_file: Option<PathBuf>,
-    /// File of admin bearer tokens (reload, archive now; valid on every route). Also:
+    /// File of admin bearer tokens (reload, archive now, holds, verify; valid on every route). Also:
     /// FROSTLINE_ADMIN_TOKENS, comma-separated.
     #[arg(long, env = "FROSTLINE_ADMIN_TOKEN_FILE")]
     pub admin_token_file: Option<PathBuf>,
@@ -203,7 +213,10 @@ pub async fn start(state: Arc<ApiState>, settings: &ServeSettings) -> Result<Run
              FROSTLINE_TOKENS to require them"
         );
     } else if !settings.auth.has_admin_tokens() {
-        tracing::info!("no admin tokens are configured: POST /v1/reload and POST /v1/archive are refused (403)");
+        tracing::info!(
+            "no admin tokens are configured: POST /v1/reload, /v1/archive, /v1/holds, /v1/verify and DELETE \
+             /v1/holds/{{id}} are refused (403)"
+        );
     }
     let mut stopping = state.stopping.clone();
     let app = router(state);
@@ -383,7 +396,7 @@ mod tests {
         let mut seen = std::collections::BTreeSet::new();
         for r in ROUTES {
             assert!(seen.insert((r.method, r.path)), "{} {} is declared twice", r.method, r.path);
-            assert!(r.method == "GET" || r.method == "POST");
+            assert!(["GET", "POST", "DELETE"].contains(&r.method));
             let _ = handlers::method_router(r);
         }
     }

@@ -30,16 +30,10 @@ pub async fn run_until_idle(
         let result = run_pass(engine, owner).await;
         observe(&result);
         let r = result?;
-        let progressed = r.planned + r.archived + r.cleaned > 0;
-        total.planned += r.planned;
-        total.plan_failures += r.plan_failures;
-        total.archived += r.archived;
-        total.cleaned += r.cleaned;
-        total.deferred += r.deferred;
-        total.rows_archived += r.rows_archived;
-        total.bytes_archived += r.bytes_archived;
-        total.errors.extend(r.errors);
-        if !progressed || r.deferred > 0 {
+        let progressed = r.made_progress();
+        let deferred = r.deferred > 0;
+        total.add(r);
+        if !progressed || deferred {
             break;
         }
     }

@@ -51,6 +51,30 @@ pub struct PassReport {
     pub errors: Vec<String>,
 }
 
+impl PassReport {
+    /// Adds another pass's figures to these.
+    pub fn add(&mut self, other: PassReport) {
+        self.planned += other.planned;
+        self.plan_failures += other.plan_failures;
+        self.archived += other.archived;
+        self.cleaned += other.cleaned;
+        self.deferred += other.deferred;
+        self.rows_archived += other.rows_archived;
+        self.bytes_archived += other.bytes_archived;
+        self.expired += other.expired;
+        self.held += other.held;
+        self.tombstones_purged += other.tombstones_purged;
+        self.outbox_delivered += other.outbox_delivered;
+        self.orphans_deleted += other.orphans_deleted;
+        self.errors.extend(other.errors);
+    }
+
+    /// Whether the pass changed any bucket's state (another pass may find more to do).
+    pub fn made_progress(&self) -> bool {
+        self.planned + self.archived + self.cleaned + self.expired + self.tombstones_purged > 0
+    }
+}
+
 /// A unique owner token for this worker.
 pub fn new_owner_token() -> String {
     format!("{}-{:016x}", std::process::id(), rand::random::<u64>())
@@ -444,17 +468,27 @@ async fn create_verified(
     payload: Bytes,
     verify: impl Fn(&[u8]) -> Result<()>,
 ) -> Result<()> {
+    let mut upload_error = None;
     match backend.put_create(key, payload.clone()).await {
         Ok(PutOutcome::Created) | Ok(PutOutcome::AlreadyExists) => {}
         Err(e) if e.is_retryable() => {
             tracing::warn!(key, error = %e, "upload outcome uncertain; reading the object back");
+            upload_error = Some(e);
         }
         Err(e) => return Err(e),
     }
-    let stored = backend
-        .get(key)
-        .await?
-        .ok_or_else(|| Error::StorageUnavailable(format!("object `{key}` is absent after its upload")))?;
+    let read = backend.get(key).await;
+    // When the read fails too, the upload's error says more (an outage, a target not yet probed).
+    let read = match (read, &upload_error) {
+        (Err(read), Some(upload)) => Err(Error::StorageUnavailable(format!(
+            "upload of `{key}` failed ({upload}), and so did reading it back ({read})"
+        ))),
+        (read, _) => read,
+    };
+    let stored = read?.ok_or_else(|| match upload_error {
+        Some(e) => Error::StorageUnavailable(format!("object `{key}` is absent after an upload that failed: {e}")),
+        None => Error::StorageUnavailable(format!("object `{key}` is absent after its upload")),
+    })?;
     if stored != payload {
         return Err(Error::Corruption(format!(
             "object `{key}` read back ({} bytes, sha256 {}) differs from what was written ({} bytes, sha256 {}); it is never overwritten",

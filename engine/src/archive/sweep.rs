@@ -1,7 +1,8 @@
 //! The orphan sweep: objects under a table's prefix that no published manifest, no in-flight
-//! upload intent and no unfinished expiry names, older than the grace period, are deleted in
-//! bounded pages. The reference set is read first; if it cannot be read the sweep stops
-//! before deleting anything. A dry run counts without deleting.
+//! upload intent and no unfinished expiry names, and objects in a target's scratch folders
+//! (`.tmp/`, `.frostline-probe/`), older than the grace period, are deleted in bounded pages.
+//! The reference set is read first; if it cannot be read the sweep stops before deleting
+//! anything. A dry run counts without deleting.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -9,7 +10,7 @@ use std::sync::Arc;
 use super::blocking;
 use crate::engine::Engine;
 use crate::error::Result;
-use crate::storage::keys;
+use crate::storage::{ArchiveBackend, keys};
 
 /// Objects deleted per sweep at most.
 pub const SWEEP_DELETES_PER_RUN_MAX: usize = 1_000;
@@ -57,8 +58,15 @@ pub async fn sweep(engine: &Arc<Engine>, dry_run: bool) -> Result<SweepReport> {
     let grace = engine.settings.orphan_grace_us;
     let mut report = SweepReport { dry_run, ..Default::default() };
     let policies = engine.policies();
-    for (id, table) in &policies.tables {
-        let listed = table.backend.list(&keys::table_prefix(id)).await?;
+    // Every table's folder, and every target's scratch folders (`.tmp/` of large uploads,
+    // `.frostline-probe/`): nothing names a scratch object, so only the grace protects one.
+    let mut folders: Vec<(Arc<dyn ArchiveBackend>, String)> =
+        policies.tables.iter().map(|(id, table)| (table.backend.clone(), keys::table_prefix(id))).collect();
+    for backend in policies.targets.values() {
+        folders.extend(keys::SCRATCH_PREFIXES.iter().map(|scratch| (backend.clone(), scratch.to_string())));
+    }
+    for (backend, prefix) in &folders {
+        let listed = backend.list(prefix).await?;
         for object in listed {
             if object.key.ends_with(super::catalog::CATALOG_FILE) {
                 continue; // derived, rewritten by every pass that changes archives
@@ -77,7 +85,7 @@ pub async fn sweep(engine: &Arc<Engine>, dry_run: bool) -> Result<SweepReport> {
                 report.orphan_keys.push(object.key.clone());
             }
             if !dry_run && (report.deleted as usize) < SWEEP_DELETES_PER_RUN_MAX {
-                table.backend.delete(&object.key).await?;
+                backend.delete(&object.key).await?;
                 report.deleted += 1;
                 tracing::info!(key = %object.key, "orphan deleted");
             }

@@ -11,7 +11,7 @@ use crate::engine::Engine;
 use crate::error::Result;
 use crate::model::BucketState;
 
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct BucketVerdict {
     pub bucket: String,
     pub manifest_key: String,

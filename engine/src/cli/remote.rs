@@ -1,7 +1,7 @@
 //! One process owns a data directory. When `frostline run` holds it, `ingest`, `query`,
-//! `status` and `archive --once` go through the running engine's HTTP API (the address is in
-//! `<data>/frostline.addr`, tokens in FROSTLINE_TOKEN and FROSTLINE_ADMIN_TOKEN); otherwise
-//! they open the directory themselves.
+//! `status`, `archive --once`, `hold place|lift|list` and `verify` go through the running
+//! engine's HTTP API (the address is in `<data>/frostline.addr`, tokens in FROSTLINE_TOKEN and
+//! FROSTLINE_ADMIN_TOKEN); otherwise they open the directory themselves.
 
 use std::process::ExitCode;
 use std::sync::Arc;

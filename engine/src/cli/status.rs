@@ -66,6 +66,9 @@ pub struct Status {
     pub leases: Vec<Lease>,
     pub outbox_backlog: u64,
     pub store_poisoned: Option<String>,
+    /// Each native archive target and its probe (never a secret).
+    #[serde(default)]
+    pub targets: Vec<crate::storage::probe::TargetReport>,
 }
 
 pub fn collect(engine: &Engine) -> Result<Status> {
@@ -136,6 +139,7 @@ pub fn collect(engine: &Engine) -> Result<Status> {
         leases,
         outbox_backlog: engine.store.outbox_len()?,
         store_poisoned: engine.store.poisoned(),
+        targets: policies.target_probes.values().map(|p| p.report()).collect(),
     })
 }
 
@@ -171,6 +175,22 @@ pub fn print(status: &Status) {
                 "  last reload: REFUSED ({}): {}",
                 r["trigger"].as_str().unwrap_or_default(),
                 r["error"].as_str().unwrap_or_default()
+            ),
+        }
+    }
+    for t in &status.targets {
+        let endpoint = t.endpoint.as_deref().map(|e| format!(" at {e}")).unwrap_or_default();
+        match t.probe.as_str() {
+            "ok" => println!("target {} {}{endpoint}  probe ok ({} ms)", t.name, t.url, t.last_probe_ms),
+            other => println!(
+                "target {} {}{endpoint}  probe {} at check {} (attempt {}, {}s ago): {}; uploads to it wait until a probe passes",
+                t.name,
+                t.url,
+                other.to_uppercase(),
+                t.check.as_deref().unwrap_or("?"),
+                t.attempts,
+                t.seconds_since_probe,
+                t.reason.as_deref().unwrap_or_default()
             ),
         }
     }

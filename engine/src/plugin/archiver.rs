@@ -1,17 +1,28 @@
 //! Archiver backends run as WASM components. The engine owns keys, manifests and every
 //! check; a backend only stores bytes, and the host checks that its answers match what was
-//! asked. (Capability grants for backends arrive with the policy directory's grants.)
+//! asked. A backend gets only the capabilities of the policy's grant for its content hash
+//! (`grants`). `WasmArchiver` is an `ArchiveBackend`, so a table can archive through it; its
+//! calls run on blocking threads, never on the async executor.
 
 use std::sync::Arc;
 
+use async_trait::async_trait;
+use bytes::Bytes;
 use wasmtime::Store;
 use wasmtime::component::InstancePre;
 
 use super::bindings::archiver_world::{Archiver as ArchiverBindings, ArchiverPre};
 use super::bindings::wit_types::BackendError;
 use super::instance::{PluginInstance, WorldBindings};
-use super::{LoadedPlugin, PluginState};
+use super::{Capabilities, LoadedPlugin, PluginState};
 use crate::error::{Error, Result};
+use crate::storage::{ArchiveBackend, ObjectInfo, PutOutcome};
+
+/// Per-call time limit of an archiver unless its policy sets one: a call includes its storage
+/// I/O (a blob store call waits for the native target), so it is longer than other roles'.
+pub const ARCHIVER_CALL_MS_DEFAULT: u64 = 10_000;
+/// Keys asked for per `list` call when the engine lists a whole prefix.
+pub const ARCHIVER_LIST_PAGE: u32 = 1_000;
 
 impl WorldBindings for ArchiverBindings {
     fn instantiate(pre: &InstancePre<PluginState>, store: &mut Store<PluginState>) -> wasmtime::Result<Self> {
@@ -45,17 +56,48 @@ impl<T> From<std::result::Result<T, BackendError>> for BackendAnswer<T> {
     }
 }
 
+/// An archiver component behind the host's answer checks. Cheap to clone (one instance).
+#[derive(Clone)]
 pub struct WasmArchiver {
-    instance: PluginInstance<ArchiverBindings>,
+    instance: Arc<PluginInstance<ArchiverBindings>>,
+    /// Recorded in manifests: the plugin and its content hash.
+    target: String,
+}
+
+impl std::fmt::Debug for WasmArchiver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WasmArchiver")
+            .field("target", &self.target)
+            .field("capabilities", &self.instance.capabilities.describe())
+            .finish()
+    }
 }
 
 impl WasmArchiver {
+    /// An archiver with nothing granted.
     pub fn new(plugin: Arc<LoadedPlugin>, config: String) -> Result<Self> {
-        Ok(WasmArchiver { instance: PluginInstance::new(plugin, config)? })
+        Self::with_capabilities(plugin, config, Capabilities::none())
+    }
+
+    /// An archiver whose instances get `capabilities` (from the grant for its hash).
+    pub fn with_capabilities(plugin: Arc<LoadedPlugin>, config: String, capabilities: Capabilities) -> Result<Self> {
+        let target = format!("plugin:{}?sha256={}", plugin.name, plugin.hash);
+        Ok(WasmArchiver {
+            instance: Arc::new(PluginInstance::with_capabilities(plugin, config, capabilities)?),
+            target,
+        })
     }
 
     pub fn plugin(&self) -> &Arc<LoadedPlugin> {
         &self.instance.plugin
+    }
+
+    pub fn capabilities(&self) -> &Capabilities {
+        &self.instance.capabilities
+    }
+
+    pub fn counters(&self) -> &super::instance::PluginCounters {
+        &self.instance.counters
     }
 
     pub fn put(&self, key: &str, bytes: &[u8]) -> Result<BackendAnswer<()>> {
@@ -92,6 +134,87 @@ impl WasmArchiver {
             }
         }
         Ok(answer)
+    }
+}
+
+/// Runs a plugin call on a blocking thread.
+async fn blocking<R: Send + 'static>(
+    archiver: &WasmArchiver,
+    f: impl FnOnce(&WasmArchiver) -> Result<R> + Send + 'static,
+) -> Result<R> {
+    let archiver = archiver.clone();
+    tokio::task::spawn_blocking(move || f(&archiver))
+        .await
+        .map_err(|e| Error::Internal(format!("archiver call task failed: {e}")))?
+}
+
+#[async_trait]
+impl ArchiveBackend for WasmArchiver {
+    fn target(&self) -> &str {
+        &self.target
+    }
+
+    async fn put_create(&self, key: &str, bytes: Bytes) -> Result<PutOutcome> {
+        let key = key.to_string();
+        blocking(self, move |a| match a.put(&key, &bytes)? {
+            BackendAnswer::Ok(()) => Ok(PutOutcome::Created),
+            BackendAnswer::AlreadyExists => Ok(PutOutcome::AlreadyExists),
+            BackendAnswer::NotFound => {
+                Err(a.instance.invalid_answer("put", format!("answered not-found to a put of `{key}`")))
+            }
+            other => other.into_result(&key).map(|()| PutOutcome::Created),
+        })
+        .await
+    }
+
+    async fn get(&self, key: &str) -> Result<Option<Bytes>> {
+        let key = key.to_string();
+        blocking(self, move |a| match a.get(&key)? {
+            BackendAnswer::Ok(bytes) => Ok(Some(Bytes::from(bytes))),
+            BackendAnswer::NotFound => Ok(None),
+            BackendAnswer::AlreadyExists => {
+                Err(a.instance.invalid_answer("get", format!("answered already-exists to a get of `{key}`")))
+            }
+            other => other.into_result(&key).map(|b| Some(Bytes::from(b))),
+        })
+        .await
+    }
+
+    async fn delete(&self, key: &str) -> Result<()> {
+        let key = key.to_string();
+        blocking(self, move |a| match a.delete(&key)? {
+            BackendAnswer::Ok(()) | BackendAnswer::NotFound => Ok(()),
+            BackendAnswer::AlreadyExists => {
+                Err(a.instance.invalid_answer("delete", format!("answered already-exists to a delete of `{key}`")))
+            }
+            other => other.into_result(&key),
+        })
+        .await
+    }
+
+    /// Pages through the plugin's `list`. It knows neither sizes nor modification times, so
+    /// objects are listed with size 0 and `last_modified` = `i64::MAX` ("unknown"): the orphan
+    /// sweep then counts them as too young and never deletes from a plugin target.
+    async fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>> {
+        let prefix = prefix.to_string();
+        blocking(self, move |a| {
+            let mut out: Vec<ObjectInfo> = Vec::new();
+            loop {
+                let after = out.last().map(|o| o.key.clone());
+                let page = match a.list(&prefix, after.as_deref(), ARCHIVER_LIST_PAGE)? {
+                    BackendAnswer::Ok(keys) => keys,
+                    BackendAnswer::NotFound => Vec::new(),
+                    other => other.into_result(&prefix)?,
+                };
+                // `list` checked that every key comes after `after`, so each page makes progress.
+                let full = page.len() == ARCHIVER_LIST_PAGE as usize;
+                out.extend(page.into_iter().map(|key| ObjectInfo { key, size: 0, last_modified: i64::MAX }));
+                if !full {
+                    return Ok(out);
+                }
+            }
+        })
+        .await
     }
 }
 

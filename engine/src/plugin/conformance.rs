@@ -323,7 +323,8 @@ pub fn check_retention(policy: &super::retention::WasmRetention, seed: u64) -> R
 }
 
 /// Runs the archiver checks against scratch keys: put, get, list and delete round-trip, and
-/// create-only semantics hold. Cleans up after itself.
+/// create-only semantics hold. Cleans up after itself, and first removes what an interrupted
+/// earlier run with the same seed left behind (a policy load always uses the same seed).
 pub fn check_archiver(archiver: &WasmArchiver, seed: u64) -> Result<ConformanceReport> {
     let prefix = format!("frostline-conformance/{seed:016x}/");
     let key = |name: &str| format!("{prefix}{name}");
@@ -331,6 +332,11 @@ pub fn check_archiver(archiver: &WasmArchiver, seed: u64) -> Result<ConformanceR
     let mut big = vec![0u8; 1024 * 1024];
     rng.fill(&mut big[..]);
     let small = b"frostline conformance".to_vec();
+    if let BackendAnswer::Ok(leftovers) = archiver.list(&prefix, None, 100)? {
+        for key in leftovers {
+            archiver.delete(&key)?;
+        }
+    }
 
     let mut round_trip = Tally::default();
     let mut create_only = Tally::default();

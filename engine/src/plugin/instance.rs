@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use wasmtime::Store;
 use wasmtime::component::InstancePre;
 
-use super::{LoadedPlugin, PluginState};
+use super::{Capabilities, LoadedPlugin, PluginState};
 use crate::error::{Error, Result};
 
 /// Consecutive faults after which a plugin is suspended.
@@ -56,6 +56,8 @@ struct Slot<W> {
 pub(crate) struct PluginInstance<W> {
     pub(crate) plugin: Arc<LoadedPlugin>,
     pub(crate) config: String,
+    /// What every instance of it is given (nothing unless a grant says otherwise).
+    pub(crate) capabilities: Capabilities,
     slot: Mutex<Slot<W>>,
     pub(crate) counters: PluginCounters,
 }
@@ -64,9 +66,19 @@ impl<W: WorldBindings> PluginInstance<W> {
     /// Instantiates the plugin and calls `init(config)`. A refusal is a configuration error
     /// carrying the plugin's own message.
     pub(crate) fn new(plugin: Arc<LoadedPlugin>, config: String) -> Result<Self> {
+        Self::with_capabilities(plugin, config, Capabilities::none())
+    }
+
+    /// The same, with the capabilities a grant gives.
+    pub(crate) fn with_capabilities(
+        plugin: Arc<LoadedPlugin>,
+        config: String,
+        capabilities: Capabilities,
+    ) -> Result<Self> {
         let instance = PluginInstance {
             plugin,
             config,
+            capabilities,
             slot: Mutex::new(Slot { live: None, consecutive_faults: 0, suspended_until: None }),
             counters: PluginCounters::default(),
         };
@@ -77,7 +89,10 @@ impl<W: WorldBindings> PluginInstance<W> {
 
     fn instantiate(&self) -> Result<(Store<PluginState>, W)> {
         self.counters.instantiations.fetch_add(1, Ordering::Relaxed);
-        let mut store = self.plugin.new_store();
+        let mut store = self
+            .plugin
+            .new_store(&self.capabilities)
+            .map_err(|e| self.fault("instantiate", format!("cannot set up its capabilities: {e}")))?;
         let bindings = W::instantiate(&self.plugin.pre, &mut store)
             .map_err(|e| self.fault("instantiate", classify(&e, store.data(), &self.plugin)))?;
         match bindings.call_init(&mut store, &self.config) {

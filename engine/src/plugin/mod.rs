@@ -13,6 +13,7 @@ pub mod bindings;
 pub mod builtin;
 pub mod cache;
 pub mod conformance;
+pub mod grants;
 pub mod instance;
 pub mod retention;
 pub mod strategy;
@@ -30,6 +31,7 @@ use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 use crate::error::{Error, Result};
 
 pub use self::cache::CacheStats;
+pub use self::grants::Capabilities;
 
 /// The contract package every plugin is built against.
 pub const CONTRACT_PACKAGE: &str = "frostline:plugin";
@@ -150,10 +152,12 @@ impl PluginSource {
     }
 }
 
-/// The state each plugin instance's store carries: WASI with nothing granted, the limiter,
-/// and the names used to tag its log lines.
+/// The state each plugin instance's store carries: WASI with only what its grant gives (nothing
+/// by default), the blob store it is bound to (if any), the limiter, and the names used to tag
+/// its log lines.
 pub struct PluginState {
     wasi: WasiCtx,
+    blob_store: grants::BlobStoreBinding,
     table: ResourceTable,
     plugin_name: Arc<str>,
     plugin_hash_short: Arc<str>,
@@ -241,6 +245,10 @@ impl PluginHost {
             .map_err(|e| Error::Internal(format!("cannot link WASI: {e}")))?;
         bindings::log_iface::add_to_linker::<_, wasmtime::component::HasSelf<_>>(&mut linker, |state| state)
             .map_err(|e| Error::Internal(format!("cannot link the log import: {e}")))?;
+        // Linked for every plugin; a call answers "not granted" unless the instance was given a
+        // blob store by its grant.
+        bindings::blob_store_iface::add_to_linker::<_, wasmtime::component::HasSelf<_>>(&mut linker, |state| state)
+            .map_err(|e| Error::Internal(format!("cannot link the blob-store import: {e}")))?;
 
         let ticker_stop = Arc::new(AtomicBool::new(false));
         spawn_epoch_ticker(engine.weak(), ticker_stop.clone());
@@ -264,7 +272,7 @@ impl PluginHost {
         let pre = self.inner.linker.instantiate_pre(&component).map_err(|e| Error::PluginLoad {
             source_name: source.name.clone(),
             reason: format!(
-                "it imports something frostline does not provide ({e:#}); a plugin may import only WASI and frostline:plugin/log"
+                "it imports something frostline does not provide ({e:#}); a plugin may import only WASI, frostline:plugin/log and frostline:plugin/blob-store"
             ),
         })?;
         Ok(Arc::new(LoadedPlugin { name: source.name.clone(), hash, role, limits, pre, host: self.inner.clone() }))
@@ -287,9 +295,14 @@ impl LoadedPlugin {
         &self.hash[..12]
     }
 
-    fn new_store(&self) -> wasmtime::Store<PluginState> {
+    /// A fresh store whose WASI context and blob store hold exactly `capabilities`.
+    fn new_store(&self, capabilities: &Capabilities) -> Result<wasmtime::Store<PluginState>> {
         let state = PluginState {
-            wasi: WasiCtx::builder().build(),
+            wasi: capabilities.wasi_ctx()?,
+            blob_store: grants::BlobStoreBinding {
+                grant: capabilities.blob_store.clone(),
+                plugin_hash: self.hash.as_str().into(),
+            },
             table: ResourceTable::new(),
             plugin_name: self.name.as_str().into(),
             plugin_hash_short: self.hash_short().into(),
@@ -300,7 +313,7 @@ impl LoadedPlugin {
         store.limiter(|state| state as &mut dyn ResourceLimiter);
         store.epoch_deadline_trap();
         store.set_epoch_deadline(self.limits.deadline_ticks());
-        store
+        Ok(store)
     }
 }
 

@@ -4,6 +4,7 @@
 //!
 //! Imports the core, the plugin host and object storage.
 
+pub mod grants;
 pub mod reload;
 
 use std::collections::BTreeMap;
@@ -17,7 +18,9 @@ use crate::format::Format;
 use crate::model::{self, BucketStrategy, RetentionPolicy};
 use crate::plugin::{PluginHost, PluginLimits, PluginSource, Role, builtin};
 use crate::settings::Settings;
-use crate::storage::{ArchiveBackend, ObjectStoreBackend};
+use crate::storage::ArchiveBackend;
+use crate::storage::probe::{GatedBackend, TargetProbe};
+use crate::storage::target::TargetConfig;
 
 /// The target every table uses unless it names another: a directory in the data directory.
 pub const DEFAULT_TARGET: &str = "local";
@@ -35,6 +38,8 @@ struct RawFile {
     hold: Vec<RawHold>,
     #[serde(default)]
     sink: Vec<RawSink>,
+    #[serde(default)]
+    grant: Vec<grants::RawGrant>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -103,11 +108,34 @@ struct RawPlugin {
     memory_limit_mib: Option<u64>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawTarget {
     name: String,
-    url: String,
+    /// A native store. Exactly one of `url` and `plugin` is set.
+    url: Option<String>,
+    /// A WASM archiver component (path relative to the policy directory); the fields below
+    /// belong to it (see `grants::target_kind`).
+    plugin: Option<String>,
+    sha256: Option<String>,
+    config: Option<toml::Table>,
+    time_limit_ms: Option<u64>,
+    memory_limit_mib: Option<u64>,
+    // Options of a `url` target, documented on `storage::target::TargetConfig`.
+    endpoint: Option<String>,
+    region: Option<String>,
+    allow_http: Option<bool>,
+    access_key_id_file: Option<PathBuf>,
+    secret_access_key_file: Option<PathBuf>,
+    session_token_file: Option<PathBuf>,
+    service_account_file: Option<PathBuf>,
+    account: Option<String>,
+    access_key_file: Option<PathBuf>,
+    use_emulator: Option<bool>,
+    multipart_threshold_bytes: Option<u64>,
+    max_retries: Option<usize>,
+    retry_timeout_ms: Option<u64>,
+    request_timeout_ms: Option<u64>,
 }
 
 /// One table, ready to use.
@@ -140,6 +168,24 @@ pub struct PolicySet {
     /// Legal holds declared in the directory (synced into the store as `policy:` holds).
     pub holds: Vec<crate::store::schema::Hold>,
     pub sinks: Vec<SinkConfig>,
+    /// The probe result of each native target, by name (shown in status).
+    pub target_probes: BTreeMap<String, Arc<TargetProbe>>,
+}
+
+/// Wraps a native target's backend before it is probed and used.
+pub type TargetWrapper = Arc<dyn Fn(&str, Arc<dyn ArchiveBackend>) -> Arc<dyn ArchiveBackend> + Send + Sync>;
+
+/// How a policy directory is loaded. The default is production; tests wrap targets (a lying or
+/// faulty store) and still go through every check, the probe included.
+#[derive(Clone, Default)]
+pub struct LoadOptions {
+    pub wrap_target: Option<TargetWrapper>,
+}
+
+impl std::fmt::Debug for LoadOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoadOptions").field("wrap_target", &self.wrap_target.is_some()).finish()
+    }
 }
 
 /// One plugin of a policy set, for status and audits.
@@ -175,12 +221,25 @@ fn invalid(file: &Path, what: impl std::fmt::Display) -> Error {
 /// Loads every `*.toml` file of `dir`. The default target `local` is `data_dir/archive`
 /// unless a file declares a target of that name.
 pub fn load(dir: &Path, data_dir: &Path, host: &PluginHost, settings: &Settings) -> Result<PolicySet> {
+    load_with(dir, data_dir, host, settings, &LoadOptions::default())
+}
+
+/// `load`, with options. Every native target is validated, built and probed
+/// (`storage::probe`): one that breaks the protocol is refused, naming it and the check.
+pub fn load_with(
+    dir: &Path,
+    data_dir: &Path,
+    host: &PluginHost,
+    settings: &Settings,
+    options: &LoadOptions,
+) -> Result<PolicySet> {
     let files = policy_files(dir)?;
     let mut file_hashes = BTreeMap::new();
     let mut raw_tables: Vec<(PathBuf, RawTable)> = Vec::new();
     let mut holds = Vec::new();
     let mut sinks: Vec<SinkConfig> = Vec::new();
-    let mut raw_targets: BTreeMap<String, (PathBuf, String)> = BTreeMap::new();
+    let mut raw_targets: BTreeMap<String, (PathBuf, RawTarget)> = BTreeMap::new();
+    let mut raw_grants = Vec::new();
     for file in &files {
         let text = std::fs::read_to_string(file).map_err(|e| invalid(file, format!("cannot read: {e}")))?;
         let name = file.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
@@ -190,8 +249,9 @@ pub fn load(dir: &Path, data_dir: &Path, host: &PluginHost, settings: &Settings)
             if let Some((other, _)) = raw_targets.get(&target.name) {
                 return Err(invalid(file, format!("target `{}` is also declared in {}", target.name, other.display())));
             }
-            raw_targets.insert(target.name, (file.clone(), target.url));
+            raw_targets.insert(target.name.clone(), (file.clone(), target));
         }
+        raw_grants.extend(parsed.grant.into_iter().map(|g| (file.clone(), g)));
         for table in parsed.table {
             raw_tables.push((file.clone(), table));
         }
@@ -206,18 +266,40 @@ pub fn load(dir: &Path, data_dir: &Path, host: &PluginHost, settings: &Settings)
             sinks.push(sink);
         }
     }
-    raw_targets
-        .entry(DEFAULT_TARGET.to_string())
-        .or_insert_with(|| (dir.to_path_buf(), format!("file://{}", data_dir.join("archive").display())));
+    raw_targets.entry(DEFAULT_TARGET.to_string()).or_insert_with(|| {
+        let url = format!("file://{}", data_dir.join("archive").display());
+        (dir.to_path_buf(), RawTarget::native(DEFAULT_TARGET, url))
+    });
 
-    let mut targets: BTreeMap<String, Arc<dyn ArchiveBackend>> = BTreeMap::new();
-    for (name, (file, url)) in &raw_targets {
-        let backend = ObjectStoreBackend::from_url(url).map_err(|e| invalid(file, format!("target `{name}`: {e}")))?;
-        targets.insert(name.clone(), Arc::new(backend));
+    let mut plugin_targets = Vec::new();
+    let mut native_targets = Vec::new();
+    for (name, (file, mut raw)) in raw_targets {
+        let native = raw.take_native();
+        match grants::target_kind(&file, raw)? {
+            grants::TargetKind::Native(url) => native_targets.push((file, TargetConfig { url, ..native })),
+            grants::TargetKind::Plugin(plugin) => {
+                if let Some(option) = native.options_set().first() {
+                    return Err(invalid(
+                        &file,
+                        format!("target `{name}`: option `{option}` belongs to a `url` target, not a plugin target"),
+                    ));
+                }
+                plugin_targets.push((name, file, plugin))
+            }
+        }
+    }
+    let (mut targets, target_probes) = open_native_targets(dir, native_targets, options)?;
+    // Grants lend native targets only; plugin targets are loaded with them afterwards.
+    let native: Vec<String> = targets.keys().cloned().collect();
+    let grants = grants::validate(dir, raw_grants, &native)?;
+    let mut plugins = Vec::new();
+    for (name, file, plugin) in plugin_targets {
+        let (backend, record) = grants::load_plugin_target(host, dir, &file, &name, &plugin, &grants, &targets)?;
+        plugins.push(record);
+        targets.insert(name, backend);
     }
 
     let mut tables = BTreeMap::new();
-    let mut plugins = Vec::new();
     for (file, raw) in raw_tables {
         model::validate_table_id(&raw.id).map_err(|e| invalid(&file, e))?;
         if let Some(existing) = tables.get(&raw.id) {
@@ -291,7 +373,57 @@ pub fn load(dir: &Path, data_dir: &Path, host: &PluginHost, settings: &Settings)
         retired: Default::default(),
         holds,
         sinks,
+        target_probes,
     })
+}
+
+type NativeTargets = (BTreeMap<String, Arc<dyn ArchiveBackend>>, BTreeMap<String, Arc<TargetProbe>>);
+
+/// Validates, builds and probes the native targets (concurrently). A target whose probe finds
+/// broken semantics is refused; one that cannot be reached is accepted behind a gate that
+/// holds its uploads until a later probe passes (an outage at start must not stop appends).
+fn open_native_targets(
+    dir: &Path,
+    configs: Vec<(PathBuf, TargetConfig)>,
+    options: &LoadOptions,
+) -> Result<NativeTargets> {
+    let mut opened = Vec::with_capacity(configs.len());
+    for (file, config) in configs {
+        let spec = config.validate(dir).map_err(|e| invalid(&file, format!("target `{}`: {e}", config.name)))?;
+        let backend: Arc<dyn ArchiveBackend> = Arc::new(spec.build().map_err(|e| invalid(&file, e))?);
+        let backend = match &options.wrap_target {
+            Some(wrap) => wrap(&spec.name, backend),
+            None => backend,
+        };
+        opened.push((file, spec, backend));
+    }
+    let backends: Vec<Arc<dyn ArchiveBackend>> = opened.iter().map(|(_, _, b)| b.clone()).collect();
+    let outcomes = crate::storage::probe::probe_all_blocking(&backends)?;
+    let (mut targets, mut probes) = (BTreeMap::new(), BTreeMap::new());
+    for ((file, spec, backend), outcome) in opened.into_iter().zip(outcomes) {
+        match &outcome.result {
+            Err(failure) if !failure.unreachable => {
+                return Err(invalid(
+                    &file,
+                    format!(
+                        "target `{}` ({}) is refused: it would break the archival protocol: {failure}",
+                        spec.name, spec.url
+                    ),
+                ));
+            }
+            Err(failure) => tracing::warn!(
+                target_name = %spec.name, url = %spec.url, %failure,
+                "target unreachable at load: accepted, but uploads to it wait until a probe passes"
+            ),
+            Ok(()) => {
+                tracing::debug!(target_name = %spec.name, elapsed_ms = outcome.elapsed_ms, "target passed its probe")
+            }
+        }
+        let probe = TargetProbe::new(&spec.name, &spec.url, spec.endpoint_shown(), outcome);
+        targets.insert(spec.name.clone(), GatedBackend::new(backend, probe.clone()) as Arc<dyn ArchiveBackend>);
+        probes.insert(spec.name, probe);
+    }
+    Ok((targets, probes))
 }
 
 fn validate_hold(file: &Path, raw: RawHold) -> Result<crate::store::schema::Hold> {
@@ -379,6 +511,33 @@ pub fn hash_files(dir: &Path) -> Result<BTreeMap<String, String>> {
         out.insert(name, crate::format::manifest::sha256_hex(&bytes));
     }
     Ok(out)
+}
+
+impl RawTarget {
+    fn native(name: &str, url: String) -> Self {
+        RawTarget { name: name.to_string(), url: Some(url), ..Default::default() }
+    }
+
+    /// Moves the options of a `url` target out (the plugin fields stay for `target_kind`).
+    fn take_native(&mut self) -> TargetConfig {
+        TargetConfig {
+            endpoint: self.endpoint.take(),
+            region: self.region.take(),
+            allow_http: self.allow_http.take(),
+            access_key_id_file: self.access_key_id_file.take(),
+            secret_access_key_file: self.secret_access_key_file.take(),
+            session_token_file: self.session_token_file.take(),
+            service_account_file: self.service_account_file.take(),
+            account: self.account.take(),
+            access_key_file: self.access_key_file.take(),
+            use_emulator: self.use_emulator.take(),
+            multipart_threshold_bytes: self.multipart_threshold_bytes.take(),
+            max_retries: self.max_retries.take(),
+            retry_timeout_ms: self.retry_timeout_ms.take(),
+            request_timeout_ms: self.request_timeout_ms.take(),
+            ..TargetConfig::from_url(&self.name, self.url.as_deref().unwrap_or_default())
+        }
+    }
 }
 
 impl RawPlugin {

@@ -92,7 +92,7 @@ fn try_reload(engine: &Engine, current: &Arc<PolicySet>) -> Result<PolicySet> {
     let dir = current.dir.clone();
     let before = hash_files(&dir)?;
     std::thread::sleep(Duration::from_millis(RELOAD_STABLE_MS));
-    let mut set = super::load(&dir, &engine.data_dir, &engine.host, &engine.settings)?;
+    let mut set = super::load_with(&dir, &engine.data_dir, &engine.host, &engine.settings, &engine.load_options)?;
     let after = hash_files(&dir)?;
     if let Some(why) = unstable(&before, &after).or_else(|| unstable(&before, &set.files)) {
         return Err(Error::InvalidInput(why));

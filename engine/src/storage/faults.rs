@@ -1,6 +1,9 @@
 //! A fault-injecting `ArchiveBackend` decorator for tests: errors, latency, corrupted reads, a
 //! write that lands but reports failure (a lost acknowledgement), and a write that does not
 //! land at all. Rules match an operation and a key substring and fire a bounded number of times.
+//!
+//! `CreateIgnored` is a lying store: it ignores the create-only mode, as some S3-compatible
+//! servers do, so tests can show that the probe refuses such a store.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -97,6 +100,98 @@ impl FaultyBackend {
     fn injected(op: Op, key: &str) -> Error {
         Error::StorageUnavailable(format!("injected fault: {op:?} `{key}`"))
     }
+
+    async fn inner_put(&self, key: &str, bytes: Bytes, staged: bool) -> Result<PutOutcome> {
+        if staged { self.inner.put_create_staged(key, bytes).await } else { self.inner.put_create(key, bytes).await }
+    }
+
+    async fn put_with_faults(&self, key: &str, bytes: Bytes, staged: bool) -> Result<PutOutcome> {
+        match self.take(Op::Put, key) {
+            Some(Fault::Error) => Err(Self::injected(Op::Put, key)),
+            Some(Fault::LandThenError) => {
+                self.inner_put(key, bytes, staged).await?;
+                Err(Self::injected(Op::Put, key))
+            }
+            Some(Fault::Delay(d)) => {
+                tokio::time::sleep(d).await;
+                self.inner_put(key, bytes, staged).await
+            }
+            _ => self.inner_put(key, bytes, staged).await,
+        }
+    }
+}
+
+/// How a `CreateIgnored` store lies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Lie {
+    /// Every create overwrites and reports Created (s3rver, Garage).
+    Overwrite,
+    /// Every create overwrites but reports AlreadyExists when something was there.
+    OverwriteReportingExists,
+    /// Plain creates are honoured; staged creates (the conditional copy) overwrite.
+    StagedOverwrite,
+}
+
+/// A store that ignores the create-only mode: what the probe must refuse.
+#[derive(Debug)]
+pub struct CreateIgnored {
+    inner: Arc<dyn ArchiveBackend>,
+    lie: Lie,
+}
+
+impl CreateIgnored {
+    pub fn overwriting(inner: Arc<dyn ArchiveBackend>) -> Arc<Self> {
+        Arc::new(CreateIgnored { inner, lie: Lie::Overwrite })
+    }
+
+    pub fn overwriting_but_reporting_exists(inner: Arc<dyn ArchiveBackend>) -> Arc<Self> {
+        Arc::new(CreateIgnored { inner, lie: Lie::OverwriteReportingExists })
+    }
+
+    pub fn staged_only(inner: Arc<dyn ArchiveBackend>) -> Arc<Self> {
+        Arc::new(CreateIgnored { inner, lie: Lie::StagedOverwrite })
+    }
+
+    async fn overwrite(&self, key: &str, bytes: Bytes) -> Result<PutOutcome> {
+        let existed = self.inner.get(key).await?.is_some();
+        self.inner.delete(key).await?;
+        self.inner.put_create(key, bytes).await?;
+        Ok(if existed && self.lie == Lie::OverwriteReportingExists {
+            PutOutcome::AlreadyExists
+        } else {
+            PutOutcome::Created
+        })
+    }
+}
+
+#[async_trait]
+impl ArchiveBackend for CreateIgnored {
+    fn target(&self) -> &str {
+        self.inner.target()
+    }
+
+    async fn put_create(&self, key: &str, bytes: Bytes) -> Result<PutOutcome> {
+        match self.lie {
+            Lie::StagedOverwrite => self.inner.put_create(key, bytes).await,
+            Lie::Overwrite | Lie::OverwriteReportingExists => self.overwrite(key, bytes).await,
+        }
+    }
+
+    async fn put_create_staged(&self, key: &str, bytes: Bytes) -> Result<PutOutcome> {
+        self.overwrite(key, bytes).await
+    }
+
+    async fn get(&self, key: &str) -> Result<Option<Bytes>> {
+        self.inner.get(key).await
+    }
+
+    async fn delete(&self, key: &str) -> Result<()> {
+        self.inner.delete(key).await
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>> {
+        self.inner.list(prefix).await
+    }
 }
 
 #[async_trait]
@@ -106,18 +201,11 @@ impl ArchiveBackend for FaultyBackend {
     }
 
     async fn put_create(&self, key: &str, bytes: Bytes) -> Result<PutOutcome> {
-        match self.take(Op::Put, key) {
-            Some(Fault::Error) => Err(Self::injected(Op::Put, key)),
-            Some(Fault::LandThenError) => {
-                self.inner.put_create(key, bytes).await?;
-                Err(Self::injected(Op::Put, key))
-            }
-            Some(Fault::Delay(d)) => {
-                tokio::time::sleep(d).await;
-                self.inner.put_create(key, bytes).await
-            }
-            _ => self.inner.put_create(key, bytes).await,
-        }
+        self.put_with_faults(key, bytes, false).await
+    }
+
+    async fn put_create_staged(&self, key: &str, bytes: Bytes) -> Result<PutOutcome> {
+        self.put_with_faults(key, bytes, true).await
     }
 
     async fn get(&self, key: &str) -> Result<Option<Bytes>> {

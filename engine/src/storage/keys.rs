@@ -9,6 +9,10 @@
 //!
 //! Values are percent-encoded except `A-Z a-z 0-9 - _ . :`, so any table id, bucket key or
 //! partition key maps to one safe path segment and back.
+//!
+//! Two scratch folders sit beside the tables at the root of a target, and no manifest ever
+//! names an object in them: `.tmp/<nonce>` (a large segment's multipart upload before its
+//! conditional copy to the final key) and `.frostline-probe/<nonce>/` (the start-up probe).
 
 use crate::error::{Error, Result};
 
@@ -57,6 +61,28 @@ pub fn manifest_key(bucket_prefix: &str, generation: u64, sha256_hex: &str) -> S
     format!("{bucket_prefix}manifest-g{generation:010}-{}.json", &sha256_hex[..KEY_SHA_HEX_DIGITS])
 }
 
+/// Where large segments are uploaded before their conditional copy to the final key.
+pub const TEMPORARY_PREFIX: &str = ".tmp/";
+/// Where the probe of a target writes its test objects.
+pub const PROBE_PREFIX: &str = ".frostline-probe/";
+/// The scratch folders the orphan sweep clears once their objects are older than its grace.
+pub const SCRATCH_PREFIXES: [&str; 2] = [TEMPORARY_PREFIX, PROBE_PREFIX];
+
+/// A temporary object for one staged upload.
+pub fn temporary_key(nonce: u64) -> String {
+    format!("{TEMPORARY_PREFIX}{nonce:016x}")
+}
+
+/// The folder of one probe run.
+pub fn probe_prefix(nonce: u64) -> String {
+    format!("{PROBE_PREFIX}{nonce:016x}/")
+}
+
+/// One object of a probe run.
+pub fn probe_key(probe_prefix: &str, name: &str) -> String {
+    format!("{probe_prefix}{name}")
+}
+
 /// The SHA-256 prefix a key carries (the part after the last `-`, before the extension).
 pub fn sha_prefix(key: &str) -> Result<&str> {
     let name = key.rsplit('/').next().unwrap_or(key);
@@ -97,5 +123,16 @@ mod tests {
         assert!(check_content_address(&manifest, sha).is_ok());
         assert!(check_content_address(&manifest, &"f".repeat(64)).is_err());
         assert_eq!(bucket_prefix("..", "b", b""), "table=%2E%2E/bucket=b/partition=%00EMPTY/");
+    }
+
+    #[test]
+    fn scratch_keys_never_collide_with_tables() {
+        assert_eq!(temporary_key(0xab), ".tmp/00000000000000ab");
+        let probe = probe_prefix(1);
+        assert_eq!(probe_key(&probe, "create"), ".frostline-probe/0000000000000001/create");
+        for scratch in SCRATCH_PREFIXES {
+            assert!(!table_prefix(".tmp").starts_with(scratch));
+            assert!(!table_prefix(".frostline-probe").starts_with(scratch));
+        }
     }
 }

@@ -1,11 +1,14 @@
 //! Object storage: the backend trait the coordinator speaks to, its object_store
-//! implementation (local directory, in-memory; more schemes come with their features), the key
-//! layout, and a fault-injecting decorator for tests.
+//! implementation (local directory, S3-compatible, GCS, Azure Blob, memory; built from the
+//! policy directory's targets in `target`), the probe that refuses a store which would break
+//! the protocol (`probe`), the key layout, and a fault-injecting decorator for tests.
 //!
 //! Imports the core; knows nothing of redb or the coordinator.
 
 pub mod faults;
 pub mod keys;
+pub mod probe;
+pub mod target;
 
 use std::sync::Arc;
 
@@ -16,6 +19,29 @@ use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, PutMode, PutOptions, PutPayload};
 
 use crate::error::{Error, Result};
+use target::{MULTIPART_PART_BYTES, MULTIPART_THRESHOLD_BYTES, Redactor};
+
+/// Threads of the runtime that does remote stores' HTTP.
+pub const IO_RUNTIME_THREADS: usize = 2;
+
+/// The runtime on which every remote store does its HTTP, for the life of the process. Callers
+/// on any runtime (a pass, a query, the probe at load on a short-lived one) only await
+/// results, so pooled connections never belong to a runtime that has gone.
+pub fn io_runtime() -> Result<&'static tokio::runtime::Runtime> {
+    static RUNTIME: std::sync::OnceLock<std::result::Result<tokio::runtime::Runtime, String>> =
+        std::sync::OnceLock::new();
+    RUNTIME
+        .get_or_init(|| {
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(IO_RUNTIME_THREADS)
+                .thread_name("frostline-io")
+                .enable_all()
+                .build()
+                .map_err(|e| e.to_string())
+        })
+        .as_ref()
+        .map_err(|e| Error::Internal(format!("cannot start the storage I/O runtime: {e}")))
+}
 
 /// What a conditional create did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,6 +58,12 @@ pub trait ArchiveBackend: Send + Sync + std::fmt::Debug {
     fn target(&self) -> &str;
     /// Creates `key` only if absent; durable when it returns `Created`.
     async fn put_create(&self, key: &str, bytes: Bytes) -> Result<PutOutcome>;
+    /// Like `put_create`, through the path large objects take whatever the size (for object
+    /// stores: a multipart upload to a temporary key, then a conditional copy), so the probe
+    /// can check it with a few bytes. Backends with a single path need not override it.
+    async fn put_create_staged(&self, key: &str, bytes: Bytes) -> Result<PutOutcome> {
+        self.put_create(key, bytes).await
+    }
     /// `None` when the key does not exist.
     async fn get(&self, key: &str) -> Result<Option<Bytes>>;
     async fn delete(&self, key: &str) -> Result<()>;
@@ -50,45 +82,147 @@ pub struct ObjectInfo {
 
 /// The one place that decides what an object_store error means for the protocol.
 pub fn classify(error: object_store::Error, key: &str) -> Error {
+    classify_scrubbed(error, key, &Redactor::default())
+}
+
+/// `classify`, with every known secret scrubbed from the message.
+pub fn classify_scrubbed(error: object_store::Error, key: &str, redactor: &Redactor) -> Error {
     use object_store::Error as E;
+    let text = |message: String| redactor.scrub(message);
     match error {
         E::NotFound { .. } => Error::Storage(format!("`{key}` not found")),
         E::AlreadyExists { .. } | E::Precondition { .. } => Error::Conflict(format!("`{key}` already exists")),
-        E::InvalidPath { source } => Error::InvalidInput(format!("invalid object key `{key}`: {source}")),
-        other => Error::StorageUnavailable(format!("`{key}`: {other}")),
+        E::InvalidPath { source } => Error::InvalidInput(text(format!("invalid object key `{key}`: {source}"))),
+        // Wrong credentials or a missing feature are not outages: retrying will not help, and
+        // the probe refuses such a target instead of waiting for it.
+        e @ (E::PermissionDenied { .. } | E::Unauthenticated { .. }) => {
+            Error::Storage(text(format!("`{key}`: access denied: {e}")))
+        }
+        e @ (E::NotSupported { .. } | E::NotImplemented | E::UnknownConfigurationKey { .. }) => {
+            Error::Storage(text(format!("`{key}`: not supported by this store: {e}")))
+        }
+        other => Error::StorageUnavailable(text(format!("`{key}`: {other}"))),
     }
 }
 
-/// An `ArchiveBackend` over any object_store, under a key prefix.
+/// An `ArchiveBackend` over any object_store (already under the target's prefix).
 #[derive(Debug, Clone)]
 pub struct ObjectStoreBackend {
     store: Arc<dyn ObjectStore>,
     target: String,
+    multipart_threshold_bytes: u64,
+    redactor: Redactor,
+    /// For a local directory: object_store writes files without fsync, so the backend syncs
+    /// each new object and its directories before it reports it created (durable on Ok).
+    local_fsync: Option<Arc<object_store::local::LocalFileSystem>>,
 }
 
 impl ObjectStoreBackend {
     pub fn new(store: Arc<dyn ObjectStore>, target: impl Into<String>) -> Self {
-        ObjectStoreBackend { store, target: target.into() }
+        ObjectStoreBackend {
+            store,
+            target: target.into(),
+            multipart_threshold_bytes: MULTIPART_THRESHOLD_BYTES,
+            redactor: Redactor::default(),
+            local_fsync: None,
+        }
     }
 
-    /// Builds a backend from a URL: `file:///abs/dir` (created if missing) or `memory://`.
+    /// Makes every created object durable on a local file system (fsync of the file and of
+    /// each directory up to the store's root).
+    pub fn with_local_fsync(mut self, local: Arc<object_store::local::LocalFileSystem>) -> Self {
+        self.local_fsync = Some(local);
+        self
+    }
+
+    async fn sync_local(&self, key: &str) -> Result<()> {
+        let Some(local) = &self.local_fsync else { return Ok(()) };
+        let root = local.path_to_filesystem(&object_path("probe")?).map_err(|e| self.fail_write(e, key))?;
+        let root = root.parent().map(std::path::Path::to_path_buf).unwrap_or_default();
+        let file = local.path_to_filesystem(&object_path(key)?).map_err(|e| self.fail_write(e, key))?;
+        tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+            std::fs::File::open(&file)?.sync_all()?;
+            let mut dir = file.parent();
+            while let Some(d) = dir {
+                std::fs::File::open(d)?.sync_all()?;
+                if d == root || !d.starts_with(&root) {
+                    break;
+                }
+                dir = d.parent();
+            }
+            Ok(())
+        })
+        .await
+        .map_err(|e| Error::Internal(format!("fsync task failed: {e}")))?
+        .map_err(|e| Error::StorageUnavailable(format!("cannot fsync `{key}`: {e}")))
+    }
+
+    /// Objects larger than `bytes` take the multipart path.
+    pub fn with_multipart_threshold(mut self, bytes: u64) -> Self {
+        self.multipart_threshold_bytes = bytes;
+        self
+    }
+
+    /// Secrets to scrub from this backend's error messages.
+    pub fn with_redactor(mut self, redactor: Redactor) -> Self {
+        self.redactor = redactor;
+        self
+    }
+
+    /// Builds a backend from a URL with no options: `file:///abs/dir` (created if missing),
+    /// `memory://`, or a remote URL configured from the environment.
     pub fn from_url(url: &str) -> Result<Self> {
-        if let Some(path) = url.strip_prefix("file://") {
-            std::fs::create_dir_all(path).map_err(|e| Error::io(path, e))?;
-            let store = object_store::local::LocalFileSystem::new_with_prefix(path)
-                .map_err(|e| Error::InvalidInput(format!("archive target `{url}`: {e}")))?;
-            return Ok(Self::new(Arc::new(store), url));
-        }
-        if url == "memory://" || url.starts_with("memory://") {
-            return Ok(Self::new(Arc::new(object_store::memory::InMemory::new()), url));
-        }
-        Err(Error::InvalidInput(format!(
-            "archive target `{url}` is not supported: use file:///absolute/dir or memory://"
-        )))
+        target::TargetConfig::from_url("adhoc", url)
+            .validate(std::path::Path::new("."))
+            .map_err(|e| Error::InvalidInput(format!("archive target `{url}`: {e}")))?
+            .build()
     }
 
     pub fn store(&self) -> &Arc<dyn ObjectStore> {
         &self.store
+    }
+
+    pub fn multipart_threshold_bytes(&self) -> u64 {
+        self.multipart_threshold_bytes
+    }
+
+    fn fail(&self, error: object_store::Error, key: &str) -> Error {
+        classify_scrubbed(error, key, &self.redactor)
+    }
+
+    /// A write answered NotFound: the bucket or container is missing.
+    fn fail_write(&self, error: object_store::Error, key: &str) -> Error {
+        match error {
+            object_store::Error::NotFound { .. } => Error::Storage(format!(
+                "`{key}`: the store answered NotFound to a write: does the bucket or container exist?"
+            )),
+            other => self.fail(other, key),
+        }
+    }
+
+    /// Uploads `bytes` in parts to a new temporary key; aborts the upload on failure.
+    async fn upload_parts(&self, temporary: &ObjectPath, bytes: Bytes) -> std::result::Result<(), object_store::Error> {
+        let mut upload = self.store.put_multipart(temporary).await?;
+        let mut parts = Vec::with_capacity(bytes.len().div_ceil(MULTIPART_PART_BYTES).max(1));
+        let mut offset = 0;
+        loop {
+            let end = (offset + MULTIPART_PART_BYTES).min(bytes.len());
+            parts.push(upload.put_part(PutPayload::from_bytes(bytes.slice(offset..end))));
+            offset = end;
+            if offset >= bytes.len() {
+                break;
+            }
+        }
+        let uploaded = match futures::future::try_join_all(parts).await {
+            Ok(_) => upload.complete().await.map(|_| ()),
+            Err(e) => Err(e),
+        };
+        if uploaded.is_err()
+            && let Err(e) = upload.abort().await
+        {
+            tracing::warn!(key = %temporary, error = %self.redactor.scrub(e.to_string()), "cannot abort a failed multipart upload");
+        }
+        uploaded
     }
 }
 
@@ -103,28 +237,58 @@ impl ArchiveBackend for ObjectStoreBackend {
     }
 
     async fn put_create(&self, key: &str, bytes: Bytes) -> Result<PutOutcome> {
-        let options = PutOptions { mode: PutMode::Create, ..Default::default() };
-        match self.store.put_opts(&object_path(key)?, PutPayload::from_bytes(bytes), options).await {
-            Ok(_) => Ok(PutOutcome::Created),
+        let outcome = if bytes.len() as u64 > self.multipart_threshold_bytes {
+            self.put_create_staged(key, bytes).await?
+        } else {
+            let options = PutOptions { mode: PutMode::Create, ..Default::default() };
+            match self.store.put_opts(&object_path(key)?, PutPayload::from_bytes(bytes), options).await {
+                Ok(_) => PutOutcome::Created,
+                Err(object_store::Error::AlreadyExists { .. }) | Err(object_store::Error::Precondition { .. }) => {
+                    PutOutcome::AlreadyExists
+                }
+                Err(e) => return Err(self.fail_write(e, key)),
+            }
+        };
+        // An existing object may be one a crashed attempt wrote and never synced: sync it too.
+        self.sync_local(key).await?;
+        Ok(outcome)
+    }
+
+    /// A multipart upload cannot be conditional in object_store: upload to a temporary key,
+    /// copy it to `key` only if `key` is absent, then delete the temporary object. An existing
+    /// `key` is reported like a conditional create's (the caller reads and compares).
+    async fn put_create_staged(&self, key: &str, bytes: Bytes) -> Result<PutOutcome> {
+        let destination = object_path(key)?;
+        let temporary_key = keys::temporary_key(rand::random());
+        let temporary = object_path(&temporary_key)?;
+        self.upload_parts(&temporary, bytes).await.map_err(|e| self.fail_write(e, &temporary_key))?;
+        let copied = self.store.copy_if_not_exists(&temporary, &destination).await;
+        // The temporary object is garbage whatever the copy did; one left behind (a failed
+        // delete, a crash) is unreferenced and the orphan sweep deletes it after its grace.
+        if let Err(e) = self.store.delete(&temporary).await {
+            tracing::warn!(key = %temporary_key, error = %self.fail(e, &temporary_key), "temporary object left for the orphan sweep");
+        }
+        match copied {
+            Ok(()) => Ok(PutOutcome::Created),
             Err(object_store::Error::AlreadyExists { .. }) | Err(object_store::Error::Precondition { .. }) => {
                 Ok(PutOutcome::AlreadyExists)
             }
-            Err(e) => Err(classify(e, key)),
+            Err(e) => Err(self.fail(e, key)),
         }
     }
 
     async fn get(&self, key: &str) -> Result<Option<Bytes>> {
         match self.store.get(&object_path(key)?).await {
-            Ok(result) => Ok(Some(result.bytes().await.map_err(|e| classify(e, key))?)),
+            Ok(result) => Ok(Some(result.bytes().await.map_err(|e| self.fail(e, key))?)),
             Err(object_store::Error::NotFound { .. }) => Ok(None),
-            Err(e) => Err(classify(e, key)),
+            Err(e) => Err(self.fail(e, key)),
         }
     }
 
     async fn delete(&self, key: &str) -> Result<()> {
         match self.store.delete(&object_path(key)?).await {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
-            Err(e) => Err(classify(e, key)),
+            Err(e) => Err(self.fail(e, key)),
         }
     }
 
@@ -141,7 +305,7 @@ impl ArchiveBackend for ObjectStoreBackend {
             })
             .try_collect()
             .await
-            .map_err(|e| classify(e, prefix))?;
+            .map_err(|e| self.fail(e, prefix))?;
         objects.retain(|o| o.key.starts_with(prefix));
         objects.sort_by(|a, b| a.key.cmp(&b.key));
         Ok(objects)

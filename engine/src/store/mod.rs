@@ -546,33 +546,25 @@ impl Store {
             let mut records = txn.open_table(RECORDS).map_err(db_err)?;
             let prefix = id.encode();
             let end = encoding::prefix_end(&prefix);
-            // One pass deletes and sums at once; on any difference the transaction is aborted,
-            // so the deletion only commits when the rows match the manifest exactly.
+            // One scan sums the rows and collects their keys; they are deleted only if the sum
+            // matches the manifest. (redb 3.1's `retain_in` rewrites pages and measured about
+            // four times slower than removing the collected keys.)
             let mut summer = RowSummer::default();
-            let mut decode_error = None;
-            let mut visited = 0u64;
-            let half = meta.row_count / 2;
-            let mut failpoint = Ok(());
-            records
-                .retain_in(prefix.as_slice()..end.as_slice(), |k, v| {
-                    match row_to_record(k, v) {
-                        Ok(record) => summer.push(&record),
-                        Err(e) => decode_error = Some(e),
-                    }
-                    visited += 1;
-                    if visited == half {
-                        failpoint = crate::failpoints::hit("mid_cleanup");
-                    }
-                    false
-                })
-                .map_err(db_err)?;
-            failpoint?;
-            if let Some(e) = decode_error {
-                return Err(e);
+            let mut keys = Vec::with_capacity(meta.row_count as usize);
+            for entry in records.range(prefix.as_slice()..end.as_slice()).map_err(db_err)? {
+                let (k, v) = entry.map_err(db_err)?;
+                summer.push(&row_to_record(k.value(), v.value())?);
+                keys.push(k.value().to_vec());
             }
             let hot: RowSummary = summer.finish();
             invariants::hot_rows_match_manifest(&hot, &manifest.summary)
                 .map_err(|why| Error::Corruption(format!("refusing to delete the hot rows of {id}: {why}")))?;
+            for (i, key) in keys.iter().enumerate() {
+                if i == keys.len() / 2 {
+                    crate::failpoints::hit("mid_cleanup")?;
+                }
+                records.remove(key.as_slice()).map_err(db_err)?;
+            }
             drop(records);
             meta_touch(&mut meta, now, Some(next));
             meta.hot_deleted_at = Some(now);

@@ -1,0 +1,240 @@
+//! Capabilities: what a plugin may use beyond computing. Default-deny: a plugin instance gets
+//! a WASI context with nothing in it (no preopened directory, environment, arguments or
+//! sockets) and a blob store that answers every call with `permanent("not granted: ...")`.
+//! The policy directory's `[[grant]]` for a plugin's content hash fills in [`Capabilities`]
+//! (see `policy::grants`); only archiver targets receive them.
+//!
+//! The blob store is a host import implemented over a native target's `ArchiveBackend`. The
+//! backend is async and the import is sync: plugin calls run on blocking threads (never on the
+//! async executor), so the import waits for the backend there.
+
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+
+use bytes::Bytes;
+use wasmtime_wasi::{FsPerms, WasiCtx};
+
+use super::bindings::blob_store_iface;
+use super::bindings::wit_types::BackendError;
+use crate::error::{Error, ErrorKind, Result};
+use crate::storage::{ArchiveBackend, PutOutcome};
+
+/// Keys the blob store accepts at most, in bytes (object stores allow about 1 KiB).
+pub const BLOB_KEY_BYTES_MAX: usize = 1024;
+
+/// How a preopened directory may be used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PreopenMode {
+    /// Read files and list directories only.
+    Ro,
+    /// Also create, write, rename and remove.
+    Rw,
+}
+
+impl PreopenMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PreopenMode::Ro => "ro",
+            PreopenMode::Rw => "rw",
+        }
+    }
+}
+
+/// A host directory shown to the plugin under a guest path.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Preopen {
+    pub host: PathBuf,
+    pub guest: String,
+    pub mode: PreopenMode,
+}
+
+/// A native target lent to the plugin through the `blob-store` import.
+#[derive(Clone)]
+pub struct BlobStoreGrant {
+    /// The `[[target]]` name, for messages.
+    pub target: String,
+    pub backend: Arc<dyn ArchiveBackend>,
+}
+
+impl std::fmt::Debug for BlobStoreGrant {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "BlobStoreGrant({} = {})", self.target, self.backend.target())
+    }
+}
+
+/// Everything one plugin instance is granted. `Default` grants nothing.
+#[derive(Debug, Clone, Default)]
+pub struct Capabilities {
+    pub preopens: Vec<Preopen>,
+    pub blob_store: Option<BlobStoreGrant>,
+}
+
+impl Capabilities {
+    /// Nothing granted.
+    pub fn none() -> Self {
+        Capabilities::default()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.preopens.is_empty() && self.blob_store.is_none()
+    }
+
+    /// A WASI context with exactly the granted directories (and still no environment,
+    /// arguments or sockets).
+    pub(crate) fn wasi_ctx(&self) -> Result<WasiCtx> {
+        let mut builder = WasiCtx::builder();
+        for p in &self.preopens {
+            let perms = match p.mode {
+                PreopenMode::Ro => FsPerms::ReadOnly,
+                PreopenMode::Rw => FsPerms::ReadWrite,
+            };
+            builder
+                .preopened_dir(&p.host, &p.guest, perms)
+                .map_err(|e| Error::Storage(format!("cannot preopen {} as {}: {e:#}", p.host.display(), p.guest)))?;
+        }
+        Ok(builder.build())
+    }
+
+    /// One line for logs and status: `preopen /srv/a -> /data (rw); blob store cold`.
+    pub fn describe(&self) -> String {
+        let mut parts: Vec<String> = self
+            .preopens
+            .iter()
+            .map(|p| format!("preopen {} -> {} ({})", p.host.display(), p.guest, p.mode.as_str()))
+            .collect();
+        if let Some(b) = &self.blob_store {
+            parts.push(format!("blob store `{}`", b.target));
+        }
+        if parts.is_empty() { "nothing".to_string() } else { parts.join("; ") }
+    }
+}
+
+/// What a plugin instance's `blob-store` import is bound to.
+pub(crate) struct BlobStoreBinding {
+    pub(crate) grant: Option<BlobStoreGrant>,
+    /// The plugin's full content hash, named in the refusal.
+    pub(crate) plugin_hash: Arc<str>,
+}
+
+impl BlobStoreBinding {
+    fn backend(&self) -> std::result::Result<&Arc<dyn ArchiveBackend>, BackendError> {
+        match &self.grant {
+            Some(grant) => Ok(&grant.backend),
+            None => Err(BackendError::Permanent(format!(
+                "not granted: no [[grant]] with a blob_store for this plugin's sha256 {}",
+                self.plugin_hash
+            ))),
+        }
+    }
+}
+
+fn check_key(key: &str) -> std::result::Result<(), BackendError> {
+    if key.is_empty() || key.len() > BLOB_KEY_BYTES_MAX {
+        return Err(BackendError::Permanent(format!("invalid key: must be 1 to {BLOB_KEY_BYTES_MAX} bytes")));
+    }
+    Ok(())
+}
+
+/// The one place that turns the engine's storage errors into the contract's.
+fn to_backend_error(e: Error) -> BackendError {
+    match e.kind() {
+        ErrorKind::Unavailable => BackendError::Transient(e.to_string()),
+        _ => BackendError::Permanent(e.to_string()),
+    }
+}
+
+/// A runtime for backend calls made where no tokio runtime is current (a policy loaded by the
+/// CLI before any runtime exists): one small worker, for the life of the process.
+fn fallback_runtime() -> &'static tokio::runtime::Runtime {
+    static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+    RT.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("frostline-blob-store")
+            .enable_all()
+            .build()
+            .expect("building the blob store's runtime")
+    })
+}
+
+/// Waits for a backend future from the (blocking) thread a plugin call runs on.
+fn wait<F: std::future::Future>(future: F) -> F::Output {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    match Handle::try_current() {
+        // On a blocking thread `block_in_place` is a no-op; on a worker it hands the worker's
+        // other tasks over first, so the executor keeps running.
+        Ok(handle) if handle.runtime_flavor() == RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(|| handle.block_on(future))
+        }
+        Ok(handle) => handle.block_on(future),
+        Err(_) => fallback_runtime().block_on(future),
+    }
+}
+
+impl blob_store_iface::Host for super::PluginState {
+    fn put(&mut self, key: String, bytes: Vec<u8>) -> std::result::Result<(), BackendError> {
+        let backend = self.blob_store.backend()?;
+        check_key(&key)?;
+        match wait(backend.put_create(&key, Bytes::from(bytes))) {
+            Ok(PutOutcome::Created) => Ok(()),
+            Ok(PutOutcome::AlreadyExists) => Err(BackendError::AlreadyExists),
+            Err(e) => Err(to_backend_error(e)),
+        }
+    }
+
+    fn get(&mut self, key: String) -> std::result::Result<Vec<u8>, BackendError> {
+        let backend = self.blob_store.backend()?;
+        check_key(&key)?;
+        match wait(backend.get(&key)) {
+            Ok(Some(bytes)) => Ok(bytes.to_vec()),
+            Ok(None) => Err(BackendError::NotFound),
+            Err(e) => Err(to_backend_error(e)),
+        }
+    }
+
+    fn delete(&mut self, key: String) -> std::result::Result<(), BackendError> {
+        let backend = self.blob_store.backend()?;
+        check_key(&key)?;
+        wait(backend.delete(&key)).map_err(to_backend_error)
+    }
+
+    fn list(
+        &mut self,
+        prefix: String,
+        after: Option<String>,
+        limit: u32,
+    ) -> std::result::Result<Vec<String>, BackendError> {
+        let backend = self.blob_store.backend()?;
+        let objects = wait(backend.list(&prefix)).map_err(to_backend_error)?;
+        // `list` returns every object under the prefix in ascending order.
+        Ok(objects
+            .into_iter()
+            .map(|o| o.key)
+            .filter(|k| k.starts_with(&prefix) && after.as_ref().is_none_or(|a| k > a))
+            .take(limit as usize)
+            .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn describe_names_every_grant() {
+        assert_eq!(Capabilities::none().describe(), "nothing");
+        let caps = Capabilities {
+            preopens: vec![Preopen { host: "/srv/a".into(), guest: "/data".into(), mode: PreopenMode::Ro }],
+            blob_store: None,
+        };
+        assert_eq!(caps.describe(), "preopen /srv/a -> /data (ro)");
+    }
+
+    #[test]
+    fn storage_errors_map_to_transient_or_permanent() {
+        assert!(matches!(to_backend_error(Error::StorageUnavailable("x".into())), BackendError::Transient(_)));
+        assert!(matches!(to_backend_error(Error::Storage("x".into())), BackendError::Permanent(_)));
+        assert!(matches!(to_backend_error(Error::InvalidInput("x".into())), BackendError::Permanent(_)));
+    }
+}
