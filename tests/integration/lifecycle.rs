@@ -340,3 +340,25 @@ fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     }
     out
 }
+
+#[test]
+fn an_https_webhook_is_refused_at_load_with_the_way_forward() {
+    let root = tempfile::tempdir().unwrap();
+    let policies = root.path().join("policies");
+    std::fs::create_dir_all(&policies).unwrap();
+    std::fs::write(
+        policies.join("tables.toml"),
+        policy("[[sink]]\nname = \"hook\"\nkind = \"webhook\"\nurl = \"https://example.com/x\"\n"),
+    )
+    .unwrap();
+    let err = frostline::engine::Engine::open(
+        &root.path().join("data"),
+        &policies,
+        frostline::settings::Settings::default(),
+        frostline::clock::ManualClock::new(0),
+    )
+    .err()
+    .unwrap()
+    .to_string();
+    assert!(err.contains("tables.toml") && err.contains("https webhooks are not supported"), "{err}");
+}

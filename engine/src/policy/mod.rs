@@ -459,8 +459,20 @@ fn validate_sink(dir: &Path, file: &Path, raw: RawSink) -> Result<SinkConfig> {
     }
     let destination = match (raw.kind, raw.url, raw.path) {
         (SinkKind::Webhook, Some(url), None) => {
-            if !url.starts_with("http://") && !url.starts_with("https://") {
-                return Err(invalid(file, format!("sink `{}`: url must start with http:// or https://", raw.name)));
+            // The webhook client is built without TLS (it would add a second TLS stack):
+            // refuse https at load rather than fail every delivery later.
+            if url.starts_with("https://") {
+                return Err(invalid(
+                    file,
+                    format!(
+                        "sink `{}`: https webhooks are not supported by this build; deliver to an http:// relay on \
+                         the host (or a jsonl sink)",
+                        raw.name
+                    ),
+                ));
+            }
+            if !url.starts_with("http://") {
+                return Err(invalid(file, format!("sink `{}`: url must start with http://", raw.name)));
             }
             url
         }
