@@ -309,6 +309,9 @@ async fn query(
     }
     body.push_str("],\"next_cursor\":");
     body.push_str(&serde_json::to_string(&page.next_cursor).map_err(|e| Error::Internal(e.to_string()))?);
+    // Ranges whose archives expired on purpose: gone by retention, not missing.
+    body.push_str(",\"expired\":");
+    body.push_str(&serde_json::to_string(&page.expired).map_err(|e| Error::Internal(e.to_string()))?);
     body.push('}');
     Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
 }

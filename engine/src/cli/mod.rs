@@ -231,6 +231,18 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 use std::io::Write;
                 writeln!(out, "{}", record_json(r))?;
             }
+            for gone in &page.expired {
+                // Expired on purpose, not missing: say when and why.
+                eprintln!(
+                    "expired: partition {} bucket {} [{}, {}) at {}: {}",
+                    gone.partition_key,
+                    gone.bucket_key,
+                    crate::model::time::format_rfc3339(gone.start),
+                    crate::model::time::format_rfc3339(gone.end),
+                    crate::model::time::format_rfc3339(gone.expired_at),
+                    gone.reason
+                );
+            }
             if let Some(c) = page.next_cursor {
                 eprintln!("next cursor: {c}");
             }
