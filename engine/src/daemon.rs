@@ -115,6 +115,7 @@ fn log_end<E: std::fmt::Display>(
 /// A pass every `interval`, until `stopping` fires; a pass in flight runs to its end.
 async fn pass_loop(engine: Arc<Engine>, passes: Arc<Passes>, mut stopping: tokio::sync::watch::Receiver<bool>) {
     let interval = Duration::from_micros(engine.settings.interval_us as u64);
+    let mut status_writes = StatusWrites::default();
     while !*stopping.borrow() {
         match passes.run_once(&engine).await {
             Ok(report) if report.planned + report.archived + report.cleaned + report.deferred > 0 => {
@@ -130,14 +131,57 @@ async fn pass_loop(engine: Arc<Engine>, passes: Arc<Passes>, mut stopping: tokio
             Ok(_) => {}
             Err(e) => tracing::error!(error = %e, "pass failed"),
         }
-        let status_engine = engine.clone();
-        let written = tokio::task::spawn_blocking(move || status_engine.write_status_file()).await;
-        if let Ok(Err(e)) = written {
-            tracing::warn!(error = %e, "cannot write the status file");
+        if status_writes.due() {
+            let status_engine = engine.clone();
+            let started = std::time::Instant::now();
+            let written = tokio::task::spawn_blocking(move || status_engine.write_status_file()).await;
+            status_writes.took(started.elapsed());
+            if let Ok(Err(e)) = written {
+                tracing::warn!(error = %e, "cannot write the status file");
+            }
         }
         tokio::select! {
             _ = tokio::time::sleep(interval) => {}
             _ = stopping.wait_for(|stop| *stop) => break,
         }
+    }
+}
+
+/// Paces the status file. Its summary reads every bucket, so on a large store it is written
+/// less often than a pass runs: never sooner after the last write than
+/// `STATUS_FILE_COST_FACTOR` times what that write took. A small store's file is rewritten
+/// after every pass; one of a million buckets (about 1.7 s to summarize) about every
+/// 17 s, a tenth of a core at most.
+#[derive(Default)]
+struct StatusWrites {
+    last: Option<(std::time::Instant, Duration)>,
+}
+
+/// See `StatusWrites`.
+const STATUS_FILE_COST_FACTOR: u32 = 10;
+
+impl StatusWrites {
+    fn due(&self) -> bool {
+        self.last.is_none_or(|(at, took)| at.elapsed() >= took * STATUS_FILE_COST_FACTOR)
+    }
+
+    fn took(&mut self, took: Duration) {
+        self.last = Some((std::time::Instant::now(), took));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_status_file_waits_ten_times_what_its_last_write_took() {
+        let mut writes = StatusWrites::default();
+        assert!(writes.due(), "the first write is due at once");
+        writes.took(Duration::from_millis(1));
+        std::thread::sleep(Duration::from_millis(15));
+        assert!(writes.due(), "a cheap write is due again after 10x its cost");
+        writes.took(Duration::from_secs(60));
+        assert!(!writes.due(), "an expensive write is not repeated before 10x its cost");
     }
 }

@@ -56,7 +56,7 @@ impl Engine {
         load_options: crate::policy::LoadOptions,
     ) -> Result<Arc<Engine>> {
         std::fs::create_dir_all(data_dir).map_err(|e| Error::io(data_dir, e))?;
-        let store = Store::open(&data_dir.join(DATABASE_FILE))?;
+        let store = Store::open_with_cache(&data_dir.join(DATABASE_FILE), settings.store_cache_bytes)?;
         let host = PluginHost::new(Some(data_dir.join("plugin-cache")))?;
         let policies = crate::policy::load_with(policies_dir, data_dir, &host, &settings, &load_options)?;
         let engine = Engine {
@@ -133,12 +133,15 @@ impl Engine {
         let policy = policies.table(table)?.clone();
         if policies.retired.contains(table) {
             return Err(Error::InvalidInput(format!(
-                "table `{table}` was removed from the policy directory: it keeps its data and its buckets are                  still archived under its last definition, but it accepts no appends"
+                "table `{table}` was removed from the policy directory: it keeps its data and its buckets are \
+                 still archived under its last definition, but it accepts no appends"
             )));
         }
         let mut total = AppendOutcome::default();
-        for chunk in records.chunks(APPEND_BATCH_RECORDS_MAX) {
-            let outcome = self.append_batch(&policy, chunk.to_vec())?;
+        let mut rest = records;
+        while !rest.is_empty() {
+            let tail = rest.split_off(rest.len().min(APPEND_BATCH_RECORDS_MAX));
+            let outcome = self.append_batch(&policy, std::mem::replace(&mut rest, tail))?;
             total.appended += outcome.appended;
             total.duplicates += outcome.duplicates;
         }

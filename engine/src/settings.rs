@@ -15,6 +15,12 @@ pub const ORPHAN_GRACE_SECONDS_DEFAULT: u64 = 86_400;
 /// The orphan sweep never deletes an object younger than this.
 pub const ORPHAN_GRACE_SECONDS_MIN: u64 = 3_600;
 pub const SWEEP_INTERVAL_SECONDS_DEFAULT: u64 = 3_600;
+/// redb's page cache. redb's own default is 1 GiB, which an engine on an edge host would fill
+/// with pages of rows it has long archived; 64 MiB holds the interior pages of a store of
+/// millions of rows (see BENCHMARKS.md, footprint and append).
+pub const STORE_CACHE_MIB_DEFAULT: u64 = 64;
+pub const STORE_CACHE_MIB_MIN: u64 = 4;
+pub const STORE_CACHE_MIB_MAX: u64 = 65_536;
 
 /// Settings that were replaced; setting one is refused with the way forward.
 const OBSOLETE: &[(&str, &str)] = &[
@@ -58,6 +64,9 @@ pub struct ArchiverArgs {
     /// Seconds between orphan sweeps inside `run`.
     #[arg(long, env = "ARCHIVER_SWEEP_INTERVAL_SECONDS", default_value_t = SWEEP_INTERVAL_SECONDS_DEFAULT)]
     pub sweep_interval_seconds: u64,
+    /// Memory for the hot store's page cache, in MiB (4 to 65536).
+    #[arg(long, env = "FROSTLINE_STORE_CACHE_MIB", default_value_t = STORE_CACHE_MIB_DEFAULT)]
+    pub store_cache_mib: u64,
 }
 
 impl Default for ArchiverArgs {
@@ -72,6 +81,7 @@ impl Default for ArchiverArgs {
             tombstone_retention_seconds: TOMBSTONE_RETENTION_SECONDS_DEFAULT,
             orphan_grace_seconds: ORPHAN_GRACE_SECONDS_DEFAULT,
             sweep_interval_seconds: SWEEP_INTERVAL_SECONDS_DEFAULT,
+            store_cache_mib: STORE_CACHE_MIB_DEFAULT,
         }
     }
 }
@@ -88,6 +98,7 @@ pub struct Settings {
     pub tombstone_retention_us: Micros,
     pub orphan_grace_us: Micros,
     pub sweep_interval_us: Micros,
+    pub store_cache_bytes: usize,
 }
 
 impl Default for Settings {
@@ -144,7 +155,14 @@ impl ArchiverArgs {
                  never look like an orphan"
             )));
         }
+        if !(STORE_CACHE_MIB_MIN..=STORE_CACHE_MIB_MAX).contains(&self.store_cache_mib) {
+            return Err(Error::InvalidInput(format!(
+                "FROSTLINE_STORE_CACHE_MIB must be {STORE_CACHE_MIB_MIN} to {STORE_CACHE_MIB_MAX} (MiB), not {}",
+                self.store_cache_mib
+            )));
+        }
         Ok(Settings {
+            store_cache_bytes: (self.store_cache_mib * 1024 * 1024) as usize,
             tombstone_retention_us: positive("ARCHIVER_TOMBSTONE_RETENTION_SECONDS", self.tombstone_retention_seconds)?,
             orphan_grace_us: self.orphan_grace_seconds as i64 * MICROS_PER_SECOND,
             sweep_interval_us: positive("ARCHIVER_SWEEP_INTERVAL_SECONDS", self.sweep_interval_seconds)?,
@@ -161,6 +179,19 @@ impl ArchiverArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_store_cache_is_bounded_both_ways() {
+        for mib in [STORE_CACHE_MIB_MIN, STORE_CACHE_MIB_DEFAULT, STORE_CACHE_MIB_MAX] {
+            let args = ArchiverArgs { store_cache_mib: mib, ..Default::default() };
+            assert_eq!(args.validate_with(|_| None).unwrap().store_cache_bytes, mib as usize * 1024 * 1024);
+        }
+        for mib in [0, STORE_CACHE_MIB_MIN - 1, STORE_CACHE_MIB_MAX + 1] {
+            let args = ArchiverArgs { store_cache_mib: mib, ..Default::default() };
+            let error = args.validate_with(|_| None).unwrap_err().to_string();
+            assert!(error.contains("FROSTLINE_STORE_CACHE_MIB must be 4 to 65536"), "{error}");
+        }
+    }
 
     #[test]
     fn renewal_must_be_nonzero_and_shorter_than_the_lease() {

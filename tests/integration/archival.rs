@@ -2,6 +2,7 @@
 //! store: every phase can fail and every record stays readable; stale workers are refused;
 //! the fence, the ingest guard, idempotent appends and group commit hold.
 
+use frostline::archive::Phase;
 use frostline::clock::Clock;
 
 use frostline::model::{BucketState, Record};
@@ -394,6 +395,59 @@ fn a_retention_plugin_fault_defers_planning_and_never_archives() {
     store.note_plan_error(id.clone(), "policy fault".into()).unwrap();
     assert_eq!(store.unplanned(100).unwrap().len(), 3, "a failed plan leaves the bucket unplanned");
     assert!(store.due(i64::MAX, 100).unwrap().is_empty(), "unplanned buckets are never due");
+}
+
+#[test]
+fn a_pass_plans_at_most_its_limit_in_batches_and_the_next_pass_plans_the_rest() {
+    use frostline::archive::PLAN_BUCKETS_PER_PASS_MAX;
+    // One record per day: more buckets than a pass may plan. Nothing is due yet.
+    let extra = 7;
+    let buckets = PLAN_BUCKETS_PER_PASS_MAX + extra;
+    let e = TestEngine::new(DAILY, "2000-01-01T00:00:00Z");
+    let day = 86_400_000_000i64;
+    let input: Vec<Record> = (0..buckets as i64)
+        .map(|n| Record {
+            partition_key: b"p0".to_vec(),
+            event_time: t("2000-01-01T00:00:00Z") + n * day,
+            sort_key: format!("{n:06}").into_bytes(),
+            tenant: None,
+            kind: None,
+            body: "{}".into(),
+        })
+        .collect();
+    e.engine.append("r", input).unwrap();
+    let first = e.pass();
+    assert_eq!(first.planned, PLAN_BUCKETS_PER_PASS_MAX as u64, "the limit holds: {first:?}");
+    assert_eq!(e.engine.store.unplanned(usize::MAX).unwrap().len(), extra, "the limit is enforced");
+    let second = e.pass();
+    assert_eq!(second.planned, extra as u64);
+    assert!(e.engine.store.unplanned(1).unwrap().is_empty());
+    // Every bucket got the plan eligible-before gives it: due a day after it ends.
+    let due = e.engine.store.due(i64::MAX, usize::MAX).unwrap();
+    assert_eq!(due.len(), buckets);
+    for (at, id) in due {
+        let meta = e.engine.store.bucket(&id).unwrap().unwrap();
+        assert_eq!(at, meta.descriptor.end + day, "{id}");
+    }
+}
+
+#[test]
+fn a_pass_reports_where_its_time_went() {
+    let e = TestEngine::new(DAILY, "2024-03-10T00:00:00Z");
+    e.engine.append("r", records("2024-03-01T00:00:00Z", 2, 20)).unwrap();
+    let report = e.pass();
+    assert_eq!(report.archived, 6, "{report:?}");
+    for (name, seconds) in report.seconds.named() {
+        assert!(seconds > 0.0, "{name} took no time in a pass that archived: {:?}", report.seconds);
+    }
+    let json = serde_json::to_value(&report).unwrap();
+    assert!(json["seconds"]["upload"].as_f64().unwrap() > 0.0, "the report names its phases: {json}");
+    // A pass with nothing to do spends nothing archiving.
+    let idle = e.pass();
+    assert_eq!(idle.archived, 0);
+    for phase in [Phase::Snapshot, Phase::Upload, Phase::Cleanup] {
+        assert_eq!(idle.seconds.get(phase), 0.0, "{phase:?}");
+    }
 }
 
 #[test]

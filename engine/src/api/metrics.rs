@@ -162,10 +162,11 @@ fn scrape_families(engine: &Engine) -> Result<Registry> {
             rows.with_label_values(&[table.as_str(), state.name()]).set(0);
         }
     }
-    for b in engine.store.all_buckets()? {
+    engine.store.visit_buckets(|b| {
         buckets.with_label_values(&[b.id.table.as_str(), b.state.name()]).inc();
         rows.with_label_values(&[b.id.table.as_str(), b.state.name()]).add(b.row_count as i64);
-    }
+        Ok(())
+    })?;
     gauge("frostline_due_buckets", "Buckets whose next action is due now.")?.set(engine.store.due_count(now)? as i64);
     let lag_seconds = match engine.store.earliest_due()? {
         Some(at) if at <= now => (now - at) / 1_000_000,

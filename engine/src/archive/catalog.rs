@@ -15,7 +15,7 @@ use serde::Serialize;
 use super::blocking;
 use crate::engine::Engine;
 use crate::error::Result;
-use crate::model::{BucketState, Micros};
+use crate::model::Micros;
 use crate::storage::PutOutcome;
 
 pub const CATALOG_FILE: &str = "_catalog.json";
@@ -52,13 +52,8 @@ pub async fn build(engine: &Arc<Engine>, table: &str) -> Result<Catalog> {
     let now = engine.clock.now();
     blocking(move || {
         let mut manifests = Vec::new();
-        for meta in store.buckets(&id, None)? {
-            if !matches!(meta.state, BucketState::Archived { .. }) {
-                continue;
-            }
-            let (Some(key), Some(manifest)) = (meta.manifest_key.clone(), store.latest_manifest(&meta.id)?) else {
-                continue;
-            };
+        for (meta, manifest) in store.published(&id)? {
+            let Some(key) = meta.manifest_key.clone() else { continue };
             manifests.push(CatalogEntry {
                 manifest_key: key,
                 partition_key: manifest.partition_key.clone(),

@@ -16,6 +16,7 @@ pub mod verify;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
 
 use bytes::Bytes;
 
@@ -29,8 +30,10 @@ use crate::policy::TablePolicy;
 use crate::storage::{ArchiveBackend, PutOutcome, keys};
 use crate::store::schema::{BucketId, BucketMeta, UploadIntent};
 
-/// Buckets planned per pass at most.
-pub const PLAN_BUCKETS_PER_PASS_MAX: usize = 1_000;
+/// Buckets planned per pass at most, so a pass after a large ingest still reaches due work.
+pub const PLAN_BUCKETS_PER_PASS_MAX: usize = 10_000;
+/// Buckets planned per retention-policy call and store transaction.
+pub const PLAN_BATCH_BUCKETS_MAX: usize = crate::plugin::retention::RETENTION_BATCH_BUCKETS_MAX;
 
 /// What one pass did.
 #[derive(Debug, Default, Clone, serde::Serialize)]
@@ -49,6 +52,127 @@ pub struct PassReport {
     pub outbox_delivered: u64,
     pub orphans_deleted: u64,
     pub errors: Vec<String>,
+    /// Where the pass spent its time.
+    pub seconds: PhaseSeconds,
+}
+
+/// A step of the protocol, as `PhaseSeconds` itemizes a pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Asking the retention policies for plans and storing them.
+    Plan,
+    /// Reading the due index and the due buckets.
+    Discover,
+    Claim,
+    /// The owner-checked read of a bucket's rows.
+    Snapshot,
+    /// Encoding segments, hashing them, building the manifest.
+    Encode,
+    RecordIntent,
+    /// Conditional creates of the segments.
+    Upload,
+    /// Reading the segments back.
+    ReadBack,
+    /// Comparing what was read with what was written, its hash, and decoding every row.
+    Verify,
+    /// The manifest's create, read back and comparison.
+    Manifest,
+    Publish,
+    /// The checked hot delete.
+    Cleanup,
+    /// Rewriting the tables' catalogs.
+    Catalog,
+}
+
+impl Phase {
+    /// Every phase, in protocol order.
+    pub const ALL: [Phase; 13] = [
+        Phase::Plan,
+        Phase::Discover,
+        Phase::Claim,
+        Phase::Snapshot,
+        Phase::Encode,
+        Phase::RecordIntent,
+        Phase::Upload,
+        Phase::ReadBack,
+        Phase::Verify,
+        Phase::Manifest,
+        Phase::Publish,
+        Phase::Cleanup,
+        Phase::Catalog,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Phase::Plan => "plan",
+            Phase::Discover => "discover",
+            Phase::Claim => "claim",
+            Phase::Snapshot => "snapshot",
+            Phase::Encode => "encode",
+            Phase::RecordIntent => "record_intent",
+            Phase::Upload => "upload",
+            Phase::ReadBack => "read_back",
+            Phase::Verify => "verify",
+            Phase::Manifest => "manifest",
+            Phase::Publish => "publish",
+            Phase::Cleanup => "cleanup",
+            Phase::Catalog => "catalog",
+        }
+    }
+}
+
+/// Seconds a pass spent in each `Phase`, summed over its buckets (expiry, outbox and sweep are
+/// not itemized). Cheap enough to take always; the benchmark's breakdown of a pass reads it.
+/// Serialized as an object from phase name to seconds.
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+pub struct PhaseSeconds([f64; Phase::ALL.len()]);
+
+impl PhaseSeconds {
+    pub fn get(&self, phase: Phase) -> f64 {
+        self.0[phase as usize]
+    }
+
+    fn add(&mut self, phase: Phase, seconds: f64) {
+        self.0[phase as usize] += seconds;
+    }
+
+    /// Each phase's name and seconds, in protocol order.
+    pub fn named(&self) -> Vec<(&'static str, f64)> {
+        Phase::ALL.iter().map(|&phase| (phase.name(), self.get(phase))).collect()
+    }
+
+    fn add_all(&mut self, other: &PhaseSeconds) {
+        for (mine, theirs) in self.0.iter_mut().zip(other.0) {
+            *mine += theirs;
+        }
+    }
+}
+
+impl serde::Serialize for PhaseSeconds {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> std::result::Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap as _;
+        let mut map = serializer.serialize_map(Some(Phase::ALL.len()))?;
+        for phase in Phase::ALL {
+            map.serialize_entry(phase.name(), &self.get(phase))?;
+        }
+        map.end()
+    }
+}
+
+/// Laps of a stopwatch: each `lap` returns the seconds since the previous one.
+struct Lap(Instant);
+
+impl Lap {
+    fn start() -> Lap {
+        Lap(Instant::now())
+    }
+
+    fn lap(&mut self) -> f64 {
+        let now = Instant::now();
+        let seconds = now.duration_since(self.0).as_secs_f64();
+        self.0 = now;
+        seconds
+    }
 }
 
 impl PassReport {
@@ -67,6 +191,7 @@ impl PassReport {
         self.outbox_delivered += other.outbox_delivered;
         self.orphans_deleted += other.orphans_deleted;
         self.errors.extend(other.errors);
+        self.seconds.add_all(&other.seconds);
     }
 
     /// Whether the pass changed any bucket's state (another pass may find more to do).
@@ -83,12 +208,15 @@ pub fn new_owner_token() -> String {
 /// Runs one pass: plan, then due work (cleanups first), at most `scan_limit` buckets.
 pub async fn run_pass(engine: &Arc<Engine>, owner: &str) -> Result<PassReport> {
     let mut report = PassReport::default();
+    let mut lap = Lap::start();
     plan_new_buckets(engine, &mut report).await?;
+    report.seconds.add(Phase::Plan, lap.lap());
     // Outbox delivery runs before discovery; a sink that is down never blocks archival.
     match outbox::deliver(engine).await {
         Ok(n) => report.outbox_delivered = n,
         Err(e) => report.errors.push(format!("outbox: {e}")),
     }
+    lap.lap();
     let now = engine.clock.now();
     let store = engine.store.clone();
     let limit = engine.settings.scan_limit;
@@ -102,6 +230,7 @@ pub async fn run_pass(engine: &Arc<Engine>, owner: &str) -> Result<PassReport> {
     }
     // Pending cleanups first: a failing discovery or upload must not starve them.
     metas.sort_by_key(|m| !matches!(m.state, BucketState::Archived { hot_deleted: false }));
+    report.seconds.add(Phase::Discover, lap.lap());
     for meta in metas {
         if meta.state == BucketState::Expired {
             let (store, id, now) = (engine.store.clone(), meta.id.clone(), engine.clock.now());
@@ -110,7 +239,7 @@ pub async fn run_pass(engine: &Arc<Engine>, owner: &str) -> Result<PassReport> {
                 continue;
             }
         }
-        match archive_bucket(engine, owner, meta.id.clone()).await {
+        match archive_bucket(engine, owner, meta.id.clone(), &mut report.seconds).await {
             Ok(Outcome::Archived { rows, bytes }) => {
                 report.archived += 1;
                 report.cleaned += 1;
@@ -133,11 +262,13 @@ pub async fn run_pass(engine: &Arc<Engine>, owner: &str) -> Result<PassReport> {
     }
     // The catalogs are derived from the manifests; refresh them when archives changed.
     if report.archived + report.expired > 0 {
+        lap.lap();
         for table in engine.policies().tables.keys() {
             if let Err(e) = catalog::write(engine, table).await {
                 report.errors.push(format!("catalog of `{table}`: {e}"));
             }
         }
+        report.seconds.add(Phase::Catalog, lap.lap());
     }
     // A failed reference check stops the sweep before it deletes anything.
     match sweep::sweep_if_due(engine).await {
@@ -152,8 +283,9 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'sta
     tokio::task::spawn_blocking(f).await.map_err(|e| Error::Internal(format!("blocking task failed: {e}")))?
 }
 
-/// Asks each table's retention policy for a plan for buckets that have none yet. A policy
-/// fault leaves the bucket unplanned (so nothing is archived or expired) and is retried.
+/// Asks each table's retention policy for a plan for buckets that have none yet, in batches:
+/// one policy call and one transaction per table and batch. A policy fault leaves the
+/// batch's buckets unplanned (so nothing is archived or expired) and is retried next pass.
 async fn plan_new_buckets(engine: &Arc<Engine>, report: &mut PassReport) -> Result<()> {
     let store = engine.store.clone();
     let ids = blocking(move || store.unplanned(PLAN_BUCKETS_PER_PASS_MAX)).await?;
@@ -162,30 +294,35 @@ async fn plan_new_buckets(engine: &Arc<Engine>, report: &mut PassReport) -> Resu
     }
     let policies = engine.policies();
     let now = engine.clock.now();
-    for id in ids {
-        let store = engine.store.clone();
-        let lookup = id.clone();
-        let Some(meta) = blocking(move || store.bucket(&lookup)).await? else { continue };
-        let Some(table) = policies.tables.get(&id.table).cloned() else { continue };
-        let facts = facts_of(&meta);
-        let engine2 = engine.clone();
-        let result = blocking(move || Ok(table.retention.plan(now, &[facts]))).await?;
-        let store = engine2.store.clone();
-        match result.map(|mut plans| plans.pop()) {
-            Ok(Some(Ok(plan))) => {
-                blocking(move || store.set_plan(id, plan, now)).await?;
-                report.planned += 1;
+    for batch in ids.chunks(PLAN_BATCH_BUCKETS_MAX) {
+        let (store, lookup) = (engine.store.clone(), batch.to_vec());
+        let metas = blocking(move || {
+            let mut metas = Vec::with_capacity(lookup.len());
+            for id in &lookup {
+                metas.extend(store.bucket(id)?);
             }
-            Ok(Some(Err(message))) => {
-                report.plan_failures += 1;
-                blocking(move || store.note_plan_error(id, message)).await?;
-            }
-            Ok(None) => report.plan_failures += 1,
-            Err(e) => {
-                report.plan_failures += 1;
-                let message = e.to_string();
-                blocking(move || store.note_plan_error(id, message)).await?;
-            }
+            Ok(metas)
+        })
+        .await?;
+        // The unplanned index is in key order, so a batch's buckets come table by table.
+        for same_table in metas.chunk_by(|a, b| a.id.table == b.id.table) {
+            let Some(table) = policies.tables.get(&same_table[0].id.table).cloned() else { continue };
+            let ids: Vec<BucketId> = same_table.iter().map(|m| m.id.clone()).collect();
+            let facts: Vec<BucketFacts> = same_table.iter().map(facts_of).collect();
+            let answers = blocking(move || Ok(table.retention.plan(now, &facts))).await?;
+            let outcomes: Vec<_> = match answers {
+                Ok(plans) if plans.len() == ids.len() => ids.into_iter().zip(plans).collect(),
+                Ok(plans) => {
+                    let why = format!("answered {} plans for {} buckets", plans.len(), ids.len());
+                    ids.into_iter().map(|id| (id, Err(why.clone()))).collect()
+                }
+                Err(e) => ids.into_iter().map(|id| (id, Err(e.to_string()))).collect(),
+            };
+            let planned = outcomes.iter().filter(|(_, o)| o.is_ok()).count() as u64;
+            report.planned += planned;
+            report.plan_failures += outcomes.len() as u64 - planned;
+            let store = engine.store.clone();
+            blocking(move || store.set_plans(outcomes, now)).await?;
         }
     }
     Ok(())
@@ -273,7 +410,12 @@ impl Heartbeat {
     }
 }
 
-async fn archive_bucket(engine: &Arc<Engine>, owner: &str, id: BucketId) -> Result<Outcome> {
+async fn archive_bucket(
+    engine: &Arc<Engine>,
+    owner: &str,
+    id: BucketId,
+    seconds: &mut PhaseSeconds,
+) -> Result<Outcome> {
     let policies = engine.policies();
     let Some(table) = policies.tables.get(&id.table).cloned() else {
         return Ok(Outcome::NotClaimed);
@@ -281,9 +423,11 @@ async fn archive_bucket(engine: &Arc<Engine>, owner: &str, id: BucketId) -> Resu
     let now = engine.clock.now();
     let (store, claim_id, claim_owner, lease_us) =
         (engine.store.clone(), id.clone(), owner.to_string(), engine.settings.lease_us);
+    let mut lap = Lap::start();
     let Some(meta) = blocking(move || store.claim(claim_id, claim_owner, now, lease_us)).await? else {
         return Ok(Outcome::NotClaimed);
     };
+    seconds.add(Phase::Claim, lap.lap());
     let generation = meta.generation;
     let heartbeat = Heartbeat::start(engine, id.clone(), owner.to_string(), generation);
     let claimed = crate::failpoints::hit("after_claim");
@@ -309,12 +453,12 @@ async fn archive_bucket(engine: &Arc<Engine>, owner: &str, id: BucketId) -> Resu
             }
         }
         (Ok(()), BucketState::Archived { hot_deleted: false }) => {
-            cleanup(engine, owner, &id, generation, &heartbeat).await.map(|_| Outcome::Cleaned)
+            cleanup(engine, owner, &id, generation, &heartbeat, seconds).await.map(|_| Outcome::Cleaned)
         }
-        (Ok(()), _) => match upload_and_publish(engine, &table, owner, &meta, &heartbeat).await {
-            Ok((rows, bytes)) => {
-                cleanup(engine, owner, &id, generation, &heartbeat).await.map(|_| Outcome::Archived { rows, bytes })
-            }
+        (Ok(()), _) => match upload_and_publish(engine, &table, owner, &meta, &heartbeat, seconds).await {
+            Ok((rows, bytes)) => cleanup(engine, owner, &id, generation, &heartbeat, seconds)
+                .await
+                .map(|_| Outcome::Archived { rows, bytes }),
             Err(e) => Err(e),
         },
     };
@@ -343,10 +487,13 @@ async fn upload_and_publish(
     owner: &str,
     meta: &BucketMeta,
     heartbeat: &Heartbeat,
+    seconds: &mut PhaseSeconds,
 ) -> Result<(u64, u64)> {
     let id = meta.id.clone();
     let generation = meta.generation;
+    let mut lap = Lap::start();
     let rows = snapshot(engine, &id, owner, generation).await?;
+    seconds.add(Phase::Snapshot, lap.lap());
     let encoded = crate::format::encode_segments(table.format, &rows)?;
     let prefix = keys::bucket_prefix(&id.table, &id.bucket_key, &id.partition_key);
     let backend = table.backend.clone();
@@ -385,6 +532,7 @@ async fn upload_and_publish(
     manifest.check_consistent()?;
     let manifest_bytes = Bytes::from(manifest.to_bytes());
     let manifest_key = keys::manifest_key(&prefix, generation, &sha256_hex(&manifest_bytes));
+    seconds.add(Phase::Encode, lap.lap());
 
     // Invariant 10: the intent is durable before the first upload.
     let intent = UploadIntent {
@@ -396,19 +544,23 @@ async fn upload_and_publish(
     };
     let (store, intent_owner, now) = (engine.store.clone(), owner.to_string(), engine.clock.now());
     blocking(move || store.record_intent(intent, intent_owner, now)).await?;
+    seconds.add(Phase::RecordIntent, lap.lap());
 
     for (info, payload) in manifest.segments.iter().zip(payloads) {
         heartbeat.check("a segment upload")?;
-        create_verified(backend.as_ref(), &info.key, payload, |bytes| {
+        create_verified(backend.as_ref(), &info.key, payload, Some(&mut *seconds), |bytes| {
             crate::failpoints::hit("after_segment_upload")?;
-            verify_segment(table.format, info, bytes).map(|_| ())
+            // create_verified has compared the bytes with the payload and checked their hash
+            // against the key; what is left is that they decode to the manifest's rows.
+            verify_segment_rows(table.format, info, bytes).map(|_| ())
         })
         .await?;
         crate::failpoints::hit("after_read_back")?;
     }
+    lap.lap();
     heartbeat.check("the manifest upload")?;
     let expected = manifest.clone();
-    create_verified(backend.as_ref(), &manifest_key, manifest_bytes, |bytes| {
+    create_verified(backend.as_ref(), &manifest_key, manifest_bytes, None, |bytes| {
         let read = Manifest::from_bytes(bytes)?;
         if read != expected {
             return Err(Error::Corruption(format!(
@@ -420,12 +572,14 @@ async fn upload_and_publish(
     })
     .await?;
     crate::failpoints::hit("after_manifest")?;
+    seconds.add(Phase::Manifest, lap.lap());
     heartbeat.check("publication")?;
     crate::failpoints::hit("before_publish")?;
     let (rows_n, bytes_n) = (manifest.summary.rows, manifest.bytes);
     let (store, publish_owner, now) = (engine.store.clone(), owner.to_string(), engine.clock.now());
     let key = manifest_key.clone();
     blocking(move || store.publish(id, publish_owner, generation, now, manifest, key)).await?;
+    seconds.add(Phase::Publish, lap.lap());
     crate::failpoints::hit("after_publish")?;
     tracing::info!(manifest = %manifest_key, rows = rows_n, bytes = bytes_n, "bucket published");
     Ok((rows_n, bytes_n))
@@ -461,13 +615,16 @@ async fn snapshot(engine: &Arc<Engine>, id: &BucketId, owner: &str, generation: 
 
 /// Creates `key` only if absent, then reads it back and verifies it. An existing object (a
 /// retry, or an upload whose acknowledgement was lost) counts only if it is byte-identical;
-/// an ambiguous failure is resolved by reading the object.
+/// an ambiguous failure is resolved by reading the object. With `seconds`, the upload, the
+/// read back and the verification are timed into it.
 async fn create_verified(
     backend: &dyn ArchiveBackend,
     key: &str,
     payload: Bytes,
+    mut seconds: Option<&mut PhaseSeconds>,
     verify: impl Fn(&[u8]) -> Result<()>,
 ) -> Result<()> {
+    let mut lap = Lap::start();
     let mut upload_error = None;
     match backend.put_create(key, payload.clone()).await {
         Ok(PutOutcome::Created) | Ok(PutOutcome::AlreadyExists) => {}
@@ -476,6 +633,9 @@ async fn create_verified(
             upload_error = Some(e);
         }
         Err(e) => return Err(e),
+    }
+    if let Some(seconds) = seconds.as_deref_mut() {
+        seconds.add(Phase::Upload, lap.lap());
     }
     let read = backend.get(key).await;
     // When the read fails too, the upload's error says more (an outage, a target not yet probed).
@@ -489,6 +649,9 @@ async fn create_verified(
         Some(e) => Error::StorageUnavailable(format!("object `{key}` is absent after an upload that failed: {e}")),
         None => Error::StorageUnavailable(format!("object `{key}` is absent after its upload")),
     })?;
+    if let Some(seconds) = seconds.as_deref_mut() {
+        seconds.add(Phase::ReadBack, lap.lap());
+    }
     if stored != payload {
         return Err(Error::Corruption(format!(
             "object `{key}` read back ({} bytes, sha256 {}) differs from what was written ({} bytes, sha256 {}); it is never overwritten",
@@ -499,7 +662,11 @@ async fn create_verified(
         )));
     }
     keys::check_content_address(key, &sha256_hex(&stored))?;
-    verify(&stored)
+    let verified = verify(&stored);
+    if let Some(seconds) = seconds {
+        seconds.add(Phase::Verify, lap.lap());
+    }
+    verified
 }
 
 /// Verifies a segment's bytes against its manifest entry: hash, row count, row checksum,
@@ -516,6 +683,12 @@ pub fn verify_segment(format: Format, info: &SegmentInfo, bytes: &[u8]) -> Resul
         )));
     }
     keys::check_content_address(&info.key, &sha)?;
+    verify_segment_rows(format, info, bytes)
+}
+
+/// Verifies that a segment's bytes decode to the rows its manifest entry describes: row
+/// count and row checksum (the bytes' hash is checked by the caller).
+fn verify_segment_rows(format: Format, info: &SegmentInfo, bytes: &[u8]) -> Result<Vec<Record>> {
     let rows = format.decode(bytes)?;
     let summary = summarize(&rows);
     if summary != info.summary || rows.len() as u64 != info.rows {
@@ -535,10 +708,13 @@ async fn cleanup(
     id: &BucketId,
     generation: u64,
     heartbeat: &Heartbeat,
+    seconds: &mut PhaseSeconds,
 ) -> Result<u64> {
     heartbeat.check("cleanup")?;
     let (store, id, owner, now) = (engine.store.clone(), id.clone(), owner.to_string(), engine.clock.now());
+    let mut lap = Lap::start();
     let deleted = blocking(move || store.cleanup(id, owner, generation, now)).await?;
+    seconds.add(Phase::Cleanup, lap.lap());
     tracing::info!(rows = deleted, "hot rows deleted");
     Ok(deleted)
 }

@@ -36,9 +36,10 @@ async fn references(engine: &Arc<Engine>) -> Result<HashSet<String>> {
         for manifest in store.all_manifests()? {
             keys.extend(manifest.segments.into_iter().map(|s| s.key));
         }
-        for meta in store.all_buckets()? {
+        store.visit_buckets(|meta| {
             keys.extend(meta.manifest_key);
-        }
+            Ok(())
+        })?;
         for intent in store.intents()? {
             keys.extend(intent.keys);
         }

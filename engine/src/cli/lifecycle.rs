@@ -62,14 +62,14 @@ pub struct HoldListing {
 pub fn list_holds(engine: &Engine) -> Result<Vec<HoldListing>> {
     let mut holds = engine.store.holds()?;
     holds.extend(engine.policies().holds.iter().cloned());
-    let buckets = engine.store.all_buckets()?;
-    Ok(holds
-        .into_iter()
-        .map(|hold| {
-            let covered_buckets = buckets.iter().filter(|b| hold.covers(b)).count() as u64;
-            HoldListing { hold, covered_buckets }
-        })
-        .collect())
+    let mut covered = vec![0u64; holds.len()];
+    engine.store.visit_buckets(|b| {
+        for (hold, count) in holds.iter().zip(&mut covered) {
+            *count += u64::from(hold.covers(&b));
+        }
+        Ok(())
+    })?;
+    Ok(holds.into_iter().zip(covered).map(|(hold, covered_buckets)| HoldListing { hold, covered_buckets }).collect())
 }
 
 /// What placing a hold asks for: `frostline hold place`'s flags and `POST /v1/holds`'s body.

@@ -74,12 +74,12 @@ pub struct Status {
 pub fn collect(engine: &Engine) -> Result<Status> {
     let now: Micros = engine.clock.now();
     let policies = engine.policies();
-    let buckets = engine.store.all_buckets()?;
-    let mut tables = Vec::new();
-    for (id, table) in &policies.tables {
-        let mut states: BTreeMap<String, StateCount> = BTreeMap::new();
-        for b in buckets.iter().filter(|b| &b.id.table == id) {
-            let entry = states.entry(b.state.name().to_string()).or_insert(StateCount {
+    let mut states: BTreeMap<&str, BTreeMap<String, StateCount>> = BTreeMap::new();
+    let mut deferrals = Vec::new();
+    let mut leases = Vec::new();
+    engine.store.visit_buckets(|b| {
+        if let Some(id) = policies.tables.get_key_value(&b.id.table).map(|(id, _)| id.as_str()) {
+            let entry = states.entry(id).or_default().entry(b.state.name().to_string()).or_insert(StateCount {
                 buckets: 0,
                 rows: 0,
                 oldest_age_seconds: 0,
@@ -88,32 +88,35 @@ pub fn collect(engine: &Engine) -> Result<Status> {
             entry.rows += b.row_count;
             entry.oldest_age_seconds = entry.oldest_age_seconds.max((now - b.state_since) / 1_000_000);
         }
-        tables.push(TableStatus {
+        if b.attempts > 0 || (b.plan.is_none() && b.last_error.is_some()) {
+            deferrals.push(Deferral {
+                bucket: b.id.display(),
+                attempts: b.attempts,
+                next_retry_at: b.next_retry_at.map(format_rfc3339),
+                error: b.last_error.clone().unwrap_or_default(),
+            });
+        }
+        if let Some(owner) = &b.lease_owner
+            && b.lease_expires_at > now
+        {
+            leases.push(Lease {
+                bucket: b.id.display(),
+                owner: owner.clone(),
+                generation: b.generation,
+                expires_at: format_rfc3339(b.lease_expires_at),
+            });
+        }
+        Ok(())
+    })?;
+    let tables = policies
+        .tables
+        .iter()
+        .map(|(id, table)| TableStatus {
             id: id.clone(),
             strategy: table.strategy.identity().name.clone(),
             retention: table.retention.name().to_string(),
             target: format!("{} ({})", table.target_name, table.backend.target()),
-            states,
-        });
-    }
-    let deferrals = buckets
-        .iter()
-        .filter(|b| b.attempts > 0 || (b.plan.is_none() && b.last_error.is_some()))
-        .map(|b| Deferral {
-            bucket: b.id.display(),
-            attempts: b.attempts,
-            next_retry_at: b.next_retry_at.map(format_rfc3339),
-            error: b.last_error.clone().unwrap_or_default(),
-        })
-        .collect();
-    let leases = buckets
-        .iter()
-        .filter(|b| b.lease_owner.is_some() && b.lease_expires_at > now)
-        .map(|b| Lease {
-            bucket: b.id.display(),
-            owner: b.lease_owner.clone().unwrap_or_default(),
-            generation: b.generation,
-            expires_at: format_rfc3339(b.lease_expires_at),
+            states: states.remove(id.as_str()).unwrap_or_default(),
         })
         .collect();
     let oldest_due_age_seconds = match engine.store.earliest_due()? {

@@ -139,6 +139,7 @@ struct RawTarget {
 }
 
 /// One table, ready to use.
+#[derive(Clone)]
 pub struct TablePolicy {
     pub id: String,
     pub strategy: Arc<dyn BucketStrategy>,
@@ -152,6 +153,7 @@ pub struct TablePolicy {
 }
 
 /// A whole, validated policy directory.
+#[derive(Clone)]
 pub struct PolicySet {
     pub tables: BTreeMap<String, Arc<TablePolicy>>,
     pub targets: BTreeMap<String, Arc<dyn ArchiveBackend>>,

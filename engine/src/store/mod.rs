@@ -96,10 +96,16 @@ impl Store {
     /// Opens (or creates) the database at `path`. A database held by another process is
     /// refused with a message that says so.
     pub fn open(path: &Path) -> Result<Store> {
+        let default_mib = crate::settings::STORE_CACHE_MIB_DEFAULT as usize;
+        Self::open_with_cache(path, default_mib * 1024 * 1024)
+    }
+
+    /// `open` with a page cache of `cache_bytes` (redb's own default is 1 GiB).
+    pub fn open_with_cache(path: &Path, cache_bytes: usize) -> Result<Store> {
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
         }
-        let db = Database::create(path).map_err(|e| match e {
+        let db = redb::Builder::new().set_cache_size(cache_bytes).create(path).map_err(|e| match e {
             redb::DatabaseError::DatabaseAlreadyOpen => {
                 Error::AlreadyOpen { path: path.parent().unwrap_or(path).to_path_buf() }
             }
@@ -194,6 +200,18 @@ impl Store {
         Ok(out)
     }
 
+    /// Calls `visit` with every bucket of every table in key order, one at a time, from one
+    /// read transaction: summaries over a million buckets without holding them all.
+    pub fn visit_buckets(&self, mut visit: impl FnMut(BucketMeta) -> Result<()>) -> Result<()> {
+        let txn = self.read()?;
+        let t = txn.open_table(BUCKETS).map_err(db_err)?;
+        for entry in t.iter().map_err(db_err)? {
+            let (_, v) = entry.map_err(db_err)?;
+            visit(decode_value(v.value())?)?;
+        }
+        Ok(())
+    }
+
     /// Every bucket of every table.
     pub fn all_buckets(&self) -> Result<Vec<BucketMeta>> {
         let txn = self.read()?;
@@ -276,6 +294,33 @@ impl Store {
         }
     }
 
+    /// The published buckets of a table with their newest manifest, in key order. Reads the
+    /// manifests, not every bucket: its cost follows what is archived, not what is hot.
+    pub fn published(&self, table: &str) -> Result<Vec<(BucketMeta, crate::format::manifest::Manifest)>> {
+        let txn = self.read()?;
+        let manifests = txn.open_table(MANIFESTS).map_err(db_err)?;
+        let buckets = txn.open_table(BUCKETS).map_err(db_err)?;
+        let prefix = BucketId::table_prefix(table, None);
+        let end = encoding::prefix_end(&prefix);
+        let mut out: Vec<(BucketMeta, crate::format::manifest::Manifest)> = Vec::new();
+        let mut newest: Option<(BucketId, Vec<u8>)> = None;
+        // Generations of one bucket are adjacent and ascending: keep the last of each run.
+        for entry in manifests.range(prefix.as_slice()..end.as_slice()).map_err(db_err)? {
+            let (k, v) = entry.map_err(db_err)?;
+            let id = BucketId::decode(&mut encoding::Reader::new(k.value()))?;
+            if let Some((previous, bytes)) = newest.take()
+                && previous != id
+            {
+                push_published(&buckets, previous, &bytes, &mut out)?;
+            }
+            newest = Some((id, v.value().to_vec()));
+        }
+        if let Some((id, bytes)) = newest {
+            push_published(&buckets, id, &bytes, &mut out)?;
+        }
+        Ok(out)
+    }
+
     /// Every recorded manifest, for the orphan sweep's reference set.
     pub fn all_manifests(&self) -> Result<Vec<crate::format::manifest::Manifest>> {
         let txn = self.read()?;
@@ -356,27 +401,42 @@ impl Store {
 
     /// Stores a bucket's retention plan and schedules its next action.
     pub fn set_plan(&self, id: BucketId, plan: RetentionPlan, now: Micros) -> Result<()> {
+        self.set_plans(vec![(id, Ok(plan))], now)
+    }
+
+    /// Stores the outcome of planning several buckets in one transaction: a plan is stored and
+    /// the bucket's next action scheduled; a refusal (the policy's reason) is recorded on the
+    /// bucket, which stays unplanned and is retried later.
+    pub fn set_plans(
+        &self,
+        outcomes: Vec<(BucketId, std::result::Result<RetentionPlan, String>)>,
+        now: Micros,
+    ) -> Result<()> {
         self.write(move |txn| {
-            let mut meta = load_meta(txn, &id)?;
-            txn.open_table(UNPLANNED).map_err(db_err)?.remove(id.encode().as_slice()).map_err(db_err)?;
-            let due_at = match meta.state {
-                BucketState::Hot => plan.archive_at,
-                _ => meta.due_at,
-            };
-            meta.plan = Some(plan);
-            schedule(txn, &mut meta, due_at)?;
-            meta_touch(&mut meta, now, None);
-            save_meta(txn, &meta)
+            for (id, outcome) in outcomes {
+                let mut meta = load_meta(txn, &id)?;
+                match outcome {
+                    Ok(plan) => {
+                        txn.open_table(UNPLANNED).map_err(db_err)?.remove(id.encode().as_slice()).map_err(db_err)?;
+                        let due_at = match meta.state {
+                            BucketState::Hot => plan.archive_at,
+                            _ => meta.due_at,
+                        };
+                        meta.plan = Some(plan);
+                        schedule(txn, &mut meta, due_at)?;
+                        meta_touch(&mut meta, now, None);
+                    }
+                    Err(error) => meta.last_error = Some(format!("retention plan: {error}")),
+                }
+                save_meta(txn, &meta)?;
+            }
+            Ok(())
         })
     }
 
     /// Records that planning failed for a bucket; it stays unplanned and is retried later.
     pub fn note_plan_error(&self, id: BucketId, error: String) -> Result<()> {
-        self.write(move |txn| {
-            let mut meta = load_meta(txn, &id)?;
-            meta.last_error = Some(format!("retention plan: {error}"));
-            save_meta(txn, &meta)
-        })
+        self.set_plans(vec![(id, Err(error))], 0)
     }
 
     /// Claims a due bucket for `owner`: a hot bucket whose archive time has come, an
@@ -553,7 +613,7 @@ impl Store {
             let mut keys = Vec::with_capacity(meta.row_count as usize);
             for entry in records.range(prefix.as_slice()..end.as_slice()).map_err(db_err)? {
                 let (k, v) = entry.map_err(db_err)?;
-                summer.push(&row_to_record(k.value(), v.value())?);
+                summer.push(&bucket_row(&id, &prefix, k.value(), v.value())?);
                 keys.push(k.value().to_vec());
             }
             let hot: RowSummary = summer.finish();
@@ -1010,47 +1070,54 @@ fn apply_batch(txn: &WriteTransaction, batch: &AppendBatch) -> Result<AppendOutc
     let mut buckets = txn.open_table(BUCKETS).map_err(db_err)?;
     let mut by_time = txn.open_table(BUCKETS_BY_TIME).map_err(db_err)?;
 
-    // Phase 1: check everything, touching nothing.
-    let mut metas: HashMap<BucketId, (BucketMeta, bool)> = HashMap::new();
-    let mut newest_start: HashMap<Vec<u8>, Option<Micros>> = HashMap::new();
-    let mut pending: HashMap<Vec<u8>, &StoredRowRef<'_>> = HashMap::new();
-    let rows: Vec<(BucketId, Vec<u8>, StoredRowRef<'_>)> = batch
-        .rows
-        .iter()
-        .map(|row| {
-            let id = BucketId {
+    // Phase 1: check everything, touching nothing. Each row's key and stored value are
+    // encoded once, and rows refer to their bucket by index: no per-row clones.
+    let mut ids: Vec<BucketId> = Vec::new();
+    let mut first_rows: Vec<&PreparedRow> = Vec::new();
+    let mut id_index: HashMap<(&[u8], &str), usize> = HashMap::new();
+    let mut rows: Vec<(usize, Vec<u8>, Vec<u8>, &PreparedRow)> = Vec::with_capacity(batch.rows.len());
+    for row in &batch.rows {
+        let identity = (row.record.partition_key.as_slice(), row.descriptor.key.as_str());
+        let index = *id_index.entry(identity).or_insert_with(|| {
+            ids.push(BucketId {
                 table: batch.table.clone(),
                 partition_key: row.record.partition_key.clone(),
                 bucket_key: row.descriptor.key.clone(),
-            };
-            let key = record_key(&id, row.record.event_time, &row.record.sort_key);
-            (id, key, StoredRowRef { row })
-        })
-        .collect();
-    for (id, _, row) in &rows {
-        if !metas.contains_key(id) {
-            let existing: Option<BucketMeta> =
-                buckets.get(id.encode().as_slice()).map_err(db_err)?.map(|v| decode_value(v.value())).transpose()?;
-            let is_new = existing.is_none();
-            let meta = existing.unwrap_or_else(|| new_bucket_meta(id.clone(), &row.row.descriptor, batch));
-            if !meta.state.accepts_appends() {
-                return Err(Error::BucketFenced {
-                    table: id.table.clone(),
-                    bucket: id.display(),
-                    state: meta.state.to_string(),
-                });
-            }
-            if meta.descriptor != row.row.descriptor {
-                return Err(Error::Conflict(format!(
-                    "bucket {id} is stored as [{}, {}) but the strategy now answers [{}, {})",
-                    meta.descriptor.start, meta.descriptor.end, row.row.descriptor.start, row.row.descriptor.end
-                )));
-            }
-            metas.insert(id.clone(), (meta, is_new));
+            });
+            first_rows.push(row);
+            ids.len() - 1
+        });
+        let key = record_key(&ids[index], row.record.event_time, &row.record.sort_key);
+        let value = encode_value(&StoredRowView::of(row))?;
+        rows.push((index, key, value, row));
+    }
+    let mut metas: Vec<(BucketMeta, bool)> = Vec::with_capacity(ids.len());
+    let mut newest_start: HashMap<Vec<u8>, Option<Micros>> = HashMap::new();
+    for (id, first_row) in ids.iter().zip(&first_rows) {
+        let existing: Option<BucketMeta> =
+            buckets.get(id.encode().as_slice()).map_err(db_err)?.map(|v| decode_value(v.value())).transpose()?;
+        let is_new = existing.is_none();
+        let meta = existing.unwrap_or_else(|| new_bucket_meta(id.clone(), &first_row.descriptor, batch));
+        if !meta.state.accepts_appends() {
+            return Err(Error::BucketFenced {
+                table: id.table.clone(),
+                bucket: id.display(),
+                state: meta.state.to_string(),
+            });
+        }
+        metas.push((meta, is_new));
+    }
+    for (index, _, _, row) in &rows {
+        let stored = &metas[*index].0.descriptor;
+        if row.descriptor != *stored {
+            return Err(Error::Conflict(format!(
+                "bucket {} is stored as [{}, {}) but the strategy now answers [{}, {})",
+                ids[*index], stored.start, stored.end, row.descriptor.start, row.descriptor.end
+            )));
         }
     }
     if let Some(horizons) = &batch.writable_horizons {
-        for (id, (meta, _)) in &metas {
+        for (id, (meta, _)) in ids.iter().zip(&metas) {
             let partition = id.partition_key.clone();
             let stored_newest = match newest_start.get(&partition) {
                 Some(v) => *v,
@@ -1066,8 +1133,9 @@ fn apply_batch(txn: &WriteTransaction, batch: &AppendBatch) -> Result<AppendOutc
                     v
                 }
             };
-            let batch_newest = metas
+            let batch_newest = ids
                 .iter()
+                .zip(&metas)
                 .filter(|(other, _)| other.partition_key == partition)
                 .map(|(_, (m, _))| m.descriptor.start)
                 .max();
@@ -1085,39 +1153,40 @@ fn apply_batch(txn: &WriteTransaction, batch: &AppendBatch) -> Result<AppendOutc
         }
     }
     let mut duplicates = 0u64;
-    let mut fresh = Vec::new();
-    for (id, key, row) in &rows {
-        let stored = row.stored();
-        if let Some(previous) = pending.get(key) {
-            if previous.stored() != stored {
-                return Err(identity_conflict(id, row));
+    let mut pending: HashMap<&[u8], &[u8]> = HashMap::with_capacity(rows.len());
+    let mut fresh = Vec::with_capacity(rows.len());
+    for (index, key, value, row) in &rows {
+        if let Some(previous) = pending.get(key.as_slice()) {
+            if previous != &value.as_slice() {
+                return Err(identity_conflict(&ids[*index], row));
             }
             duplicates += 1;
             continue;
         }
         if let Some(existing) = records.get(key.as_slice()).map_err(db_err)? {
-            let existing: StoredRow = decode_value(existing.value())?;
-            if existing != stored {
-                return Err(identity_conflict(id, row));
+            // Equal bytes are the same row; otherwise compare what they hold (a row written
+            // by an older version may encode the same content differently).
+            if existing.value() != value.as_slice() && decode_value::<StoredRow>(existing.value())? != stored_row(row) {
+                return Err(identity_conflict(&ids[*index], row));
             }
             duplicates += 1;
             continue;
         }
-        pending.insert(key.clone(), row);
-        fresh.push((id, key, row));
+        pending.insert(key, value);
+        fresh.push((*index, key, value, *row));
     }
 
     // Phase 2: apply.
-    for (id, key, row) in &fresh {
-        records.insert(key.as_slice(), encode_value(&row.stored())?.as_slice()).map_err(db_err)?;
-        let (meta, _) = metas.get_mut(*id).expect("checked above");
+    for (index, key, value, row) in fresh.iter().copied() {
+        records.insert(key.as_slice(), value.as_slice()).map_err(db_err)?;
+        let (meta, _) = &mut metas[index];
         meta.row_count += 1;
-        meta.byte_count += row.row.record.body.len() as u64;
-        meta.tenant.observe(row.row.record.tenant.as_deref());
-        meta.kind.observe(row.row.record.kind.as_deref());
+        meta.byte_count += row.record.body.len() as u64;
+        meta.tenant.observe(row.record.tenant.as_deref());
+        meta.kind.observe(row.record.kind.as_deref());
     }
     let mut unplanned = txn.open_table(UNPLANNED).map_err(db_err)?;
-    for (id, (meta, is_new)) in &metas {
+    for (id, (meta, is_new)) in ids.iter().zip(&metas) {
         buckets.insert(id.encode().as_slice(), encode_value(meta)?.as_slice()).map_err(db_err)?;
         if *is_new {
             by_time.insert(by_time_key(id, meta.descriptor.start).as_slice(), ()).map_err(db_err)?;
@@ -1127,26 +1196,30 @@ fn apply_batch(txn: &WriteTransaction, batch: &AppendBatch) -> Result<AppendOutc
     Ok(AppendOutcome { appended: fresh.len() as u64, duplicates })
 }
 
-struct StoredRowRef<'a> {
-    row: &'a PreparedRow,
+/// A `StoredRow` borrowed from a prepared row: encodes exactly as `StoredRow` does.
+#[derive(serde::Serialize)]
+struct StoredRowView<'a> {
+    tenant: Option<&'a str>,
+    kind: Option<&'a str>,
+    body: &'a str,
 }
 
-impl StoredRowRef<'_> {
-    fn stored(&self) -> StoredRow {
-        StoredRow {
-            tenant: self.row.record.tenant.clone(),
-            kind: self.row.record.kind.clone(),
-            body: self.row.record.body.clone(),
-        }
+impl<'a> StoredRowView<'a> {
+    fn of(row: &'a PreparedRow) -> Self {
+        StoredRowView { tenant: row.record.tenant.as_deref(), kind: row.record.kind.as_deref(), body: &row.record.body }
     }
 }
 
-fn identity_conflict(id: &BucketId, row: &StoredRowRef<'_>) -> Error {
+fn stored_row(row: &PreparedRow) -> StoredRow {
+    StoredRow { tenant: row.record.tenant.clone(), kind: row.record.kind.clone(), body: row.record.body.clone() }
+}
+
+fn identity_conflict(id: &BucketId, row: &PreparedRow) -> Error {
     Error::Conflict(format!(
         "a record with identity (bucket {id}, event_time {}, sort_key `{}`) already exists with a different body; \
          nothing in this batch was applied",
-        row.row.record.event_time,
-        String::from_utf8_lossy(&row.row.record.sort_key)
+        row.record.event_time,
+        String::from_utf8_lossy(&row.record.sort_key)
     ))
 }
 
@@ -1177,19 +1250,6 @@ fn new_bucket_meta(id: BucketId, descriptor: &BucketDescriptor, batch: &AppendBa
     }
 }
 
-pub(crate) fn row_to_record(key: &[u8], value: &[u8]) -> Result<Record> {
-    let (bucket, event_time, sort_key) = decode_record_key(key)?;
-    let row: StoredRow = decode_value(value)?;
-    Ok(Record {
-        partition_key: bucket.partition_key,
-        event_time,
-        sort_key,
-        tenant: row.tenant,
-        kind: row.kind,
-        body: row.body,
-    })
-}
-
 fn scan_rows(
     table: &impl ReadableTable<&'static [u8], &'static [u8]>,
     id: &BucketId,
@@ -1209,9 +1269,41 @@ fn scan_rows(
     let mut out = Vec::new();
     for entry in table.range(start.as_slice()..end.as_slice()).map_err(db_err)?.take(limit) {
         let (k, v) = entry.map_err(db_err)?;
-        out.push(row_to_record(k.value(), v.value())?);
+        out.push(bucket_row(id, &prefix, k.value(), v.value())?);
     }
     Ok(out)
+}
+
+/// A row of bucket `id` (whose encoded prefix is `prefix`) from its key and stored value.
+fn bucket_row(id: &BucketId, prefix: &[u8], key: &[u8], value: &[u8]) -> Result<Record> {
+    let suffix = key
+        .strip_prefix(prefix)
+        .ok_or_else(|| Error::Corruption(format!("a record key under bucket {id} lacks the bucket's prefix")))?;
+    let (event_time, sort_key) = decode_record_suffix(suffix)?;
+    let row: StoredRow = decode_value(value)?;
+    Ok(Record {
+        partition_key: id.partition_key.clone(),
+        event_time,
+        sort_key,
+        tenant: row.tenant,
+        kind: row.kind,
+        body: row.body,
+    })
+}
+
+/// Adds a bucket and its newest manifest to `out` when the bucket is published (not expired).
+fn push_published(
+    buckets: &impl ReadableTable<&'static [u8], &'static [u8]>,
+    id: BucketId,
+    manifest: &[u8],
+    out: &mut Vec<(BucketMeta, crate::format::manifest::Manifest)>,
+) -> Result<()> {
+    let Some(meta) = buckets.get(id.encode().as_slice()).map_err(db_err)? else { return Ok(()) };
+    let meta: BucketMeta = decode_value(meta.value())?;
+    if matches!(meta.state, BucketState::Archived { .. }) && meta.manifest_key.is_some() {
+        out.push((meta, decode_value(manifest)?));
+    }
+    Ok(())
 }
 
 fn load_meta(txn: &WriteTransaction, id: &BucketId) -> Result<BucketMeta> {

@@ -101,13 +101,13 @@ pub fn record_key(bucket: &BucketId, event_time: Micros, sort_key: &[u8]) -> Vec
     out
 }
 
-/// Splits a record key into its bucket, event time and sort key.
-pub fn decode_record_key(key: &[u8]) -> Result<(BucketId, Micros, Vec<u8>)> {
-    let mut r = Reader::new(key);
-    let bucket = BucketId::decode(&mut r)?;
+/// The event time and sort key of a record key, from the part after its bucket's prefix
+/// (`BucketId::encode`): a scan within one bucket need not decode the bucket again per row.
+pub fn decode_record_suffix(suffix: &[u8]) -> Result<(Micros, Vec<u8>)> {
+    let mut r = Reader::new(suffix);
     let event_time = r.i64()?;
     let sort_key = r.bytes()?;
-    Ok((bucket, event_time, sort_key))
+    Ok((event_time, sort_key))
 }
 
 pub fn by_time_key(bucket: &BucketId, start: Micros) -> Vec<u8> {

@@ -1,0 +1,228 @@
+//! Scenario archive: MB/s of a pass to the local-directory target against the I/O floor for
+//! the same bytes (write, fsync, read back, SHA-256) and against restic backing up the same
+//! records written out as files; when the floor target is missed, where the pass spends its
+//! time, from the phase timings every pass reports (`PassReport::seconds`).
+
+use std::hint::black_box;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+use anyhow::{Context, Result, ensure};
+use frostline::archive::Phase;
+use sha2::{Digest as _, Sha256};
+
+use crate::data::{
+    APPEND_NOW_MICROS, ARCHIVE_NOW_MICROS, DATASET_DAYS, DATASET_PARTITIONS, DATASET_TABLE, Dirs, MEGABYTE, dataset,
+    passes_until_idle, policy_toml,
+};
+use crate::harness::{Bench, Figure, Phases, Unit, push_phases};
+
+const ARCHIVE_RECORDS_DEFAULT: usize = 200_000;
+const ARCHIVE_RECORDS_FULL: usize = 1_000_000;
+/// A pass should archive at >= 60% of the I/O floor for the same bytes.
+const ARCHIVE_RATIO_MIN: f64 = 0.6;
+/// The password of the throwaway restic repositories.
+const RESTIC_PASSWORD: &str = "frostline-bench";
+
+pub fn archive(bench: &mut Bench) -> Result<()> {
+    let count = if bench.options.full { ARCHIVE_RECORDS_FULL } else { ARCHIVE_RECORDS_DEFAULT };
+    // One ingest, copied before every run: each pass starts from the same hot store.
+    let template = Dirs::new(&policy_toml("1s"))?;
+    {
+        let engine = template.open(APPEND_NOW_MICROS)?;
+        for batch in dataset(count).chunks(frostline::engine::APPEND_BATCH_RECORDS_MAX) {
+            engine.append(DATASET_TABLE, batch.to_vec())?;
+        }
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let restic = restic_binary();
+    if let Err(reason) = &restic {
+        bench.skip(&["restic backup"], reason.clone());
+    }
+
+    let mut segments: Vec<Vec<u8>> = Vec::new();
+    let mut archived_bytes = 0;
+    let (mut engine_samples, mut floor_samples, mut restic_samples) = (Vec::new(), Vec::new(), Vec::new());
+    let mut phases: Vec<Phases> = Vec::new();
+    for round in 0..bench.options.repeats {
+        // The first run finds the segments; later rounds alternate which goes first.
+        let baselines_first = round % 2 == 1;
+        let mut baselines = |segments: &[Vec<u8>], bytes: u64| -> Result<()> {
+            floor_samples.push(bytes as f64 / MEGABYTE / floor_once(segments)?);
+            if let Ok((binary, _)) = &restic {
+                restic_samples.push(bytes as f64 / MEGABYTE / restic_once(binary, segments)?);
+            }
+            Ok(())
+        };
+        if baselines_first {
+            baselines(&segments, archived_bytes)?;
+        }
+        let copy = template.copy()?;
+        let engine = copy.open(ARCHIVE_NOW_MICROS)?;
+        let start = Instant::now();
+        let report = runtime.block_on(passes_until_idle(&engine))?;
+        let seconds = start.elapsed().as_secs_f64();
+        ensure!(
+            report.errors.is_empty() && report.deferred == 0,
+            "the pass deferred {} buckets: {}",
+            report.deferred,
+            report.errors.join("; ")
+        );
+        ensure!(report.rows_archived == count as u64, "the pass archived {} of {count} rows", report.rows_archived);
+        engine_samples.push(report.bytes_archived as f64 / MEGABYTE / seconds);
+        phases.push(report.seconds.named());
+        drop(engine);
+        if segments.is_empty() {
+            segments = read_segments(&copy.data().join("archive"))?;
+            archived_bytes = report.bytes_archived;
+            let total: u64 = segments.iter().map(|s| s.len() as u64).sum();
+            ensure!(total == archived_bytes, "the segments hold {total} bytes; the pass reported {archived_bytes}");
+        }
+        drop(copy);
+        if !baselines_first {
+            baselines(&segments, archived_bytes)?;
+        }
+    }
+
+    let sizes: Vec<f64> = segments.iter().map(|s| s.len() as f64 / MEGABYTE).collect();
+    let files = format!(
+        "{} files of the segments' sizes ({:.2}-{:.2} MB, {:.1} MB in all)",
+        segments.len(),
+        sizes.iter().copied().fold(f64::INFINITY, f64::min),
+        sizes.iter().copied().fold(0.0, f64::max),
+        archived_bytes as f64 / MEGABYTE
+    );
+    let floor = Figure::new(
+        bench.scenario,
+        format!("floor: write + fsync + read back + SHA-256 of {files}"),
+        Unit::MegabytesPerSecond,
+        floor_samples,
+        1,
+    );
+    let pass_name = format!(
+        "run_pass to the local directory, {count} rows in {} buckets ({:.1} MB of segments)",
+        DATASET_DAYS * DATASET_PARTITIONS,
+        archived_bytes as f64 / MEGABYTE
+    );
+    let engine = Figure::new(bench.scenario, pass_name.clone(), Unit::MegabytesPerSecond, engine_samples.clone(), 1)
+        .against(&floor)
+        .with_target(ARCHIVE_RATIO_MIN, "a pass archives at >= 60% of the I/O floor for the same bytes");
+    bench.push(floor);
+    // The upload and the read back are what the floor does too.
+    let floor_like = [Phase::Upload as usize, Phase::ReadBack as usize];
+    let note = push_phases(bench, "phases of the timed passes", &phases, &floor_like);
+    let engine = if engine.met_target() { engine } else { engine.with_note(note) };
+    bench.push(engine);
+    if let Ok((_, version)) = &restic {
+        let restic = Figure::new(
+            bench.scenario,
+            format!("{version} backup of the same {files} to a new local repository (compressed, encrypted)"),
+            Unit::MegabytesPerSecond,
+            restic_samples,
+            1,
+        );
+        let against_restic = Figure::new(
+            bench.scenario,
+            format!("{pass_name}, against restic"),
+            Unit::MegabytesPerSecond,
+            engine_samples,
+            1,
+        )
+        .against(&restic);
+        bench.push(restic);
+        bench.push(against_restic);
+    }
+    Ok(())
+}
+
+/// `restic` on the PATH and its version line, or why it cannot be used.
+fn restic_binary() -> std::result::Result<(PathBuf, String), String> {
+    let binary = PathBuf::from("restic");
+    match Command::new(&binary).arg("version").output() {
+        Ok(output) if output.status.success() => {
+            let text = String::from_utf8_lossy(&output.stdout);
+            // "restic 0.14.0 compiled with go1.19.8 on linux/amd64"
+            let version = text.split_whitespace().take(2).collect::<Vec<_>>().join(" ");
+            Ok((binary, version))
+        }
+        Ok(output) => Err(format!("`restic version` failed: {}", String::from_utf8_lossy(&output.stderr).trim())),
+        Err(e) => {
+            Err(format!("restic is not on the PATH ({e}); scripts/bench installs Debian's package into .tools/restic"))
+        }
+    }
+}
+
+/// Seconds of `restic backup` of the segments written out as files, into a new repository
+/// (initialized untimed), with its cache in the same temporary directory.
+fn restic_once(binary: &Path, segments: &[Vec<u8>]) -> Result<f64> {
+    let dir = tempfile::tempdir()?;
+    let files = dir.path().join("records");
+    std::fs::create_dir_all(&files)?;
+    for (i, bytes) in segments.iter().enumerate() {
+        std::fs::write(files.join(format!("bucket-{i:05}.jsonl")), bytes)?;
+    }
+    let repo = dir.path().join("repo");
+    let restic = |args: &[&str]| -> Result<()> {
+        let output = Command::new(binary)
+            .args(args)
+            .arg("--repo")
+            .arg(&repo)
+            .arg("--quiet")
+            .env("RESTIC_PASSWORD", RESTIC_PASSWORD)
+            .env("RESTIC_CACHE_DIR", dir.path().join("cache"))
+            .output()
+            .with_context(|| format!("cannot run {}", binary.display()))?;
+        ensure!(
+            output.status.success(),
+            "`restic {}` failed ({}): {}",
+            args.join(" "),
+            output.status,
+            String::from_utf8_lossy(&output.stderr).trim()
+        );
+        Ok(())
+    };
+    restic(&["init"])?;
+    let start = Instant::now();
+    restic(&["backup", files.to_str().context("a temporary path is not UTF-8")?])?;
+    Ok(start.elapsed().as_secs_f64())
+}
+
+/// The bytes of every segment file under `dir`, in path order.
+fn read_segments(dir: &Path) -> Result<Vec<Vec<u8>>> {
+    fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
+        for entry in std::fs::read_dir(dir)? {
+            let path = entry?.path();
+            if path.is_dir() {
+                walk(&path, out)?;
+            } else if path.file_name().is_some_and(|n| n.to_string_lossy().starts_with("seg-")) {
+                out.push(path);
+            }
+        }
+        Ok(())
+    }
+    let mut paths = Vec::new();
+    walk(dir, &mut paths)?;
+    paths.sort();
+    ensure!(!paths.is_empty(), "the pass wrote no segments under {}", dir.display());
+    paths.iter().map(|p| std::fs::read(p).with_context(|| format!("cannot read {}", p.display()))).collect()
+}
+
+/// Seconds to write each segment's bytes (from memory) to its own file, fsync it, read it back
+/// and SHA-256 it: the least any archiver must do with these bytes.
+fn floor_once(segments: &[Vec<u8>]) -> Result<f64> {
+    let dir = tempfile::tempdir()?;
+    let start = Instant::now();
+    for (i, bytes) in segments.iter().enumerate() {
+        let path = dir.path().join(format!("seg-{i:05}"));
+        let mut file = std::fs::File::create(&path)?;
+        file.write_all(bytes)?;
+        file.sync_all()?;
+        drop(file);
+        let read = std::fs::read(&path)?;
+        ensure!(read.len() == bytes.len(), "read back {} of {} bytes", read.len(), bytes.len());
+        black_box(Sha256::digest(&read));
+    }
+    Ok(start.elapsed().as_secs_f64())
+}

@@ -1,0 +1,251 @@
+//! Scenario footprint: `frostline run` (the release binary) on the example policy directory,
+//! as an operator starts it.
+//!
+//! Start-up is the time from spawning the process to its first answer on `/health`, with the
+//! plugins already in the data directory's compiled cache (a first start, untimed, fills it).
+//! Idle memory is the resident set two seconds after a start, once a pass has run. Then 1 GiB
+//! of records (as JSON lines) is appended over HTTP while the engine's pass loop archives
+//! them, `POST /v1/archive` finishes what is left, and the resident set is read again, with
+//! its peak.
+
+use std::io::Read as _;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail, ensure};
+use frostline::api::client::Client;
+use frostline::model::time::{MICROS_PER_DAY, format_rfc3339};
+use frostline_civil::days_from_civil;
+
+use crate::data::{MEGABYTE, TIMES_SEED, reading_body, release_binary, repo_root, splitmix64};
+use crate::harness::{Bench, Figure, GIB, Unit};
+
+/// Start-up from the compiled cache should take under 200 ms.
+const STARTUP_MS_MAX: f64 = 200.0;
+/// Idle with the example policies, the engine should hold under 64 MiB resident.
+const IDLE_MIB_MAX: f64 = 64.0;
+/// How long after a start the idle resident set is read: past the first pass.
+const IDLE_SETTLE: Duration = Duration::from_secs(2);
+const START_TIMEOUT: Duration = Duration::from_secs(60);
+/// Bytes of JSON lines appended and archived before the second reading.
+const ARCHIVE_BYTES: u64 = 1 << 30;
+/// Lines per `POST /v1/tables/readings/records`.
+const POST_LINES: usize = 10_000;
+/// Partitions of the appended readings; each day of each is one bucket.
+const PARTITIONS: usize = 16;
+/// Readings per partition per day: 20,000 lines of ~300 bytes make a 6 MB bucket.
+const PER_PARTITION_DAY: usize = 20_000;
+const MIB: f64 = 1024.0 * 1024.0;
+
+pub fn footprint(bench: &mut Bench) -> Result<()> {
+    let binary = match release_binary() {
+        Ok(binary) => binary,
+        Err(reason) => {
+            bench.skip(&["start-up", "resident memory"], reason);
+            return Ok(());
+        }
+    };
+    let data = tempfile::tempdir()?;
+    let policies = repo_root().join("policies");
+    // The first start compiles the plugins into the data directory's cache.
+    Engine::start(&binary, data.path(), &policies)?.stop()?;
+
+    let (mut startup_ms, mut idle_mib) = (Vec::new(), Vec::new());
+    for _ in 0..bench.options.repeats {
+        let started = Instant::now();
+        let engine = Engine::start(&binary, data.path(), &policies)?;
+        startup_ms.push(started.elapsed().as_secs_f64() * 1e3);
+        std::thread::sleep(IDLE_SETTLE);
+        idle_mib.push(engine.memory()?.resident_mib);
+        engine.stop()?;
+    }
+    bench.push(
+        Figure::new(
+            bench.scenario,
+            "start-up of `frostline run` to its first /health answer (example policies, compiled cache)",
+            Unit::Millis,
+            startup_ms,
+            1,
+        )
+        .with_limit(STARTUP_MS_MAX, "start-up from the compiled cache takes under 200 ms"),
+    );
+    bench.push(
+        Figure::new(
+            bench.scenario,
+            "resident memory idle, 2 s after start-up (example policies)",
+            Unit::Mebibytes,
+            idle_mib,
+            1,
+        )
+        .with_limit(IDLE_MIB_MAX, "idle with the example policies in under 64 MiB"),
+    );
+
+    // The example policy has these records due at once, so the engine's pass loop archives
+    // while they arrive; `POST /v1/archive` then runs passes until nothing is left.
+    let engine = Engine::start(&binary, data.path(), &policies)?;
+    let client = Client::new(engine.addr, None, None);
+    let started = Instant::now();
+    let (records, bytes) = append_readings(&client, ARCHIVE_BYTES)?;
+    let append_seconds = started.elapsed().as_secs_f64();
+    client.archive()?;
+    let archived = archived_rows(&client)?;
+    let total_seconds = started.elapsed().as_secs_f64();
+    ensure!(archived == records, "{archived} of {records} records are archived");
+    let memory = engine.memory()?;
+    engine.stop()?;
+    let label = format!("{:.2} GiB of JSON lines ({records} records)", bytes as f64 / GIB);
+    bench.push(Figure::new(
+        bench.scenario,
+        format!("HTTP append of {label}, {POST_LINES} lines per request, archival running"),
+        Unit::RecordsPerSecond,
+        vec![records as f64 / append_seconds],
+        records,
+    ));
+    bench.push(Figure::new(
+        bench.scenario,
+        format!("from the first append until all of {label} is archived (MB of JSON lines per second)"),
+        Unit::MegabytesPerSecond,
+        vec![bytes as f64 / MEGABYTE / total_seconds],
+        1,
+    ));
+    bench.push(Figure::new(
+        bench.scenario,
+        format!("resident memory after appending and archiving {label}"),
+        Unit::Mebibytes,
+        vec![memory.resident_mib],
+        1,
+    ));
+    bench.push(Figure::new(
+        bench.scenario,
+        format!("peak resident memory while appending and archiving {label}"),
+        Unit::Mebibytes,
+        vec![memory.peak_mib],
+        1,
+    ));
+    Ok(())
+}
+
+/// Rows of the `readings` table in archived buckets, once no bucket of it is left to archive.
+fn archived_rows(client: &Client) -> Result<u64> {
+    let status = client.status()?;
+    let table = status.tables.iter().find(|t| t.id == "readings").context("no `readings` table in the status")?;
+    let pending: Vec<&String> = table.states.keys().filter(|state| state.as_str() != "archived").collect();
+    let waiting: u64 = pending.iter().map(|state| table.states[*state].buckets).sum();
+    ensure!(waiting == 0, "after POST /v1/archive, {waiting} buckets are still in {pending:?}");
+    Ok(table.states.get("archived").map_or(0, |c| c.rows))
+}
+
+/// Appends readings to the example `readings` table until `bytes` of JSON lines are sent.
+/// They fall in 2025, so the example policy (archive 7 days after the day ends) has them due.
+fn append_readings(client: &Client, bytes: u64) -> Result<(u64, u64)> {
+    let start = days_from_civil(2025, 1, 1) * MICROS_PER_DAY;
+    let step = MICROS_PER_DAY / PER_PARTITION_DAY as i64;
+    let mut state = TIMES_SEED ^ 3;
+    let (mut records, mut sent) = (0u64, 0u64);
+    let mut body = Vec::with_capacity(POST_LINES * 320);
+    let mut n = 0usize;
+    while sent < bytes {
+        body.clear();
+        for _ in 0..POST_LINES {
+            let partition = n % PARTITIONS;
+            let slot = n / PARTITIONS;
+            let sensor = format!("sensor-{partition:03}");
+            let line = serde_json::json!({
+                "partition_key": sensor,
+                "event_time": format_rfc3339(start + slot as i64 * step),
+                "sort_key": format!("evt-{n:012}"),
+                "body": serde_json::from_str::<serde_json::Value>(&reading_body(&sensor, n, splitmix64(&mut state)))?,
+            });
+            serde_json::to_writer(&mut body, &line)?;
+            body.push(b'\n');
+            n += 1;
+        }
+        let counts = client.append("readings", &body)?;
+        ensure!(counts.appended == POST_LINES as u64, "appended {} of {POST_LINES}", counts.appended);
+        records += counts.appended;
+        sent += body.len() as u64;
+    }
+    Ok((records, sent))
+}
+
+/// A running `frostline run`.
+struct Engine {
+    child: Child,
+    addr: SocketAddr,
+}
+
+struct Memory {
+    resident_mib: f64,
+    peak_mib: f64,
+}
+
+impl Engine {
+    /// Spawns the engine and returns once `/health` answers.
+    fn start(binary: &Path, data: &Path, policies: &Path) -> Result<Engine> {
+        let addr_file = data.join(frostline::api::ADDR_FILE);
+        let _ = std::fs::remove_file(&addr_file);
+        let mut child = Command::new(binary)
+            .arg("run")
+            .arg("--data")
+            .arg(data)
+            .arg("--policies")
+            .arg(policies)
+            .args(["--listen", "127.0.0.1:0"])
+            .env_remove("FROSTLINE_TOKENS")
+            .env_remove("FROSTLINE_ADMIN_TOKENS")
+            .env("FROSTLINE_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .with_context(|| format!("cannot start {}", binary.display()))?;
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            if let Some(status) = child.try_wait()? {
+                let mut stderr = String::new();
+                if let Some(mut pipe) = child.stderr.take() {
+                    pipe.read_to_string(&mut stderr)?;
+                }
+                bail!("`frostline run` exited during start-up ({status}): {}", stderr.trim());
+            }
+            if let Some(addr) = std::fs::read_to_string(&addr_file).ok().and_then(|t| t.trim().parse().ok())
+                && health(addr)
+            {
+                return Ok(Engine { child, addr });
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                bail!("`frostline run` did not answer /health within {START_TIMEOUT:?}");
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// The resident set and its peak, from /proc.
+    fn memory(&self) -> Result<Memory> {
+        let path = PathBuf::from(format!("/proc/{}/status", self.child.id()));
+        let text = std::fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))?;
+        let field = |name: &str| -> Result<f64> {
+            let line = text.lines().find(|l| l.starts_with(name)).with_context(|| format!("no {name} in /proc"))?;
+            let kib: f64 = line.split_whitespace().nth(1).context("malformed /proc status line")?.parse()?;
+            Ok(kib * 1024.0 / MIB)
+        };
+        Ok(Memory { resident_mib: field("VmRSS:")?, peak_mib: field("VmHWM:")? })
+    }
+
+    /// SIGTERM, then waits for a clean exit.
+    fn stop(mut self) -> Result<()> {
+        // SAFETY: kill(2) on the pid of a child this process spawned and has not reaped.
+        let sent = unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
+        ensure!(sent == 0, "cannot signal the engine: {}", std::io::Error::last_os_error());
+        let status = self.child.wait()?;
+        ensure!(status.success(), "`frostline run` stopped with {status}");
+        Ok(())
+    }
+}
+
+/// Whether `GET /health` answers 200.
+fn health(addr: SocketAddr) -> bool {
+    ureq::get(format!("http://{addr}/health")).call().is_ok()
+}

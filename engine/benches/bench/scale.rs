@@ -1,0 +1,291 @@
+//! Scenario scale: what a pass costs as the hot store grows, and a query across ten years.
+//!
+//! A pass finds its work through the due index, so a store of 1,000,000 buckets of which 64
+//! are due should pass nearly as fast as one of 1,000 buckets with the same 64 due. Both
+//! stores are built the same way: for every timed pass, 64 old buckets (one day, partitions
+//! `sensor-000` to `sensor-063`) that come due one day after another, and regular buckets
+//! (1,000 partitions × enough days) that never come due. Each timed pass moves the clock to the
+//! next old day, so exactly 64 buckets are due, archives them, and leaves the rest alone. The
+//! stores are planned untimed first (passes with the clock before anything is due), as a
+//! running engine has them.
+//!
+//! The orphan sweep (hourly by default) and the status summary read every bucket; they are
+//! periodic work, timed here as figures of their own, and the timed passes run with the sweep
+//! not due, as most passes of a running engine do.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Result, ensure};
+use frostline::archive;
+use frostline::clock::ManualClock;
+use frostline::engine::Engine;
+use frostline::model::time::MICROS_PER_DAY;
+use frostline::model::{Micros, Record};
+use frostline::query::{QUERY_LIMIT_MAX, QueryRequest};
+use frostline::settings::Settings;
+use frostline_civil::days_from_civil;
+
+use crate::data::{Dirs, MEGABYTE, TIMES_SEED, passes_until_idle, reading_body, splitmix64};
+use crate::harness::{Bench, Figure, Unit};
+
+const SCALE_TABLE: &str = "readings";
+/// Buckets in the large and the small store.
+const BUCKETS_LARGE: usize = 1_000_000;
+const BUCKETS_SMALL: usize = 1_000;
+/// Buckets due in each timed pass.
+const DUE_PER_PASS: usize = 64;
+/// Partitions of the regular (never due) buckets.
+const REGULAR_PARTITIONS: usize = 1_000;
+/// A pass over the large store should take at most twice the pass over the small one.
+const SCALE_RATIO_MIN: f64 = 0.5;
+/// 2001-01-01: the first old day; old day `r` is due in timed pass `r`.
+const OLD_START_MICROS: Micros = days_from_civil(2001, 1, 1) * MICROS_PER_DAY;
+/// Regular buckets start here, long after the old days, and never come due.
+const REGULAR_START_MICROS: Micros = days_from_civil(2010, 1, 1) * MICROS_PER_DAY;
+/// Appends per `Engine::append` call while building a store.
+const BUILD_BATCH: usize = 10_000;
+/// The query scenario: one partition, ten years of days, this many records a day.
+const QUERY_YEARS: i64 = 10;
+const QUERY_RECORDS_PER_DAY_DEFAULT: usize = 100;
+const QUERY_RECORDS_PER_DAY_FULL: usize = 1_000;
+/// The ten years of the query scenario: 2015-01-01 to 2025-01-01.
+const QUERY_START_MICROS: Micros = days_from_civil(2015, 1, 1) * MICROS_PER_DAY;
+const QUERY_END_MICROS: Micros = days_from_civil(2015 + QUERY_YEARS, 1, 1) * MICROS_PER_DAY;
+
+pub fn scale(bench: &mut Bench) -> Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let passes = bench.options.repeats;
+    let large = ScaleStore::build(&runtime, BUCKETS_LARGE, passes)?;
+    let small = ScaleStore::build(&runtime, BUCKETS_SMALL, passes)?;
+    let (mut large_ms, mut small_ms) = (Vec::new(), Vec::new());
+    for pass in 0..passes {
+        // Alternate which goes first, so leftover disk work from one lands on both alike.
+        let order = if pass % 2 == 0 { [&large, &small] } else { [&small, &large] };
+        for store in order {
+            let ms = store.timed_pass(&runtime, pass)?;
+            if std::ptr::eq(store, &large) { large_ms.push(ms) } else { small_ms.push(ms) }
+        }
+    }
+    let small_figure = Figure::new(
+        bench.scenario,
+        format!("pass over {BUCKETS_SMALL} buckets, {DUE_PER_PASS} due (archived), sweep not due"),
+        Unit::Millis,
+        small_ms,
+        1,
+    );
+    let large_figure = Figure::new(
+        bench.scenario,
+        format!("pass over {BUCKETS_LARGE} buckets, {DUE_PER_PASS} due (archived), sweep not due"),
+        Unit::Millis,
+        large_ms,
+        1,
+    )
+    .against(&small_figure)
+    .with_target(SCALE_RATIO_MIN, "a pass over 1,000,000 buckets takes at most 2x a pass over 1,000 (same work due)");
+    bench.push(small_figure);
+    bench.push(large_figure);
+
+    // Periodic work that reads every bucket.
+    for store in [&small, &large] {
+        let engine = store.open(store.clock_for_pass(passes))?;
+        let status = bench.time_each(
+            format!("status summary (frostline status) over {} buckets", store.buckets),
+            Unit::Millis,
+            bench.options.repeats.min(3),
+            || Ok(()),
+            |()| Ok(frostline::cli::status::collect(&engine)?),
+        )?;
+        bench.push(status);
+        let sweep = bench.time_each(
+            format!("orphan sweep over {} buckets", store.buckets),
+            Unit::Millis,
+            bench.options.repeats.min(3),
+            || Ok(()),
+            |()| Ok(runtime.block_on(archive::sweep::sweep(&engine, true))?),
+        )?;
+        bench.push(sweep);
+    }
+    drop((large, small));
+
+    ten_year_query(bench, &runtime)
+}
+
+/// A store of `buckets` buckets built for `passes` timed passes.
+struct ScaleStore {
+    dirs: Dirs,
+    buckets: usize,
+}
+
+impl ScaleStore {
+    fn build(runtime: &tokio::runtime::Runtime, buckets: usize, passes: usize) -> Result<ScaleStore> {
+        let old = passes * DUE_PER_PASS;
+        ensure!(buckets > old, "{buckets} buckets cannot hold {passes} passes of {DUE_PER_PASS} due buckets");
+        let dirs = Dirs::new(&format!(
+            "[[table]]\nid = \"{SCALE_TABLE}\"\nstrategy = {{ plugin = \"builtin:calendar-day-utc\" }}\n\
+             retention = {{ plugin = \"builtin:eligible-before\", config = {{ archive_after = \"1d\" }} }}\n"
+        ))?;
+        let store = ScaleStore { dirs, buckets };
+        let started = Instant::now();
+        // Before the first old day ends: nothing is due while the store is built and planned.
+        let engine = store.open(OLD_START_MICROS)?;
+        let mut state = TIMES_SEED;
+        let record = |partition: usize, day_start: Micros, n: usize, random: u64| {
+            let sensor = format!("sensor-{partition:03}");
+            Record {
+                partition_key: sensor.clone().into_bytes(),
+                event_time: day_start + (random % MICROS_PER_DAY as u64) as Micros,
+                sort_key: format!("evt-{n:010}").into_bytes(),
+                tenant: None,
+                kind: None,
+                body: reading_body(&sensor, n, random),
+            }
+        };
+        let mut batch = Vec::with_capacity(BUILD_BATCH);
+        for n in 0..buckets {
+            let random = splitmix64(&mut state);
+            batch.push(if n < old {
+                record(n % DUE_PER_PASS, OLD_START_MICROS + (n / DUE_PER_PASS) as Micros * MICROS_PER_DAY, n, random)
+            } else {
+                let regular = n - old;
+                let day = REGULAR_START_MICROS + (regular / REGULAR_PARTITIONS) as Micros * MICROS_PER_DAY;
+                record(regular % REGULAR_PARTITIONS, day, n, random)
+            });
+            if batch.len() == BUILD_BATCH || n + 1 == buckets {
+                engine.append(SCALE_TABLE, std::mem::take(&mut batch))?;
+            }
+        }
+        let report = runtime.block_on(passes_until_idle(&engine))?;
+        ensure!(report.archived == 0, "building the store archived {} buckets", report.archived);
+        ensure!(report.errors.is_empty(), "planning failed: {}", report.errors.join("; "));
+        let planned = engine.store.unplanned(1)?.is_empty();
+        ensure!(planned, "buckets are left unplanned after the build");
+        println!(
+            "  (built and planned a store of {buckets} buckets in {:.1} s: {:.0} MB on disk)",
+            started.elapsed().as_secs_f64(),
+            dir_bytes(&store.dirs.data())? as f64 / MEGABYTE
+        );
+        Ok(store)
+    }
+
+    /// The clock of timed pass `pass`: just after old day `pass` is due (one day after it ends).
+    fn clock_for_pass(&self, pass: usize) -> Micros {
+        OLD_START_MICROS + (pass as Micros + 2) * MICROS_PER_DAY + 1
+    }
+
+    fn open(&self, now: Micros) -> Result<Arc<Engine>> {
+        // The sweep is timed on its own; the timed passes run with it not due.
+        let settings = Settings { sweep_interval_us: 365 * MICROS_PER_DAY, ..Settings::default() };
+        Ok(Engine::open(&self.dirs.data(), &self.dirs.policies(), settings, ManualClock::new(now))?)
+    }
+
+    /// Opens the store at the clock of timed pass `pass` (untimed), runs one pass (timed) and
+    /// checks it archived exactly the 64 buckets due. Milliseconds.
+    fn timed_pass(&self, runtime: &tokio::runtime::Runtime, pass: usize) -> Result<f64> {
+        let engine = self.open(self.clock_for_pass(pass))?;
+        let owner = archive::new_owner_token();
+        let start = Instant::now();
+        let report = runtime.block_on(archive::run_pass(&engine, &owner))?;
+        let ms = start.elapsed().as_secs_f64() * 1e3;
+        ensure!(
+            report.archived == DUE_PER_PASS as u64 && report.errors.is_empty(),
+            "pass {pass} over {} buckets archived {} (expected {DUE_PER_PASS}): {}",
+            self.buckets,
+            report.archived,
+            report.errors.join("; ")
+        );
+        Ok(ms)
+    }
+}
+
+fn dir_bytes(dir: &std::path::Path) -> Result<u64> {
+    let mut total = 0;
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let meta = entry.metadata()?;
+        total += if meta.is_dir() { dir_bytes(&entry.path())? } else { meta.len() };
+    }
+    Ok(total)
+}
+
+/// One partition, ten years of day buckets: the whole range queried page by page while hot,
+/// and again once all of it is archived (every bucket's manifest and segment read and
+/// verified).
+fn ten_year_query(bench: &mut Bench, runtime: &tokio::runtime::Runtime) -> Result<()> {
+    let per_day = if bench.options.full { QUERY_RECORDS_PER_DAY_FULL } else { QUERY_RECORDS_PER_DAY_DEFAULT };
+    let days = ((QUERY_END_MICROS - QUERY_START_MICROS) / MICROS_PER_DAY) as usize;
+    let count = days * per_day;
+    let dirs = Dirs::new(&format!(
+        "[[table]]\nid = \"{SCALE_TABLE}\"\nstrategy = {{ plugin = \"builtin:calendar-day-utc\" }}\n\
+         retention = {{ plugin = \"builtin:eligible-before\", config = {{ archive_after = \"1d\" }} }}\n"
+    ))?;
+    let mut state = TIMES_SEED ^ 2;
+    {
+        let engine = dirs.open(QUERY_START_MICROS)?;
+        let step = MICROS_PER_DAY / per_day as Micros;
+        let mut batch = Vec::with_capacity(BUILD_BATCH);
+        for n in 0..count {
+            let random = splitmix64(&mut state);
+            batch.push(Record {
+                partition_key: b"sensor-000".to_vec(),
+                event_time: QUERY_START_MICROS
+                    + (n / per_day) as Micros * MICROS_PER_DAY
+                    + (n % per_day) as Micros * step,
+                sort_key: format!("evt-{n:010}").into_bytes(),
+                tenant: None,
+                kind: None,
+                body: reading_body("sensor-000", n, random),
+            });
+            if batch.len() == BUILD_BATCH || n + 1 == count {
+                engine.append(SCALE_TABLE, std::mem::take(&mut batch))?;
+            }
+        }
+    }
+    let query_all = |engine: &Arc<Engine>| -> Result<()> {
+        let mut cursor = None;
+        let mut seen = 0;
+        loop {
+            let request = QueryRequest {
+                table: SCALE_TABLE.into(),
+                partition_key: Some(b"sensor-000".to_vec()),
+                from: Some(QUERY_START_MICROS),
+                to: Some(QUERY_END_MICROS),
+                limit: QUERY_LIMIT_MAX,
+                cursor,
+            };
+            let page = runtime.block_on(frostline::query::query(engine, request))?;
+            seen += page.records.len();
+            cursor = page.next_cursor;
+            if cursor.is_none() {
+                break;
+            }
+        }
+        ensure!(seen == count, "the ten-year query returned {seen} of {count} records");
+        Ok(())
+    };
+    let label = format!("{QUERY_YEARS} years of one partition ({count} records in {days} day buckets)");
+    let engine = dirs.open(QUERY_START_MICROS)?;
+    let hot = bench.time_each(
+        format!("query {label}, all hot"),
+        Unit::Millis,
+        bench.options.repeats,
+        || Ok(()),
+        |()| query_all(&engine),
+    )?;
+    drop(engine);
+    let engine = dirs.open(QUERY_END_MICROS + 2 * MICROS_PER_DAY)?;
+    let report = runtime.block_on(passes_until_idle(&engine))?;
+    ensure!(report.archived == days as u64, "archived {} of {days} buckets", report.archived);
+    let cold = bench
+        .time_each(
+            format!("query {label}, all archived"),
+            Unit::Millis,
+            bench.options.repeats,
+            || Ok(()),
+            |()| query_all(&engine),
+        )?
+        .against(&hot);
+    bench.push(hot);
+    bench.push(cold);
+    Ok(())
+}
