@@ -303,6 +303,93 @@ fn identical_duplicates_are_accepted_and_different_bodies_conflict() {
 }
 
 #[test]
+fn a_conflict_after_new_rows_undoes_them_and_keeps_the_stored_row() {
+    let e = TestEngine::new(DAILY, "2024-03-10T00:00:00Z");
+    let input = records("2024-03-01T00:00:00Z", 1, 5);
+    e.engine.append("r", input.clone()).unwrap();
+    // New rows first, in the conflicting row's bucket and in a new one, then the conflict.
+    let mut batch = vec![
+        Record { sort_key: b"new-1".to_vec(), ..input[2].clone() },
+        Record { event_time: input[0].event_time + 86_400_000_000, sort_key: b"new-2".to_vec(), ..input[0].clone() },
+    ];
+    batch.push(Record { body: r#"{"different":true}"#.into(), ..input[2].clone() });
+    let err = e.engine.append("r", batch).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Conflict, "{err}");
+    assert_eq!(e.query_all("r"), sorted(input.clone()), "the refused batch left no row and changed none");
+    assert_eq!(e.engine.store.buckets("r", None).unwrap().iter().map(|b| b.row_count).sum::<u64>(), 5);
+
+    // The same identity twice in one batch with different bodies: refused whole.
+    let twice = vec![
+        Record { sort_key: b"twice".to_vec(), ..input[0].clone() },
+        Record { sort_key: b"twice".to_vec(), body: r#"{"other":1}"#.into(), ..input[0].clone() },
+    ];
+    assert_eq!(e.engine.append("r", twice).unwrap_err().kind(), ErrorKind::Conflict);
+    assert_eq!(e.query_all("r"), sorted(input.clone()));
+
+    // Concurrent batches share a transaction: the refused one leaves no trace, the other lands.
+    let good: Vec<Record> =
+        (0..200).map(|n| Record { sort_key: format!("good-{n:03}").into_bytes(), ..input[1].clone() }).collect();
+    let mut bad: Vec<Record> =
+        (0..200).map(|n| Record { sort_key: format!("bad-{n:03}").into_bytes(), ..input[3].clone() }).collect();
+    bad.push(Record { body: r#"{"different":true}"#.into(), ..input[3].clone() });
+    let (good_result, bad_result) = std::thread::scope(|scope| {
+        let good = scope.spawn(|| e.engine.append("r", good.clone()));
+        let bad = scope.spawn(|| e.engine.append("r", bad));
+        (good.join().unwrap(), bad.join().unwrap())
+    });
+    assert_eq!(good_result.unwrap().appended, 200);
+    assert_eq!(bad_result.unwrap_err().kind(), ErrorKind::Conflict);
+    let mut expected = input;
+    expected.extend(good);
+    assert_eq!(e.query_all("r"), sorted(expected));
+}
+
+#[test]
+fn rows_stored_in_the_older_named_form_read_and_deduplicate_unchanged() {
+    // Rows were first stored as named MessagePack maps; they are now written as arrays. A row
+    // in the older form reads back, an identical append is a duplicate that leaves its bytes
+    // as they were, and a different body is a conflict.
+    use frostline::store::schema::{RECORDS, StoredRow, encode_value, record_key};
+    use redb::ReadableTable as _;
+    let e = TestEngine::new(DAILY, "2024-03-10T00:00:00Z");
+    let input = records("2024-03-01T00:00:00Z", 1, 1);
+    e.engine.append("r", input.clone()).unwrap();
+    let id = e.engine.store.buckets("r", None).unwrap()[0].id.clone();
+    let key = record_key(&id, input[0].event_time, &input[0].sort_key);
+    let named = encode_value(&StoredRow {
+        tenant: input[0].tenant.clone(),
+        kind: input[0].kind.clone(),
+        body: input[0].body.clone(),
+    })
+    .unwrap();
+    let stored_bytes = |e: &TestEngine| {
+        let key = key.clone();
+        e.engine
+            .store
+            .write(move |txn| {
+                Ok(txn.open_table(RECORDS).unwrap().get(key.as_slice()).unwrap().unwrap().value().to_vec())
+            })
+            .unwrap()
+    };
+    let (k, v) = (key.clone(), named.clone());
+    e.engine
+        .store
+        .write(move |txn| {
+            txn.open_table(RECORDS).unwrap().insert(k.as_slice(), v.as_slice()).unwrap();
+            Ok(())
+        })
+        .unwrap();
+    assert_eq!(e.query_all("r"), input);
+    let again = e.engine.append("r", input.clone()).unwrap();
+    assert_eq!((again.appended, again.duplicates), (0, 1));
+    assert_eq!(stored_bytes(&e), named, "a duplicate leaves the stored bytes as they were");
+    let changed = vec![Record { body: r#"{"changed":1}"#.into(), ..input[0].clone() }];
+    assert_eq!(e.engine.append("r", changed).unwrap_err().kind(), ErrorKind::Conflict);
+    assert_eq!(stored_bytes(&e), named);
+    assert_eq!(e.query_all("r"), input);
+}
+
+#[test]
 fn writable_buckets_guard_refuses_old_buckets_and_accepts_recent_ones() {
     let policy = r#"
 [[table]]

@@ -1063,39 +1063,44 @@ fn commit_appends(db: &Database, appends: Vec<(AppendBatch, AppendReply)>, poiso
     }
 }
 
-/// Validates a whole batch against the transaction's state, then applies it. Nothing is
-/// written unless every row passes, so a refused batch leaves no trace.
+/// Validates a whole batch against the transaction's state, then applies it. A refused batch
+/// leaves no trace: its buckets are checked before any row is written, and a row that
+/// conflicts with a stored one undoes the rows written before it.
 fn apply_batch(txn: &WriteTransaction, batch: &AppendBatch) -> Result<AppendOutcome> {
     let mut records = txn.open_table(RECORDS).map_err(db_err)?;
     let mut buckets = txn.open_table(BUCKETS).map_err(db_err)?;
     let mut by_time = txn.open_table(BUCKETS_BY_TIME).map_err(db_err)?;
 
-    // Phase 1: check everything, touching nothing. Each row's key and stored value are
-    // encoded once, and rows refer to their bucket by index: no per-row clones.
+    // Phase 1: check the buckets (state, bounds, the ingest guard), touching nothing. Each
+    // row's key and stored value are encoded once, and rows refer to their bucket by index:
+    // no per-row clones.
     let mut ids: Vec<BucketId> = Vec::new();
+    let mut prefixes: Vec<Vec<u8>> = Vec::new();
     let mut first_rows: Vec<&PreparedRow> = Vec::new();
     let mut id_index: HashMap<(&[u8], &str), usize> = HashMap::new();
     let mut rows: Vec<(usize, Vec<u8>, Vec<u8>, &PreparedRow)> = Vec::with_capacity(batch.rows.len());
     for row in &batch.rows {
         let identity = (row.record.partition_key.as_slice(), row.descriptor.key.as_str());
         let index = *id_index.entry(identity).or_insert_with(|| {
-            ids.push(BucketId {
+            let id = BucketId {
                 table: batch.table.clone(),
                 partition_key: row.record.partition_key.clone(),
                 bucket_key: row.descriptor.key.clone(),
-            });
+            };
+            prefixes.push(id.encode());
+            ids.push(id);
             first_rows.push(row);
             ids.len() - 1
         });
-        let key = record_key(&ids[index], row.record.event_time, &row.record.sort_key);
-        let value = encode_value(&StoredRowView::of(row))?;
+        let key = record_key_in(&prefixes[index], row.record.event_time, &row.record.sort_key);
+        let value = encode_row(&StoredRowView::of(row))?;
         rows.push((index, key, value, row));
     }
     let mut metas: Vec<(BucketMeta, bool)> = Vec::with_capacity(ids.len());
     let mut newest_start: HashMap<Vec<u8>, Option<Micros>> = HashMap::new();
-    for (id, first_row) in ids.iter().zip(&first_rows) {
+    for ((id, prefix), first_row) in ids.iter().zip(&prefixes).zip(&first_rows) {
         let existing: Option<BucketMeta> =
-            buckets.get(id.encode().as_slice()).map_err(db_err)?.map(|v| decode_value(v.value())).transpose()?;
+            buckets.get(prefix.as_slice()).map_err(db_err)?.map(|v| decode_value(v.value())).transpose()?;
         let is_new = existing.is_none();
         let meta = existing.unwrap_or_else(|| new_bucket_meta(id.clone(), &first_row.descriptor, batch));
         if !meta.state.accepts_appends() {
@@ -1152,48 +1157,68 @@ fn apply_batch(txn: &WriteTransaction, batch: &AppendBatch) -> Result<AppendOutc
             let _ = meta;
         }
     }
-    let mut duplicates = 0u64;
-    let mut pending: HashMap<&[u8], &[u8]> = HashMap::with_capacity(rows.len());
-    let mut fresh = Vec::with_capacity(rows.len());
-    for (index, key, value, row) in &rows {
-        if let Some(previous) = pending.get(key.as_slice()) {
-            if previous != &value.as_slice() {
-                return Err(identity_conflict(&ids[*index], row));
+    // Phase 2: apply. Each row is inserted directly and the value redb hands back tells a new
+    // row from a duplicate (the same stored row, accepted unchanged) or a conflict (another
+    // body). A conflict, or any error, undoes this batch's rows before it is refused: the
+    // transaction may carry other batches, and a refused batch must leave no trace.
+    let mut inserted: Vec<usize> = Vec::with_capacity(rows.len());
+    let applied = insert_rows(&mut records, &ids, &rows, &mut inserted);
+    let duplicates = match applied {
+        Ok(duplicates) => duplicates,
+        Err(e) => {
+            for &i in &inserted {
+                records.remove(rows[i].1.as_slice()).map_err(db_err)?;
             }
-            duplicates += 1;
-            continue;
+            return Err(e);
         }
-        if let Some(existing) = records.get(key.as_slice()).map_err(db_err)? {
-            // Equal bytes are the same row; otherwise compare what they hold (a row written
-            // by an older version may encode the same content differently).
-            if existing.value() != value.as_slice() && decode_value::<StoredRow>(existing.value())? != stored_row(row) {
-                return Err(identity_conflict(&ids[*index], row));
-            }
-            duplicates += 1;
-            continue;
-        }
-        pending.insert(key, value);
-        fresh.push((*index, key, value, *row));
-    }
-
-    // Phase 2: apply.
-    for (index, key, value, row) in fresh.iter().copied() {
-        records.insert(key.as_slice(), value.as_slice()).map_err(db_err)?;
-        let (meta, _) = &mut metas[index];
+    };
+    for &i in &inserted {
+        let (index, _, _, row) = &rows[i];
+        let (meta, _) = &mut metas[*index];
         meta.row_count += 1;
         meta.byte_count += row.record.body.len() as u64;
         meta.tenant.observe(row.record.tenant.as_deref());
         meta.kind.observe(row.record.kind.as_deref());
     }
     let mut unplanned = txn.open_table(UNPLANNED).map_err(db_err)?;
-    for (id, (meta, is_new)) in ids.iter().zip(&metas) {
-        buckets.insert(id.encode().as_slice(), encode_value(meta)?.as_slice()).map_err(db_err)?;
+    for ((id, prefix), (meta, is_new)) in ids.iter().zip(&prefixes).zip(&metas) {
+        buckets.insert(prefix.as_slice(), encode_value(meta)?.as_slice()).map_err(db_err)?;
         if *is_new {
             by_time.insert(by_time_key(id, meta.descriptor.start).as_slice(), ()).map_err(db_err)?;
-            unplanned.insert(id.encode().as_slice(), ()).map_err(db_err)?;
+            unplanned.insert(prefix.as_slice(), ()).map_err(db_err)?;
         }
     }
-    Ok(AppendOutcome { appended: fresh.len() as u64, duplicates })
+    Ok(AppendOutcome { appended: inserted.len() as u64, duplicates })
+}
+
+/// Inserts `rows`, noting in `inserted` the index of each row that was new, and returns how
+/// many were duplicates. A duplicate's stored bytes are put back as they were (a row written
+/// by an older version may encode the same content differently); a conflict puts them back
+/// and is returned as the error. The caller undoes `inserted` on any error.
+fn insert_rows(
+    records: &mut redb::Table<&'static [u8], &'static [u8]>,
+    ids: &[BucketId],
+    rows: &[(usize, Vec<u8>, Vec<u8>, &PreparedRow)],
+    inserted: &mut Vec<usize>,
+) -> Result<u64> {
+    let mut duplicates = 0;
+    for (i, (index, key, value, row)) in rows.iter().enumerate() {
+        let previous = records.insert(key.as_slice(), value.as_slice()).map_err(db_err)?.map(|v| v.value().to_vec());
+        let Some(previous) = previous else {
+            inserted.push(i);
+            continue;
+        };
+        if previous == *value {
+            duplicates += 1;
+            continue;
+        }
+        records.insert(key.as_slice(), previous.as_slice()).map_err(db_err)?;
+        if decode_value::<StoredRow>(&previous)? != stored_row(row) {
+            return Err(identity_conflict(&ids[*index], row));
+        }
+        duplicates += 1;
+    }
+    Ok(duplicates)
 }
 
 /// A `StoredRow` borrowed from a prepared row: encodes exactly as `StoredRow` does.
