@@ -23,11 +23,36 @@ pub struct RowSummary {
     pub checksum: String,
 }
 
+/// One row's fields, borrowed: what the summary hashes.
+#[derive(Debug, Clone, Copy)]
+pub struct RowFields<'a> {
+    pub partition_key: &'a [u8],
+    pub event_time: Micros,
+    pub sort_key: &'a [u8],
+    pub tenant: Option<&'a str>,
+    pub kind: Option<&'a str>,
+    pub body: &'a str,
+}
+
+impl<'a> RowFields<'a> {
+    pub fn of(record: &'a Record) -> Self {
+        RowFields {
+            partition_key: &record.partition_key,
+            event_time: record.event_time,
+            sort_key: &record.sort_key,
+            tenant: record.tenant.as_deref(),
+            kind: record.kind.as_deref(),
+            body: &record.body,
+        }
+    }
+}
+
 /// Accumulates a `RowSummary` one row at a time, in key order.
 pub struct RowSummer {
     rows: u64,
     first: Option<ClusteringKey>,
-    last: Option<ClusteringKey>,
+    /// The last row's clustering key, kept as bytes and turned into text once at the end.
+    last: Option<(Micros, Vec<u8>)>,
     hasher: Sha256,
 }
 
@@ -52,22 +77,29 @@ fn put_optional(hasher: &mut Sha256, value: Option<&str>) {
     }
 }
 
+fn clustering_key(event_time: Micros, sort_key: &[u8]) -> ClusteringKey {
+    ClusteringKey { event_time, sort_key: String::from_utf8_lossy(sort_key).into_owned() }
+}
+
 impl RowSummer {
     pub fn push(&mut self, record: &Record) {
-        let key = ClusteringKey {
-            event_time: record.event_time,
-            sort_key: String::from_utf8_lossy(&record.sort_key).into_owned(),
-        };
-        put_field(&mut self.hasher, &record.partition_key);
-        self.hasher.update(record.event_time.to_be_bytes());
-        put_field(&mut self.hasher, &record.sort_key);
-        put_optional(&mut self.hasher, record.tenant.as_deref());
-        put_optional(&mut self.hasher, record.kind.as_deref());
-        put_field(&mut self.hasher, record.body.as_bytes());
+        self.push_fields(RowFields::of(record));
+    }
+
+    pub fn push_fields(&mut self, row: RowFields<'_>) {
+        put_field(&mut self.hasher, row.partition_key);
+        self.hasher.update(row.event_time.to_be_bytes());
+        put_field(&mut self.hasher, row.sort_key);
+        put_optional(&mut self.hasher, row.tenant);
+        put_optional(&mut self.hasher, row.kind);
+        put_field(&mut self.hasher, row.body.as_bytes());
         if self.first.is_none() {
-            self.first = Some(key.clone());
+            self.first = Some(clustering_key(row.event_time, row.sort_key));
         }
-        self.last = Some(key);
+        let last = self.last.get_or_insert_with(|| (0, Vec::new()));
+        last.0 = row.event_time;
+        last.1.clear();
+        last.1.extend_from_slice(row.sort_key);
         self.rows += 1;
     }
 
@@ -75,7 +107,7 @@ impl RowSummer {
         RowSummary {
             rows: self.rows,
             first: self.first,
-            last: self.last,
+            last: self.last.map(|(event_time, sort_key)| clustering_key(event_time, &sort_key)),
             checksum: hex::encode(self.hasher.finalize()),
         }
     }

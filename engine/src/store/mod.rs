@@ -23,7 +23,7 @@ use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, Wri
 use self::schema::*;
 use crate::error::{Error, Result};
 use crate::model::invariants;
-use crate::model::rows::{RowSummary, RowSummer};
+use crate::model::rows::{RowFields, RowSummary, RowSummer};
 use crate::model::{BucketDescriptor, BucketState, Micros, Record, RetentionPlan};
 
 /// Appends gathered into one transaction at most.
@@ -613,7 +613,16 @@ impl Store {
             let mut keys = Vec::with_capacity(meta.row_count as usize);
             for entry in records.range(prefix.as_slice()..end.as_slice()).map_err(db_err)? {
                 let (k, v) = entry.map_err(db_err)?;
-                summer.push(&bucket_row(&id, &prefix, k.value(), v.value())?);
+                let (event_time, sort_key) = decode_record_suffix(bucket_suffix(&id, &prefix, k.value())?)?;
+                let row = decode_row_ref(v.value())?;
+                summer.push_fields(RowFields {
+                    partition_key: &id.partition_key,
+                    event_time,
+                    sort_key: &sort_key,
+                    tenant: row.tenant,
+                    kind: row.kind,
+                    body: row.body,
+                });
                 keys.push(k.value().to_vec());
             }
             let hot: RowSummary = summer.finish();
@@ -1299,12 +1308,15 @@ fn scan_rows(
     Ok(out)
 }
 
+/// The part of a record key of bucket `id` after the bucket's encoded `prefix`.
+fn bucket_suffix<'k>(id: &BucketId, prefix: &[u8], key: &'k [u8]) -> Result<&'k [u8]> {
+    key.strip_prefix(prefix)
+        .ok_or_else(|| Error::Corruption(format!("a record key under bucket {id} lacks the bucket's prefix")))
+}
+
 /// A row of bucket `id` (whose encoded prefix is `prefix`) from its key and stored value.
 fn bucket_row(id: &BucketId, prefix: &[u8], key: &[u8], value: &[u8]) -> Result<Record> {
-    let suffix = key
-        .strip_prefix(prefix)
-        .ok_or_else(|| Error::Corruption(format!("a record key under bucket {id} lacks the bucket's prefix")))?;
-    let (event_time, sort_key) = decode_record_suffix(suffix)?;
+    let (event_time, sort_key) = decode_record_suffix(bucket_suffix(id, prefix, key)?)?;
     let row: StoredRow = decode_value(value)?;
     Ok(Record {
         partition_key: id.partition_key.clone(),
