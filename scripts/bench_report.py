@@ -88,6 +88,22 @@ def unmeasured_targets(doc):
     return out
 
 
+def machine_text(machine):
+    return f"{machine['cpu_model']}, {machine['nproc']} cores, {machine['memory_bytes'] / 2**30:.1f} GiB"
+
+
+def only_command(doc, scenario):
+    """The command that reruns one scenario with the options of this run."""
+    parts = ["scripts/bench"]
+    if doc["options"]["full"]:
+        parts.append("--full")
+    parts += ["--only", scenario]
+    if doc["options"]["repeats"] != 7:
+        parts += ["--repeats", str(doc["options"]["repeats"])]
+    prefix = "FROSTLINE_EXAMPLE_PLUGINS=DIR " if scenario == "plugin-load" and "FROSTLINE_EXAMPLE_PLUGINS" in doc["command"] else ""
+    return prefix + " ".join(parts)
+
+
 def render(doc):
     machine = doc["machine"]
     options = doc["options"]
@@ -111,8 +127,7 @@ def render(doc):
       "restic, which `scripts/bench` unpacks into `.tools/restic`; without them those rows are skipped. "
       "The first run builds wasmtime in release mode (several minutes).")
     w("")
-    w(f"- Machine: {machine['cpu_model']}, {machine['nproc']} cores, "
-      f"{machine['memory_bytes'] / 2**30:.1f} GiB RAM; load average {machine['loadavg_start']} at the "
+    w(f"- Machine: {machine_text(machine)} RAM; load average {machine['loadavg_start']} at the "
       f"start, {machine['loadavg_end']} at the end.")
     w(f"- Commit: `{doc['commit']}`; date: {doc['date']}; {doc['rustc']}.")
     w(f"- Options: {'`--full`' if options['full'] else 'default run'}, {options['repeats']} runs per figure, "
@@ -165,6 +180,9 @@ def render(doc):
         w(f"## {name}")
         w("")
         w(f"{scenario['about'][0].upper()}{scenario['about'][1:]}. ({scenario['seconds']:.0f} s)")
+        w("")
+        w(f"Measured with `{only_command(doc, name)}` (or the whole command above) at commit "
+          f"`{doc['commit']}` on {machine_text(machine)}; every figure below is the median of its Runs.")
         w("")
         rows = [f for f in figures if f["scenario"] == name]
         if rows:
