@@ -198,21 +198,31 @@ fn check_invariants(
             assert_eq!(hot.len() as u64, meta.row_count, "crash {crash}: hot rows of {} lost", meta.id);
         }
     }
-    // Every acknowledged record readable exactly once, with its exact body.
-    let page = runtime()
-        .block_on(frostline::query::query(
-            &engine,
-            frostline::query::QueryRequest {
-                table: "c".into(),
-                limit: frostline::query::QUERY_LIMIT_MAX,
-                ..Default::default()
-            },
-        ))
-        .unwrap_or_else(|e| panic!("crash {crash}: query failed: {e}"));
+    // Every acknowledged record readable exactly once, with its exact body. A long run holds
+    // more records than one page, so every page is read.
     let mut found: BTreeMap<Identity, String> = BTreeMap::new();
-    for r in page.records {
-        let id = (String::from_utf8(r.partition_key).unwrap(), r.event_time, String::from_utf8(r.sort_key).unwrap());
-        assert!(found.insert(id.clone(), r.body).is_none(), "crash {crash}: {id:?} read twice");
+    let mut cursor = None;
+    loop {
+        let page = runtime()
+            .block_on(frostline::query::query(
+                &engine,
+                frostline::query::QueryRequest {
+                    table: "c".into(),
+                    limit: frostline::query::QUERY_LIMIT_MAX,
+                    cursor,
+                    ..Default::default()
+                },
+            ))
+            .unwrap_or_else(|e| panic!("crash {crash}: query failed: {e}"));
+        for r in page.records {
+            let id =
+                (String::from_utf8(r.partition_key).unwrap(), r.event_time, String::from_utf8(r.sort_key).unwrap());
+            assert!(found.insert(id.clone(), r.body).is_none(), "crash {crash}: {id:?} read twice");
+        }
+        cursor = page.next_cursor;
+        if cursor.is_none() {
+            break;
+        }
     }
     for (id, body) in &model.acknowledged {
         assert_eq!(found.get(id), Some(body), "crash {crash}: acknowledged record {id:?} missing or changed");
