@@ -1059,6 +1059,13 @@ fn commit_appends(db: &Database, appends: Vec<(AppendBatch, AppendReply)>, poiso
     for (batch, _) in &appends {
         outcomes.push(apply_batch(&txn, batch));
     }
+    // A database error while applying (or undoing) a batch leaves the transaction's contents
+    // uncertain: nothing of the group is committed, and every append in it is refused.
+    if let Some(Err(Error::Database(message))) = outcomes.iter().find(|o| matches!(o, Err(Error::Database(_)))) {
+        let message = format!("an append in the same commit failed in the database ({message}); nothing was written");
+        let _ = txn.abort();
+        return fail_all(appends, &|| Error::Database(message.clone()));
+    }
     match commit(txn, poisoned) {
         Ok(()) => {
             for ((_, reply), outcome) in appends.into_iter().zip(outcomes) {
