@@ -26,6 +26,9 @@ pub struct Engine {
     pub clock: SharedClock,
     pub settings: Settings,
     pub data_dir: PathBuf,
+    /// This data directory's installation id (see `storage::keys`): in every object key the
+    /// engine writes, and the only keys its orphan sweep may delete.
+    pub installation_id: String,
     /// How the policy directory is loaded, at open and on every reload.
     pub load_options: crate::policy::LoadOptions,
     policies: RwLock<Arc<PolicySet>>,
@@ -55,11 +58,18 @@ impl Engine {
         clock: SharedClock,
         load_options: crate::policy::LoadOptions,
     ) -> Result<Arc<Engine>> {
+        // Relative paths (the default `frostline-data`, `--policies policies`) are resolved
+        // against the working directory once, here: everything built from them (the default
+        // target's file:// URL, the pid and address files) needs an absolute path.
+        let data_dir = &std::path::absolute(data_dir).map_err(|e| Error::io(data_dir, e))?;
+        let policies_dir = &std::path::absolute(policies_dir).map_err(|e| Error::io(policies_dir, e))?;
         std::fs::create_dir_all(data_dir).map_err(|e| Error::io(data_dir, e))?;
         let store = Store::open_with_cache(&data_dir.join(DATABASE_FILE), settings.store_cache_bytes)?;
         let host = PluginHost::new(Some(data_dir.join("plugin-cache")))?;
         let policies = crate::policy::load_with(policies_dir, data_dir, &host, &settings, &load_options)?;
+        let installation_id = store.installation_id()?;
         let engine = Engine {
+            installation_id,
             store,
             host,
             clock,
@@ -74,17 +84,31 @@ impl Engine {
         Ok(Arc::new(engine))
     }
 
+    /// Records every table of the active set (its strategy, checked; its retention identity,
+    /// which starts a reconciliation when it changed), marks recorded tables that are gone
+    /// from the directory, and makes the store's policy holds those of the set.
     fn register_tables(&self) -> Result<()> {
         let now = self.clock.now();
-        for table in self.policies().tables.values() {
+        let policies = self.policies();
+        for table in policies.tables.values() {
             self.store.register_table(TableState {
                 id: table.id.clone(),
                 strategy: table.strategy.identity().clone(),
                 created_at: now,
+                retention: Some(table.retention_identity.clone()),
+                reconcile_from: None,
+                reconcile_started_at: now,
+                unmanaged_since: None,
             })?;
         }
-        let active = self.policies().holds.iter().map(|h| h.id.clone()).collect();
-        self.store.release_dropped_policy_holds(active, now)?;
+        let unmanaged = self.store.mark_unmanaged(policies.tables.keys().cloned().collect(), now)?;
+        if !unmanaged.is_empty() {
+            tracing::warn!(tables = ?unmanaged, "tables with data are not in the policy directory; their buckets wait for them");
+        }
+        let sync = self.store.sync_policy_holds(policies.holds.clone(), now)?;
+        if !sync.too_late.is_empty() {
+            tracing::warn!(buckets = ?sync.too_late, "a policy hold came after these buckets' expiry started deleting");
+        }
         Ok(())
     }
 

@@ -24,6 +24,10 @@ pub const FAIL_POINTS: &[&str] = &[
     "after_publish",
     "mid_cleanup",
     "heartbeat",
+    // Expiry: after the tombstone, before the last hold check and the first delete; and
+    // between two deletes.
+    "before_start_deletes",
+    "mid_expiry_delete",
 ];
 
 pub const FAILPOINTS_ENV: &str = "FROSTLINE_FAILPOINTS";

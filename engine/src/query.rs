@@ -2,6 +2,12 @@
 //! sort_key, partition_key)` order, hot buckets from redb and published ones through their
 //! manifest with every hash checked, paginated by a cursor that names a position, not an
 //! offset, so it stays correct when a bucket is archived between two pages.
+//!
+//! A page never omits a record silently: the buckets' states and their hot rows are read
+//! from one read transaction of the store (a bucket published and cleaned meanwhile is still
+//! read hot, as it was at that instant), archives are read from the target their manifest
+//! records, and an archive that vanished because an expiry ran meanwhile is reported as an
+//! expired range, never skipped.
 
 use std::sync::Arc;
 
@@ -10,6 +16,9 @@ use serde::{Deserialize, Serialize};
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::model::{BucketState, Micros, Record};
+use crate::policy::{PolicySet, TablePolicy};
+use crate::store::Snapshot;
+use crate::store::schema::BucketMeta;
 
 pub const QUERY_LIMIT_DEFAULT: usize = 1_000;
 pub const QUERY_LIMIT_MAX: usize = 100_000;
@@ -81,27 +90,20 @@ pub async fn query(engine: &Arc<Engine>, request: QueryRequest) -> Result<QueryP
     let table = policies.table(&request.table)?.clone();
     let store = engine.store.clone();
     let (table_id, partition) = (request.table.clone(), request.partition_key.clone());
-    let mut buckets = tokio::task::spawn_blocking(move || store.buckets(&table_id, partition.as_deref()))
-        .await
-        .map_err(|e| Error::Internal(e.to_string()))??;
+    let (snapshot, mut buckets) = blocking(move || {
+        let snapshot = store.snapshot()?;
+        let buckets = snapshot.buckets(&table_id, partition.as_deref())?;
+        Ok((snapshot, buckets))
+    })
+    .await?;
     let lower = match (&cursor, request.from) {
         (Some(c), Some(f)) => Some(c.t.max(f)),
         (Some(c), None) => Some(c.t),
         (None, f) => f,
     };
     buckets.retain(|b| lower.is_none_or(|l| b.descriptor.end > l) && request.to.is_none_or(|t| b.descriptor.start < t));
-    let expired: Vec<ExpiredRange> = buckets
-        .iter()
-        .filter(|b| b.state == BucketState::Expired)
-        .map(|b| ExpiredRange {
-            partition_key: String::from_utf8_lossy(&b.id.partition_key).into_owned(),
-            bucket_key: b.id.bucket_key.clone(),
-            start: b.descriptor.start,
-            end: b.descriptor.end,
-            expired_at: b.state_since,
-            reason: b.plan.as_ref().map(|p| p.reason.clone()).unwrap_or_default(),
-        })
-        .collect();
+    let mut expired: Vec<ExpiredRange> =
+        buckets.iter().filter(|b| b.state == BucketState::Expired).map(ExpiredRange::of).collect();
     buckets.retain(|b| b.state != BucketState::Expired);
     buckets.sort_by_key(|b| b.descriptor.start);
 
@@ -119,17 +121,25 @@ pub async fn query(engine: &Arc<Engine>, request: QueryRequest) -> Result<QueryP
         }
         let rows = match bucket.state {
             BucketState::Archived { .. } => {
-                let key = bucket.manifest_key.clone().ok_or_else(|| {
-                    Error::Internal(format!("bucket {} is archived but names no manifest", bucket.id))
-                })?;
-                crate::archive::read_archive(table.backend.as_ref(), &key, lower, request.to).await?
+                match read_published(&policies, &table, &snapshot, &bucket, lower, request.to).await {
+                    Ok(rows) => rows,
+                    Err(e) => {
+                        // An expiry that ran after the snapshot deletes what the snapshot still
+                        // calls archived: that range expired on purpose, it is not corrupt.
+                        let (store, id) = (engine.store.clone(), bucket.id.clone());
+                        match blocking(move || store.bucket(&id)).await? {
+                            Some(now) if now.state == BucketState::Expired => {
+                                expired.push(ExpiredRange::of(&now));
+                                continue;
+                            }
+                            _ => return Err(e),
+                        }
+                    }
+                }
             }
             _ => {
-                let store = engine.store.clone();
-                let id = bucket.id.clone();
-                tokio::task::spawn_blocking(move || store.rows(&id, None, usize::MAX))
-                    .await
-                    .map_err(|e| Error::Internal(e.to_string()))??
+                let (snapshot, id) = (snapshot.clone(), bucket.id.clone());
+                blocking(move || snapshot.rows(&id, None, usize::MAX)).await?
             }
         };
         collected.extend(rows.into_iter().filter(|r| in_range(r) && after(r)));
@@ -150,4 +160,43 @@ pub async fn query(engine: &Arc<Engine>, request: QueryRequest) -> Result<QueryP
         None
     };
     Ok(QueryPage { records: collected, next_cursor, expired })
+}
+
+/// Reads a published bucket's archive from the target its manifest (as recorded in the
+/// snapshot) names.
+async fn read_published(
+    policies: &PolicySet,
+    table: &TablePolicy,
+    snapshot: &Snapshot,
+    bucket: &BucketMeta,
+    from: Option<Micros>,
+    to: Option<Micros>,
+) -> Result<Vec<Record>> {
+    let key = bucket
+        .manifest_key
+        .clone()
+        .ok_or_else(|| Error::Internal(format!("bucket {} is archived but names no manifest", bucket.id)))?;
+    let (lookup, id) = (snapshot.clone(), bucket.id.clone());
+    let recorded = blocking(move || lookup.latest_manifest(&id))
+        .await?
+        .ok_or_else(|| Error::Internal(format!("bucket {} is archived but has no recorded manifest", bucket.id)))?;
+    let backend = policies.archive_backend(table, &recorded.archive_target())?;
+    crate::archive::read_archive(backend.as_ref(), &key, from, to).await
+}
+
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
+    tokio::task::spawn_blocking(f).await.map_err(|e| Error::Internal(format!("blocking task failed: {e}")))?
+}
+
+impl ExpiredRange {
+    fn of(b: &BucketMeta) -> ExpiredRange {
+        ExpiredRange {
+            partition_key: String::from_utf8_lossy(&b.id.partition_key).into_owned(),
+            bucket_key: b.id.bucket_key.clone(),
+            start: b.descriptor.start,
+            end: b.descriptor.end,
+            expired_at: b.state_since,
+            reason: b.plan.as_ref().map(|p| p.reason.clone()).unwrap_or_default(),
+        }
+    }
 }

@@ -35,6 +35,7 @@ fn manifest_of(
         format: frostline::format::Format::Jsonl,
         schema: String::new(),
         target: "memory://".into(),
+        target_name: String::new(),
         policy: None,
         summary: frostline::model::rows::summarize(rows),
         bytes: 0,
@@ -158,7 +159,9 @@ fn an_existing_object_with_other_bytes_is_never_overwritten() {
             m.segments[0].key.clone()
         })
         .next()
-        .unwrap();
+        .unwrap()
+        // The same key as this engine would write: its own installation id in the name.
+        .replace(&scratch.engine.installation_id, &e.engine.installation_id);
     runtime().block_on(e.backend("r").put_create(&key, bytes::Bytes::from_static(b"planted"))).unwrap();
     let report = e.pass();
     assert_eq!(report.deferred, 1, "{report:?}");
@@ -479,7 +482,7 @@ fn a_retention_plugin_fault_defers_planning_and_never_archives() {
     let store = e.engine.store.clone();
     assert_eq!(store.unplanned(100).unwrap().len(), 3);
     let id: BucketId = store.unplanned(1).unwrap()[0].clone();
-    store.note_plan_error(id.clone(), "policy fault".into()).unwrap();
+    store.set_plans(vec![(id.clone(), Err("policy fault".into()))], 0).unwrap();
     assert_eq!(store.unplanned(100).unwrap().len(), 3, "a failed plan leaves the bucket unplanned");
     assert!(store.due(i64::MAX, 100).unwrap().is_empty(), "unplanned buckets are never due");
 }

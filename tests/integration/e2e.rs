@@ -317,3 +317,40 @@ fn the_running_engine_hot_reloads_on_change_refuses_bad_sets_and_reloads_on_requ
     };
     assert!(code.success(), "{code:?}");
 }
+
+/// Regression: the default data directory is relative (`frostline-data`) and the default
+/// target was built as `file://frostline-data/archive`, which the target check refuses, so
+/// the README's "Using it" commands failed when run as written. They run here exactly as the
+/// README shows them (no `--data`, no `--policies`), in a directory that holds only a copy of
+/// the example policy directory and a records file.
+#[test]
+fn the_readmes_using_it_commands_work_as_written_in_an_empty_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    std::fs::create_dir_all(dir.path().join("policies")).unwrap();
+    std::fs::copy(repo.join("policies/tables.toml"), dir.path().join("policies/tables.toml")).unwrap();
+    std::fs::copy(repo.join("policies/sample/events.jsonl"), dir.path().join("records.jsonl")).unwrap();
+    let run = |args: &str| {
+        let output = std::process::Command::new(frostline_bin())
+            .args(args.split_whitespace())
+            .current_dir(dir.path())
+            .env_remove("FROSTLINE_DATA")
+            .env_remove("FROSTLINE_POLICIES")
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "`frostline {args}` failed: {}{}", text(&output.stdout), text(&output.stderr));
+        text(&output.stdout)
+    };
+    run("ingest --table events records.jsonl");
+    run("archive --once");
+    let page = run("query --table events --from 2024-01-01T00:00:00Z --to 2025-01-01T00:00:00Z --limit 100");
+    assert!(!page.trim().is_empty());
+    let status = run("status --json");
+    let status: serde_json::Value = serde_json::from_str(&status).unwrap();
+    let data = dir.path().join("frostline-data").canonicalize().unwrap();
+    assert_eq!(std::path::Path::new(status["data_dir"].as_str().unwrap()).canonicalize().unwrap(), data);
+    run("status");
+    run("verify --table events");
+    run("sweep --dry-run");
+    assert!(data.join("hot.redb").is_file());
+}

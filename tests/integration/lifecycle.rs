@@ -122,11 +122,12 @@ fn hold(table: &str, partition: Option<&str>) -> Hold {
 #[test]
 fn a_legal_hold_beats_expiry_and_lifting_it_replans() {
     let e = archived_engine("");
-    let covered = e.engine.store.place_hold(hold("r", Some("p1")), e.clock.now()).unwrap();
-    assert_eq!(covered, 1);
+    let placed = e.engine.store.place_hold(hold("r", Some("p1")), e.clock.now()).unwrap();
+    assert_eq!(placed.covered, 1);
     e.clock.set(t("2024-04-01T00:00:00Z"));
     let report = e.pass();
-    assert_eq!((report.expired, report.held), (2, 1), "{report:?}");
+    // The hold parked the bucket when it was placed: it is not even due.
+    assert_eq!((report.expired, report.held), (2, 0), "{report:?}");
     assert_eq!(objects(&e).len(), 2, "the held bucket's archive is kept");
     let held: Vec<_> = e.engine.store.buckets("r", Some(b"p1")).unwrap();
     assert_eq!(held[0].state, BucketState::Archived { hot_deleted: true });
@@ -140,6 +141,8 @@ fn a_legal_hold_beats_expiry_and_lifting_it_replans() {
 #[test]
 fn a_hold_placed_while_an_expiry_is_in_flight_wins() {
     let e = archived_engine("");
+    e.clock.set(t("2024-03-20T00:00:00Z"));
+    e.pass(); // the archived buckets are planned again (being archived is a fact)
     e.clock.set(t("2024-04-01T00:00:00Z"));
     let store = e.engine.store.clone();
     let id = store.buckets("r", Some(b"p0")).unwrap()[0].id.clone();
@@ -147,7 +150,7 @@ fn a_hold_placed_while_an_expiry_is_in_flight_wins() {
     // The hold lands between the claim and the expiry's fenced transaction.
     store.place_hold(hold("r", None), e.clock.now()).unwrap();
     let tombstone = store
-        .begin_expiry(id.clone(), "w".into(), claimed.generation, e.clock.now(), vec![], vec!["k".into()])
+        .begin_expiry(id.clone(), "w".into(), claimed.generation, e.clock.now(), vec!["k".into()], Default::default())
         .unwrap();
     assert!(tombstone.is_none(), "the expiry re-checks holds under its fence");
     assert_eq!(store.bucket(&id).unwrap().unwrap().state, BucketState::Archived { hot_deleted: true });
@@ -159,7 +162,10 @@ fn a_hold_declared_in_the_policy_directory_holds_until_removed() {
     let hold_toml = "[[hold]]\ntable = \"r\"\nreason = \"regulator request\"\n";
     let e = archived_engine(hold_toml);
     e.clock.set(t("2024-04-01T00:00:00Z"));
-    assert_eq!(e.pass().held, 3);
+    let report = e.pass();
+    assert_eq!(report.expired, 0, "{report:?}");
+    let parked = e.engine.store.buckets("r", None).unwrap();
+    assert!(parked.iter().all(|b| b.held_by.len() == 1 && b.due_at.is_none()), "{parked:?}");
     let dir = e.engine.policies().dir.clone();
     std::fs::write(dir.join("tables.toml"), policy("")).unwrap();
     assert!(frostline::policy::reload::reload(&e.engine, "test").accepted);
@@ -236,23 +242,28 @@ fn a_sink_that_is_down_delays_delivery_but_never_blocks_archival() {
 fn the_orphan_sweep_deletes_only_old_unreferenced_objects() {
     let e = archived_engine("");
     let backend = e.backend("r");
-    runtime()
-        .block_on(
-            backend
-                .put_create("table=r/bucket=day:2024-03-01/partition=p0/seg-00009-0123456789abcdef.jsonl", "x".into()),
-        )
-        .unwrap();
+    // An orphan of this installation (its id in the name), as a crashed upload leaves one.
+    let orphan = format!(
+        "table=r/bucket=day:2024-03-01/partition=p0/seg-{}-00009-0123456789abcdef.jsonl",
+        e.engine.installation_id
+    );
+    runtime().block_on(backend.put_create(&orphan, "x".into())).unwrap();
+    // An object another installation wrote is never this one's to delete.
+    let foreign = "table=r/bucket=day:2024-03-01/partition=p0/seg-ffffffffffffffff-00009-0123456789abcdef.jsonl";
+    runtime().block_on(backend.put_create(foreign, "y".into())).unwrap();
     // Real time is what the store stamps objects with; the engine's clock decides their age.
     e.clock.set(frostline::clock::SystemClock.now());
     let young = runtime().block_on(frostline::archive::sweep::sweep(&e.engine, false)).unwrap();
-    assert_eq!((young.orphans, young.too_young, young.deleted), (0, 1, 0), "{young:?}");
+    assert_eq!((young.orphans, young.too_young, young.deleted, young.foreign), (0, 1, 0, 1), "{young:?}");
     e.clock.advance(2 * DAY_US);
     let dry = runtime().block_on(frostline::archive::sweep::sweep(&e.engine, true)).unwrap();
     assert_eq!((dry.orphans, dry.deleted, dry.referenced), (1, 0, 6), "{dry:?}");
-    assert_eq!(objects(&e).len(), 7, "a dry run deletes nothing");
+    assert_eq!(objects(&e).len(), 8, "a dry run deletes nothing");
     let real = runtime().block_on(frostline::archive::sweep::sweep(&e.engine, false)).unwrap();
     assert_eq!(real.deleted, 1);
-    assert_eq!(objects(&e).len(), 6);
+    assert_eq!(objects(&e).len(), 7);
+    assert!(objects(&e).contains(&foreign.to_string()), "the foreign object is kept");
+    assert!(!objects(&e).contains(&orphan));
     let verdicts = runtime().block_on(frostline::archive::verify::verify(&e.engine, None, None, |_| {})).unwrap();
     assert!(verdicts.iter().all(|v| v.ok), "{verdicts:?}");
 }

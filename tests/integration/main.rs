@@ -12,5 +12,6 @@ mod object_stores;
 mod plugins;
 mod races;
 mod reload;
+mod replan;
 mod simulation;
 mod support;

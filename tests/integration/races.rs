@@ -49,7 +49,7 @@ fn two_workers_racing_for_one_bucket_publish_exactly_once() {
     let meta = &buckets[0];
     assert_eq!(meta.state, BucketState::Archived { hot_deleted: true });
     assert_eq!(meta.generation, 2, "B's generation published");
-    assert!(meta.manifest_key.as_ref().unwrap().contains("manifest-g0000000002"));
+    assert!(meta.manifest_key.as_ref().unwrap().contains("-g0000000002-"));
     let published = e.engine.store.outbox(1000).unwrap().into_iter().filter(|ev| ev.kind == "bucket_archived").count();
     assert_eq!(published, 1, "exactly one publication");
     assert_eq!(meta.attempts, 0, "A's late deferral did not touch B's bucket");

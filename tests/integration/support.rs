@@ -119,6 +119,7 @@ impl TestEngine {
                 id: old.id.clone(),
                 strategy: old.strategy.clone(),
                 retention: old.retention.clone(),
+                retention_identity: old.retention_identity.clone(),
                 writable_buckets: old.writable_buckets,
                 format: old.format,
                 target_name: old.target_name.clone(),
@@ -147,24 +148,34 @@ impl TestEngine {
     }
 
     pub fn pass(&self) -> frostline::archive::PassReport {
-        runtime().block_on(frostline::archive::run_pass(&self.engine, "test-worker")).unwrap()
+        run_pass(&self.engine)
     }
 
     pub fn query_all(&self, table: &str) -> Vec<frostline::model::Record> {
-        let mut out = Vec::new();
-        let mut cursor = None;
-        loop {
-            let page = runtime()
-                .block_on(frostline::query::query(
-                    &self.engine,
-                    frostline::query::QueryRequest { table: table.into(), limit: 97, cursor, ..Default::default() },
-                ))
-                .unwrap_or_else(|e| panic!("{e}"));
-            out.extend(page.records);
-            match page.next_cursor {
-                Some(c) => cursor = Some(c),
-                None => return out,
-            }
+        query_engine(&self.engine, table)
+    }
+}
+
+/// One archival pass of `engine` as worker `test-worker`.
+pub fn run_pass(engine: &std::sync::Arc<frostline::engine::Engine>) -> frostline::archive::PassReport {
+    runtime().block_on(frostline::archive::run_pass(engine, "test-worker")).unwrap()
+}
+
+/// Every record of a table, read page by page (a small page, so pagination is exercised).
+pub fn query_engine(engine: &std::sync::Arc<frostline::engine::Engine>, table: &str) -> Vec<frostline::model::Record> {
+    let mut out = Vec::new();
+    let mut cursor = None;
+    loop {
+        let page = runtime()
+            .block_on(frostline::query::query(
+                engine,
+                frostline::query::QueryRequest { table: table.into(), limit: 97, cursor, ..Default::default() },
+            ))
+            .unwrap_or_else(|e| panic!("{e}"));
+        out.extend(page.records);
+        match page.next_cursor {
+            Some(c) => cursor = Some(c),
+            None => return out,
         }
     }
 }

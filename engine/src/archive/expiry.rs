@@ -42,10 +42,9 @@ pub(super) async fn expire(
         std::iter::once(manifest_key).chain(manifest.segments.iter().map(|s| s.key.clone())).collect();
     heartbeat.check("expiry")?;
     let (store, id, owner_s, now) = (engine.store.clone(), meta.id.clone(), owner.to_string(), engine.clock.now());
-    let policy_holds = engine.policies().holds.clone();
     let generation = meta.generation;
-    let Some(tombstone) =
-        blocking(move || store.begin_expiry(id, owner_s, generation, now, policy_holds, keys)).await?
+    let target = manifest.archive_target();
+    let Some(tombstone) = blocking(move || store.begin_expiry(id, owner_s, generation, now, keys, target)).await?
     else {
         tracing::info!(bucket = %meta.id, "expiry stopped by a legal hold");
         return Ok(ExpiryOutcome::Held);
@@ -53,7 +52,10 @@ pub(super) async fn expire(
     finish(engine, table, owner, generation, tombstone).await
 }
 
-/// Deletes what a tombstone names, proves absence by listing, completes the tombstone.
+/// Deletes what a tombstone names on the target it records, proves absence by listing the
+/// folder the objects were written to, completes the tombstone. Just before the first delete
+/// call every hold is checked once more (`Store::start_deletes`): a hold placed since the
+/// tombstone was written calls the expiry off, as long as nothing has been deleted.
 pub(super) async fn finish(
     engine: &Arc<Engine>,
     table: &Arc<TablePolicy>,
@@ -61,13 +63,25 @@ pub(super) async fn finish(
     generation: u64,
     tombstone: Tombstone,
 ) -> Result<ExpiryOutcome> {
-    let backend = table.backend.clone();
+    let backend = engine.policies().archive_backend(table, &tombstone.target)?;
+    let id: &BucketId = &tombstone.bucket;
+    let folder = keys::folder_of(&tombstone.manifest_key).to_string();
+    if tombstone.deletes_started_at.is_none() {
+        // Reach the target before committing to delete: during an outage the expiry waits
+        // here, where a hold can still call it off.
+        backend.list(&folder).await?;
+        crate::failpoints::hit("before_start_deletes")?;
+        let (store, bucket, owner, now) = (engine.store.clone(), id.clone(), owner.to_string(), engine.clock.now());
+        if !blocking(move || store.start_deletes(bucket, owner, generation, now)).await? {
+            tracing::info!(bucket = %id, "expiry called off by a legal hold placed before its first delete");
+            return Ok(ExpiryOutcome::Held);
+        }
+    }
     for key in &tombstone.keys {
         backend.delete(key).await?;
+        crate::failpoints::hit("mid_expiry_delete")?;
     }
-    let id: &BucketId = &tombstone.bucket;
-    let prefix = keys::bucket_prefix(&id.table, &id.bucket_key, &id.partition_key);
-    let listed = backend.list(&prefix).await?;
+    let listed = backend.list(&folder).await?;
     if let Some(left) = listed.iter().find(|o| tombstone.keys.contains(&o.key)) {
         return Err(Error::StorageUnavailable(format!(
             "object `{}` is still listed after its deletion; the expiry will be retried",

@@ -24,10 +24,12 @@ use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::format::Format;
 use crate::format::manifest::{MANIFEST_VERSION, Manifest, SegmentInfo, sha256_hex};
+use crate::model::lifecycle::{self, PlanBasis};
 use crate::model::rows::summarize;
 use crate::model::{BucketFacts, BucketState, Micros, Record};
-use crate::policy::TablePolicy;
+use crate::policy::{PolicySet, TablePolicy};
 use crate::storage::{ArchiveBackend, PutOutcome, keys};
+use crate::store::PlanOutcome;
 use crate::store::schema::{BucketId, BucketMeta, UploadIntent};
 
 /// Buckets planned per pass at most, so a pass after a large ingest still reaches due work.
@@ -39,6 +41,8 @@ pub const PLAN_BATCH_BUCKETS_MAX: usize = crate::plugin::retention::RETENTION_BA
 #[derive(Debug, Default, Clone, serde::Serialize)]
 pub struct PassReport {
     pub planned: u64,
+    /// Buckets whose schedule was checked against their plan (and queued when it was stale).
+    pub reconciled: u64,
     pub plan_failures: u64,
     pub archived: u64,
     pub cleaned: u64,
@@ -179,6 +183,7 @@ impl PassReport {
     /// Adds another pass's figures to these.
     pub fn add(&mut self, other: PassReport) {
         self.planned += other.planned;
+        self.reconciled += other.reconciled;
         self.plan_failures += other.plan_failures;
         self.archived += other.archived;
         self.cleaned += other.cleaned;
@@ -209,7 +214,7 @@ pub fn new_owner_token() -> String {
 pub async fn run_pass(engine: &Arc<Engine>, owner: &str) -> Result<PassReport> {
     let mut report = PassReport::default();
     let mut lap = Lap::start();
-    plan_new_buckets(engine, &mut report).await?;
+    plan_buckets(engine, &mut report).await?;
     report.seconds.add(Phase::Plan, lap.lap());
     // Outbox delivery runs before discovery; a sink that is down never blocks archival.
     match outbox::deliver(engine).await {
@@ -283,17 +288,41 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'sta
     tokio::task::spawn_blocking(f).await.map_err(|e| Error::Internal(format!("blocking task failed: {e}")))?
 }
 
-/// Asks each table's retention policy for a plan for buckets that have none yet, in batches:
-/// one policy call and one transaction per table and batch. A policy fault leaves the
-/// batch's buckets unplanned (so nothing is archived or expired) and is retried next pass.
-async fn plan_new_buckets(engine: &Arc<Engine>, report: &mut PassReport) -> Result<()> {
+/// Buckets a pass reconciles at most (rescheduled, and queued for a plan when theirs is stale),
+/// over every table, after a policy change or every `REPLAN_PERIOD_US`.
+pub const RECONCILE_BUCKETS_PER_PASS_MAX: usize = 10_000;
+/// Buckets reconciled per store transaction: the writer is never held long, so appends wait
+/// at most one such batch.
+pub const RECONCILE_BATCH_BUCKETS_MAX: usize = 1_000;
+
+/// Re-decides retention: first advances each table's reconciliation (after a reload that
+/// changed its retention policy or the cutoff, when a table returns, and periodically), which
+/// queues every bucket whose plan is stale; then asks each table's retention policy for a plan
+/// for the queued buckets (new ones, and those whose facts or policy changed), in batches: one
+/// policy call and one transaction per table and batch. A policy fault leaves the batch's
+/// buckets queued (a stale or missing plan never acts) and is retried next pass.
+async fn plan_buckets(engine: &Arc<Engine>, report: &mut PassReport) -> Result<()> {
+    let policies = engine.policies();
+    let now = engine.clock.now();
+    let mut budget = RECONCILE_BUCKETS_PER_PASS_MAX;
+    for table in policies.tables.keys() {
+        while budget > 0 {
+            let (store, id) = (engine.store.clone(), table.clone());
+            if !blocking(move || store.reconcile_pending(&id, now)).await? {
+                break;
+            }
+            let (store, id) = (engine.store.clone(), table.clone());
+            let limit = budget.min(RECONCILE_BATCH_BUCKETS_MAX);
+            let visited = blocking(move || store.reconcile_step(id, limit, now)).await?;
+            report.reconciled += visited;
+            budget = budget.saturating_sub(visited.max(1) as usize);
+        }
+    }
     let store = engine.store.clone();
     let ids = blocking(move || store.unplanned(PLAN_BUCKETS_PER_PASS_MAX)).await?;
     if ids.is_empty() {
         return Ok(());
     }
-    let policies = engine.policies();
-    let now = engine.clock.now();
     for batch in ids.chunks(PLAN_BATCH_BUCKETS_MAX) {
         let (store, lookup) = (engine.store.clone(), batch.to_vec());
         let metas = blocking(move || {
@@ -304,14 +333,32 @@ async fn plan_new_buckets(engine: &Arc<Engine>, report: &mut PassReport) -> Resu
             Ok(metas)
         })
         .await?;
-        // The unplanned index is in key order, so a batch's buckets come table by table.
+        // The plan queue is in key order, so a batch's buckets come table by table.
         for same_table in metas.chunk_by(|a, b| a.id.table == b.id.table) {
-            let Some(table) = policies.tables.get(&same_table[0].id.table).cloned() else { continue };
             let ids: Vec<BucketId> = same_table.iter().map(|m| m.id.clone()).collect();
-            let facts: Vec<BucketFacts> = same_table.iter().map(facts_of).collect();
+            let Some(table) = policies.tables.get(&same_table[0].id.table).cloned() else {
+                // No definition to plan with: the reconciliation that starts when the table
+                // returns queues them again. Leaving them would stall the queue.
+                let store = engine.store.clone();
+                blocking(move || store.drop_unplannable(ids)).await?;
+                continue;
+            };
+            let facts: Vec<BucketFacts> = same_table.iter().map(BucketMeta::facts).collect();
+            let bases: Vec<PlanBasis> = facts
+                .iter()
+                .map(|f| PlanBasis {
+                    policy: table.retention_identity.clone(),
+                    facts: lifecycle::facts_digest(f),
+                    planned_at: now,
+                })
+                .collect();
             let answers = blocking(move || Ok(table.retention.plan(now, &facts))).await?;
-            let outcomes: Vec<_> = match answers {
-                Ok(plans) if plans.len() == ids.len() => ids.into_iter().zip(plans).collect(),
+            let outcomes: Vec<(BucketId, PlanOutcome)> = match answers {
+                Ok(plans) if plans.len() == ids.len() => ids
+                    .into_iter()
+                    .zip(plans.into_iter().zip(bases))
+                    .map(|(id, (plan, basis))| (id, plan.map(|plan| (plan, basis))))
+                    .collect(),
                 Ok(plans) => {
                     let why = format!("answered {} plans for {} buckets", plans.len(), ids.len());
                     ids.into_iter().map(|id| (id, Err(why.clone()))).collect()
@@ -326,20 +373,6 @@ async fn plan_new_buckets(engine: &Arc<Engine>, report: &mut PassReport) -> Resu
         }
     }
     Ok(())
-}
-
-pub fn facts_of(meta: &BucketMeta) -> BucketFacts {
-    BucketFacts {
-        table: meta.id.table.clone(),
-        partition_key: meta.id.partition_key.clone(),
-        tenant: meta.tenant.single(),
-        kind: meta.kind.single(),
-        bucket: meta.descriptor.clone(),
-        row_count: meta.row_count,
-        byte_count: meta.byte_count,
-        state: meta.state,
-        archived_at: meta.archived_at,
-    }
 }
 
 enum Outcome {
@@ -418,6 +451,17 @@ async fn archive_bucket(
 ) -> Result<Outcome> {
     let policies = engine.policies();
     let Some(table) = policies.tables.get(&id.table).cloned() else {
+        // The store knows the table has no definition: the claim takes the bucket out of
+        // the due index (so it cannot stall other tables' work) and claims nothing.
+        let (store, now) = (engine.store.clone(), engine.clock.now());
+        let lease_us = engine.settings.lease_us;
+        let (claim_id, claim_owner) = (id.clone(), owner.to_string());
+        if let Some(meta) = blocking(move || store.claim(claim_id, claim_owner, now, lease_us)).await? {
+            let store = engine.store.clone();
+            let (owner, why) = (owner.to_string(), format!("table `{}` is not in the policy directory", id.table));
+            let retry_at = now + engine.settings.retry_us;
+            blocking(move || store.defer(id, owner, meta.generation, now, why, retry_at)).await?;
+        }
         return Ok(Outcome::NotClaimed);
     };
     let now = engine.clock.now();
@@ -501,7 +545,7 @@ async fn upload_and_publish(
     let mut payloads = Vec::with_capacity(encoded.len());
     for (sequence, segment) in encoded.into_iter().enumerate() {
         let sha = sha256_hex(&segment.bytes);
-        let key = keys::segment_key(&prefix, sequence, &sha, table.format.extension());
+        let key = keys::segment_key(&prefix, &engine.installation_id, sequence, &sha, table.format.extension());
         segments.push(SegmentInfo {
             key: key.clone(),
             sha256: sha,
@@ -523,6 +567,7 @@ async fn upload_and_publish(
         format: table.format,
         schema: table.format.schema().to_string(),
         target: backend.target().to_string(),
+        target_name: table.target_name.clone(),
         policy: meta.plan.clone(),
         summary: summarize(&rows),
         bytes: segments.iter().map(|s| s.bytes).sum(),
@@ -531,7 +576,7 @@ async fn upload_and_publish(
     };
     manifest.check_consistent()?;
     let manifest_bytes = Bytes::from(manifest.to_bytes());
-    let manifest_key = keys::manifest_key(&prefix, generation, &sha256_hex(&manifest_bytes));
+    let manifest_key = keys::manifest_key(&prefix, &engine.installation_id, generation, &sha256_hex(&manifest_bytes));
     seconds.add(Phase::Encode, lap.lap());
 
     // Invariant 10: the intent is durable before the first upload.
@@ -739,6 +784,21 @@ pub async fn read_archive(
         rows.extend(verify_segment(manifest.format, segment, &bytes)?);
     }
     Ok(rows)
+}
+
+/// The backend of the target a published bucket's archive was written to, from the copy of
+/// its manifest in the store (not the table's current target, which a reload may have moved).
+pub async fn recorded_backend(
+    engine: &Arc<Engine>,
+    policies: &PolicySet,
+    table: &TablePolicy,
+    id: &BucketId,
+) -> Result<Arc<dyn ArchiveBackend>> {
+    let (store, lookup) = (engine.store.clone(), id.clone());
+    let manifest = blocking(move || store.latest_manifest(&lookup))
+        .await?
+        .ok_or_else(|| Error::Internal(format!("bucket {id} has no recorded manifest")))?;
+    policies.archive_backend(table, &manifest.archive_target())
 }
 
 pub async fn read_manifest(backend: &dyn ArchiveBackend, manifest_key: &str) -> Result<Manifest> {

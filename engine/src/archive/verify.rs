@@ -51,9 +51,10 @@ pub async fn verify(
         };
         let outcome: Result<()> = async {
             let table = policies.table(&meta.id.table)?;
-            let manifest = read_manifest(table.backend.as_ref(), &key).await?;
+            let backend = super::recorded_backend(engine, &policies, table, &meta.id).await?;
+            let manifest = read_manifest(backend.as_ref(), &key).await?;
             verdict.segments = manifest.segments.len();
-            let rows = read_archive(table.backend.as_ref(), &key, None, None).await?;
+            let rows = read_archive(backend.as_ref(), &key, None, None).await?;
             verdict.rows = rows.len() as u64;
             if rows.len() as u64 != meta.row_count || manifest.summary.rows != meta.row_count {
                 return Err(crate::Error::Corruption(format!(

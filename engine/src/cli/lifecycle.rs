@@ -58,10 +58,10 @@ pub struct HoldListing {
     pub covered_buckets: u64,
 }
 
-/// Every hold, placed (store) and declared (policy directory), with the buckets it covers.
+/// Every hold, placed (API, CLI) and declared (policy directory; the store keeps them in step
+/// with the active set), with the buckets it covers.
 pub fn list_holds(engine: &Engine) -> Result<Vec<HoldListing>> {
-    let mut holds = engine.store.holds()?;
-    holds.extend(engine.policies().holds.iter().cloned());
+    let holds = engine.store.holds()?;
     let mut covered = vec![0u64; holds.len()];
     engine.store.visit_buckets(|b| {
         for (hold, count) in holds.iter().zip(&mut covered) {
@@ -88,11 +88,18 @@ pub struct HoldRequest {
     pub placed_by: String,
 }
 
-/// A placed hold's id and the buckets it covers now.
+/// A placed hold's id, the buckets it covers now, and what it did to expiries under way.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct HoldPlaced {
     pub id: String,
     pub covered_buckets: u64,
+    /// Buckets whose expiry had written its tombstone but deleted nothing: called off, held.
+    #[serde(default)]
+    pub expiries_called_off: Vec<String>,
+    /// Buckets whose expiry had already started deleting objects: the hold is placed, but it
+    /// cannot bring these archives back.
+    #[serde(default)]
+    pub too_late: Vec<String>,
 }
 
 /// Builds a hold from a request: checks it (the table must be declared, the reason and who
@@ -123,8 +130,13 @@ pub fn new_hold(engine: &Engine, request: HoldRequest, source: &str) -> Result<H
 pub fn place_hold(engine: &Engine, request: HoldRequest, source: &str) -> Result<HoldPlaced> {
     let hold = new_hold(engine, request, source)?;
     let id = hold.id.clone();
-    let covered_buckets = engine.store.place_hold(hold, engine.clock.now())?;
-    Ok(HoldPlaced { id, covered_buckets })
+    let placement = engine.store.place_hold(hold, engine.clock.now())?;
+    Ok(HoldPlaced {
+        id,
+        covered_buckets: placement.covered,
+        expiries_called_off: placement.expiries_called_off,
+        too_late: placement.too_late,
+    })
 }
 
 /// Whether a hold id names a hold declared in the policy directory (lifted only there).

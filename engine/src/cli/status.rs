@@ -56,6 +56,15 @@ pub struct PolicyStatus {
 #[derive(Debug, Serialize, Deserialize)]
 pub struct Status {
     pub now: String,
+    /// The data directory, resolved to an absolute path.
+    #[serde(default)]
+    pub data_dir: String,
+    /// This data directory's installation id (in every object key it writes).
+    #[serde(default)]
+    pub installation_id: String,
+    /// Tables with data that are not in the policy directory: their buckets wait for them.
+    #[serde(default)]
+    pub unmanaged_tables: Vec<String>,
     pub policy: PolicyStatus,
     pub tables: Vec<TableStatus>,
     pub due_now: u64,
@@ -131,8 +140,13 @@ pub fn collect(engine: &Engine) -> Result<Status> {
         retired_tables: policies.retired.iter().cloned().collect(),
         last_reload: engine.last_reload().map(|r| serde_json::to_value(r).unwrap_or_default()),
     };
+    let unmanaged_tables =
+        engine.store.table_states()?.into_iter().filter(|t| t.unmanaged_since.is_some()).map(|t| t.id).collect();
     Ok(Status {
         now: format_rfc3339(now),
+        data_dir: engine.data_dir.display().to_string(),
+        installation_id: engine.installation_id.clone(),
+        unmanaged_tables,
         policy,
         tables,
         due_now: engine.store.due_count(now)?,
@@ -148,6 +162,13 @@ pub fn collect(engine: &Engine) -> Result<Status> {
 
 pub fn print(status: &Status) {
     println!("now {}", status.now);
+    println!("data {} (installation {})", status.data_dir, status.installation_id);
+    if !status.unmanaged_tables.is_empty() {
+        println!(
+            "tables not in the policy directory (their buckets wait for them): {}",
+            status.unmanaged_tables.join(", ")
+        );
+    }
     let p = &status.policy;
     println!(
         "policy generation {} from {} ({} files, {} plugins)",

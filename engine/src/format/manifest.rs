@@ -37,6 +37,11 @@ pub struct Manifest {
     pub schema: String,
     /// Where the archive was written (store URL and prefix), so a table can move later.
     pub target: String,
+    /// The name of that target in the policy directory (empty in manifests of earlier
+    /// versions, which are matched by URL). Reads, verification and expiry use this target,
+    /// not the table's current one.
+    #[serde(default)]
+    pub target_name: String,
     /// The retention plan in force when the bucket was archived, for audits.
     pub policy: Option<RetentionPlan>,
     pub summary: RowSummary,
@@ -46,6 +51,11 @@ pub struct Manifest {
 }
 
 impl Manifest {
+    /// The target this archive was written to.
+    pub fn archive_target(&self) -> crate::model::ArchiveTarget {
+        crate::model::ArchiveTarget { name: self.target_name.clone(), url: self.target.clone() }
+    }
+
     pub fn to_bytes(&self) -> Vec<u8> {
         serde_json::to_vec_pretty(self).expect("a manifest always serializes")
     }

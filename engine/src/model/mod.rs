@@ -4,6 +4,7 @@
 //! tested on its own. Every adapter depends on it; it depends on nobody.
 
 pub mod invariants;
+pub mod lifecycle;
 pub mod rows;
 pub mod time;
 
@@ -161,6 +162,9 @@ pub mod serde_bytes_string {
 /// Hot --claim--> Archiving --publish--> Archived{hot_deleted:false} --cleanup--> Archived{hot_deleted:true}
 ///                   |  (failure before publish: stays fenced, retried later)            |
 ///                   +-- lease expires: another worker takes over (Archiving again)       +--expire--> Expired
+///                                                                                               |
+///                      a hold placed before the expiry's first delete call, calls it off:  <----+
+///                      Expired --> Archived{hot_deleted:true} (held)
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -191,6 +195,8 @@ impl BucketState {
             (Archiving, Archived { hot_deleted: false }) => true,
             (Archived { hot_deleted: false }, Archived { hot_deleted: true }) => true,
             (Archived { hot_deleted: true }, Expired) => true,
+            // A hold placed after the tombstone but before the first delete call.
+            (Expired, Archived { hot_deleted: true }) => true,
             _ => false,
         }
     }
@@ -223,6 +229,20 @@ pub struct RetentionPlan {
     pub archive_at: Option<Micros>,
     pub expire_at: Option<Micros>,
     pub reason: String,
+}
+
+/// Where an archive lives: the target's name in the policy directory and its URL. Archives
+/// written before targets were named in manifests carry an empty name (matched by URL).
+#[derive(Debug, Clone, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct ArchiveTarget {
+    pub name: String,
+    pub url: String,
+}
+
+impl std::fmt::Display for ArchiveTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.name.is_empty() { write!(f, "{}", self.url) } else { write!(f, "`{}` ({})", self.name, self.url) }
+    }
 }
 
 /// What a retention policy sees of a bucket.
@@ -260,6 +280,7 @@ mod tests {
                 (Archiving, Archived { hot_deleted: false }),
                 (Archived { hot_deleted: false }, Archived { hot_deleted: true }),
                 (Archived { hot_deleted: true }, Expired),
+                (Expired, Archived { hot_deleted: true }),
             ]
         );
     }

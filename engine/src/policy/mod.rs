@@ -144,6 +144,9 @@ pub struct TablePolicy {
     pub id: String,
     pub strategy: Arc<dyn BucketStrategy>,
     pub retention: Arc<dyn RetentionPolicy>,
+    /// `lifecycle::policy_identity` of `retention` (component hash and effective config, the
+    /// process-wide cutoff included): plans made under another identity are stale.
+    pub retention_identity: String,
     pub writable_buckets: Option<u32>,
     pub format: Format,
     pub target_name: String,
@@ -205,6 +208,32 @@ pub struct PluginRecord {
 pub const LOAD_CHECK_STRATEGY_TIMES: usize = 200;
 
 impl PolicySet {
+    /// The backend of the target an archive was written to (from its manifest): the table's
+    /// own backend when it is still that target, else the target of that name (or, for
+    /// manifests that predate target names, of that URL). An archive whose target is gone
+    /// from the policy directory cannot be read, verified or expired: the error says so.
+    pub fn archive_backend(
+        &self,
+        table: &TablePolicy,
+        target: &model::ArchiveTarget,
+    ) -> Result<Arc<dyn ArchiveBackend>> {
+        let same = |name: &str, backend: &Arc<dyn ArchiveBackend>| {
+            (target.name.is_empty() || target.name == name) && backend.target() == target.url
+        };
+        // Records without a target (tombstones of earlier versions) were on the table's.
+        if target.url.is_empty() || same(&table.target_name, &table.backend) {
+            return Ok(table.backend.clone());
+        }
+        self.targets.iter().find(|(name, backend)| same(name, backend)).map(|(_, b)| b.clone()).ok_or_else(|| {
+            Error::StorageUnavailable(format!(
+                "table `{}`: the archive lives on target {target}, which is not in the policy directory {}; \
+                 declare that target again to read, verify or expire it",
+                table.id,
+                self.dir.display()
+            ))
+        })
+    }
+
     pub fn table(&self, id: &str) -> Result<&Arc<TablePolicy>> {
         self.tables.get(id).ok_or_else(|| {
             Error::InvalidInput(format!(
@@ -344,6 +373,7 @@ pub fn load_with(
             settings.eligible_before,
         )?;
         plugins.push(PluginRecord::of(&raw.id, &loaded));
+        let retention_identity = model::lifecycle::policy_identity(&loaded.hash, &config);
         let retention = crate::plugin::retention::WasmRetention::new(loaded, config)
             .map_err(|e| invalid(&file, format!("{}: {e}", context("retention"))))?;
         let report = crate::plugin::conformance::check_retention(&retention, raw.id.len() as u64)
@@ -357,6 +387,7 @@ pub fn load_with(
                 id: raw.id,
                 strategy: Arc::new(strategy),
                 retention: Arc::new(retention),
+                retention_identity,
                 writable_buckets: raw.writable_buckets,
                 format: raw.format.unwrap_or_default(),
                 target_name,
@@ -507,11 +538,16 @@ impl PluginRecord {
 
 /// The policy files of `dir` (`*.toml`, not in subfolders), sorted.
 pub fn policy_files(dir: &Path) -> Result<Vec<PathBuf>> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
-        .map_err(|e| Error::InvalidInput(format!("cannot read the policy directory {}: {e}", dir.display())))?
-        .filter_map(|entry| entry.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|e| e == "toml") && p.is_file())
-        .collect();
+    let unreadable =
+        |e: std::io::Error| Error::InvalidInput(format!("cannot read the policy directory {}: {e}", dir.display()));
+    // Every entry must be readable: a policy file skipped here would drop its holds.
+    let mut files: Vec<PathBuf> = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(unreadable)? {
+        let path = entry.map_err(unreadable)?.path();
+        if path.extension().is_some_and(|e| e == "toml") && path.is_file() {
+            files.push(path);
+        }
+    }
     files.sort();
     Ok(files)
 }

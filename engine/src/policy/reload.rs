@@ -123,6 +123,22 @@ fn try_reload(engine: &Engine, current: &Arc<PolicySet>) -> Result<PolicySet> {
             set.retired.insert(id.clone());
         }
     }
+    // Archives stay where they were written: a reload may move a table to another target,
+    // but not drop a target that still holds archives (they could no longer be read, verified
+    // or expired).
+    let snapshot = engine.store.snapshot()?;
+    for ((table_id, target), buckets) in snapshot.archive_targets()? {
+        let Some(table) = set.tables.get(&table_id) else { continue };
+        if let Err(e) = set.archive_backend(table, &target) {
+            let shown: Vec<&str> = buckets.iter().take(5).map(String::as_str).collect();
+            return Err(Error::InvalidInput(format!(
+                "{e}; {} bucket(s) of table `{table_id}` have archives there (for instance {}): keep the target \
+                 declared while they exist",
+                buckets.len(),
+                shown.join(", ")
+            )));
+        }
+    }
     set.generation = current.generation + 1;
     Ok(set)
 }

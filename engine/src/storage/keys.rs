@@ -3,12 +3,21 @@
 //! Layout (Hive-style folders, so query engines can prune by table, bucket and partition):
 //!
 //! ```text
-//! table=<table>/bucket=<bucket key>/partition=<partition key>/seg-<seq>-<sha256[..16]>.<ext>
-//! table=<table>/bucket=<bucket key>/partition=<partition key>/manifest-g<generation>-<sha256[..16]>.json
+//! table=<table>/bucket=<bucket key>/partition=<partition key>/seg-<installation>-<seq>-<sha256[..16]>.<ext>
+//! table=<table>/bucket=<bucket key>/partition=<partition key>/manifest-<installation>-g<generation>-<sha256[..16]>.json
 //! ```
 //!
-//! Values are percent-encoded except `A-Z a-z 0-9 - _ . :`, so any table id, bucket key or
-//! partition key maps to one safe path segment and back.
+//! Values are percent-encoded except `A-Z a-z 0-9 - _ . :` (an empty value is written as a
+//! lone `%`, which no encoding of a non-empty value produces), so every table id, bucket key
+//! and partition key maps to exactly one path segment. A value whose encoding is longer than
+//! `KEY_VALUE_ENCODED_BYTES_MAX` is written as `~` and the SHA-256 of its raw bytes (`~` never
+//! appears in an encoding), so no key exceeds the limits of a target (255 bytes per file name on
+//! local disks, 1,024 bytes per key on S3): the real value is in the manifest.
+//!
+//! `<installation>` is the data directory's installation id: two installations that share a
+//! target never write the same key, and the orphan sweep deletes only keys that carry its own.
+//! (Archives written before installation ids lack it; they are read through their manifests
+//! and never swept.)
 //!
 //! Two scratch folders sit beside the tables at the root of a target, and no manifest ever
 //! names an object in them: `.tmp/<nonce>` (a large segment's multipart upload before its
@@ -19,7 +28,13 @@ use crate::error::{Error, Result};
 /// Hex digits of the SHA-256 carried in every key.
 pub const KEY_SHA_HEX_DIGITS: usize = 16;
 
+/// Longest encoded value written as is; a longer one is written as its hash.
+pub const KEY_VALUE_ENCODED_BYTES_MAX: usize = 128;
+
 fn encode_value(value: &[u8]) -> String {
+    if value.is_empty() {
+        return "%".to_string();
+    }
     let mut out = String::with_capacity(value.len());
     for &b in value {
         if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':') {
@@ -28,12 +43,9 @@ fn encode_value(value: &[u8]) -> String {
             out.push_str(&format!("%{b:02X}"));
         }
     }
-    // `.` and `..` alone are not valid path segments.
-    if out == "." || out == ".." || out.is_empty() {
-        out = out.replace('.', "%2E");
-        if out.is_empty() {
-            out.push_str("%00EMPTY");
-        }
+    if out.len() > KEY_VALUE_ENCODED_BYTES_MAX {
+        use sha2::Digest as _;
+        return format!("~{}", hex::encode(sha2::Sha256::digest(value)));
     }
     out
 }
@@ -53,12 +65,35 @@ pub fn table_prefix(table: &str) -> String {
     format!("table={}/", encode_value(table.as_bytes()))
 }
 
-pub fn segment_key(bucket_prefix: &str, sequence: usize, sha256_hex: &str, extension: &str) -> String {
-    format!("{bucket_prefix}seg-{sequence:05}-{}.{extension}", &sha256_hex[..KEY_SHA_HEX_DIGITS])
+pub fn segment_key(
+    bucket_prefix: &str,
+    installation: &str,
+    sequence: usize,
+    sha256_hex: &str,
+    extension: &str,
+) -> String {
+    format!("{bucket_prefix}seg-{installation}-{sequence:05}-{}.{extension}", &sha256_hex[..KEY_SHA_HEX_DIGITS])
 }
 
-pub fn manifest_key(bucket_prefix: &str, generation: u64, sha256_hex: &str) -> String {
-    format!("{bucket_prefix}manifest-g{generation:010}-{}.json", &sha256_hex[..KEY_SHA_HEX_DIGITS])
+pub fn manifest_key(bucket_prefix: &str, installation: &str, generation: u64, sha256_hex: &str) -> String {
+    format!("{bucket_prefix}manifest-{installation}-g{generation:010}-{}.json", &sha256_hex[..KEY_SHA_HEX_DIGITS])
+}
+
+/// Whether `key` is a segment or manifest written by `installation`: the only objects of a
+/// table's folders its orphan sweep may delete.
+pub fn written_by(key: &str, installation: &str) -> bool {
+    let name = key.rsplit('/').next().unwrap_or(key);
+    ["seg-", "manifest-"].iter().any(|kind| {
+        name.strip_prefix(kind)
+            .and_then(|rest| rest.strip_prefix(installation))
+            .is_some_and(|rest| rest.starts_with('-'))
+    })
+}
+
+/// The folder an object key sits in (with its trailing `/`), for listing an archive's
+/// objects where they were written, whatever today's layout would say.
+pub fn folder_of(key: &str) -> &str {
+    key.rfind('/').map_or("", |i| &key[..=i])
 }
 
 /// Where large segments are uploaded before their conditional copy to the final key.
@@ -115,14 +150,57 @@ mod tests {
         let prefix = bucket_prefix("metrics", "year:2024", b"host/1 a");
         assert_eq!(prefix, "table=metrics/bucket=year:2024/partition=host%2F1%20a/");
         let sha = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
-        let seg = segment_key(&prefix, 3, sha, "jsonl");
-        assert!(seg.ends_with("seg-00003-0123456789abcdef.jsonl"));
+        let seg = segment_key(&prefix, "00aa", 3, sha, "jsonl");
+        assert!(seg.ends_with("seg-00aa-00003-0123456789abcdef.jsonl"));
         assert_eq!(sha_prefix(&seg).unwrap(), "0123456789abcdef");
-        let manifest = manifest_key(&prefix, 7, sha);
-        assert!(manifest.ends_with("manifest-g0000000007-0123456789abcdef.json"));
+        let manifest = manifest_key(&prefix, "00aa", 7, sha);
+        assert!(manifest.ends_with("manifest-00aa-g0000000007-0123456789abcdef.json"));
         assert!(check_content_address(&manifest, sha).is_ok());
         assert!(check_content_address(&manifest, &"f".repeat(64)).is_err());
-        assert_eq!(bucket_prefix("..", "b", b""), "table=%2E%2E/bucket=b/partition=%00EMPTY/");
+        assert_eq!(bucket_prefix("..", "b", b""), "table=../bucket=b/partition=%/");
+        assert_eq!(folder_of(&seg), prefix);
+    }
+
+    #[test]
+    fn the_encoding_is_injective() {
+        // Regression: "" and "\0EMPTY" were both written as `%00EMPTY`.
+        let values: [&[u8]; 7] = [b"", b"\0EMPTY", b"%", b"%00EMPTY", b".", b"~", b"a"];
+        let encoded: std::collections::HashSet<String> = values.iter().map(|v| encode_value(v)).collect();
+        assert_eq!(encoded.len(), values.len(), "{encoded:?}");
+        let long_a = vec![b'a'; 1024];
+        let mut long_b = long_a.clone();
+        long_b[1023] = b'b';
+        assert_ne!(encode_value(&long_a), encode_value(&long_b));
+    }
+
+    #[test]
+    fn keys_fit_every_target_at_the_longest_values() {
+        // Limit obeyed: a value at the limit is written as is.
+        let at_limit = vec![b'a'; KEY_VALUE_ENCODED_BYTES_MAX];
+        assert_eq!(encode_value(&at_limit), "a".repeat(KEY_VALUE_ENCODED_BYTES_MAX));
+        // Limit enforced: the longest table id, bucket key and partition key (all escaped),
+        // still give file names under 255 bytes and keys under 1,024.
+        let table = "%".repeat(crate::model::TABLE_ID_BYTES_MAX);
+        let bucket = "%".repeat(crate::model::BUCKET_KEY_BYTES_MAX);
+        let partition = vec![0xffu8; crate::model::PARTITION_KEY_BYTES_MAX];
+        let prefix = bucket_prefix(&table, &bucket, &partition);
+        let key = manifest_key(&prefix, "0123456789abcdef", u64::MAX, &"f".repeat(64));
+        assert!(key.len() < 1024, "{} bytes", key.len());
+        assert!(key.split('/').all(|segment| segment.len() <= 255), "{key}");
+        assert!(prefix.contains("partition=~"), "{prefix}");
+    }
+
+    #[test]
+    fn only_an_installations_own_keys_are_its_own() {
+        let prefix = bucket_prefix("t", "b", b"p");
+        let sha = &"0".repeat(64);
+        assert!(written_by(&segment_key(&prefix, "aa11", 0, sha, "jsonl"), "aa11"));
+        assert!(written_by(&manifest_key(&prefix, "aa11", 1, sha), "aa11"));
+        assert!(!written_by(&segment_key(&prefix, "aa112", 0, sha, "jsonl"), "aa11"));
+        assert!(!written_by(&segment_key(&prefix, "bb22", 0, sha, "jsonl"), "aa11"));
+        // Keys of earlier versions carry no installation: nobody can prove they own them.
+        assert!(!written_by(&format!("{prefix}seg-00000-{}.jsonl", &sha[..16]), "aa11"));
+        assert!(!written_by(&format!("{prefix}_catalog.json"), "aa11"));
     }
 
     #[test]

@@ -23,6 +23,7 @@ use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, Wri
 use self::schema::*;
 use crate::error::{Error, Result};
 use crate::model::invariants;
+use crate::model::lifecycle::{self, HoldEffect, NotClaimable, PlanBasis};
 use crate::model::rows::{RowFields, RowSummary, RowSummer};
 use crate::model::{BucketDescriptor, BucketState, Micros, Record, RetentionPlan};
 
@@ -172,6 +173,41 @@ impl Store {
         self.inner.db.begin_read().map_err(db_err)
     }
 
+    /// A read transaction to read several things from one instant (a query page, the sweep's
+    /// reference set): nothing committed after it began is seen through it.
+    pub fn snapshot(&self) -> Result<Snapshot> {
+        Ok(Snapshot { txn: Arc::new(self.read()?) })
+    }
+
+    /// Every bucket of a table (or of one partition), in key order.
+    pub fn buckets(&self, table: &str, partition_key: Option<&[u8]>) -> Result<Vec<BucketMeta>> {
+        self.snapshot()?.buckets(table, partition_key)
+    }
+
+    /// Calls `visit` with every bucket of every table in key order, one at a time, from one
+    /// read transaction: summaries over a million buckets without holding them all.
+    pub fn visit_buckets(&self, visit: impl FnMut(BucketMeta) -> Result<()>) -> Result<()> {
+        self.snapshot()?.visit_buckets(visit)
+    }
+
+    /// The hot rows of a bucket in clustering order, from `after` (exclusive) when given.
+    pub fn rows(&self, id: &BucketId, after: Option<(Micros, &[u8])>, limit: usize) -> Result<Vec<Record>> {
+        self.snapshot()?.rows(id, after, limit)
+    }
+
+    /// The newest recorded (that is, published) manifest of a bucket.
+    pub fn latest_manifest(&self, id: &BucketId) -> Result<Option<crate::format::manifest::Manifest>> {
+        self.snapshot()?.latest_manifest(id)
+    }
+
+    pub fn intents(&self) -> Result<Vec<UploadIntent>> {
+        self.snapshot()?.intents()
+    }
+
+    pub fn tombstones(&self) -> Result<Vec<Tombstone>> {
+        self.snapshot()?.tombstones()
+    }
+
     // ----- reads -----
 
     pub fn table_state(&self, table: &str) -> Result<Option<TableState>> {
@@ -180,36 +216,18 @@ impl Store {
         t.get(table).map_err(db_err)?.map(|v| decode_value(v.value())).transpose()
     }
 
+    /// This data directory's installation id (made at its creation, never changed).
+    pub fn installation_id(&self) -> Result<String> {
+        let bytes = self
+            .meta_value(META_INSTALLATION_ID)?
+            .ok_or_else(|| Error::Corruption("the data directory has no installation id".into()))?;
+        String::from_utf8(bytes).map_err(|_| Error::Corruption("the installation id is not UTF-8".into()))
+    }
+
     pub fn bucket(&self, id: &BucketId) -> Result<Option<BucketMeta>> {
         let txn = self.read()?;
         let t = txn.open_table(BUCKETS).map_err(db_err)?;
         t.get(id.encode().as_slice()).map_err(db_err)?.map(|v| decode_value(v.value())).transpose()
-    }
-
-    /// Every bucket of a table (or of one partition), in key order.
-    pub fn buckets(&self, table: &str, partition_key: Option<&[u8]>) -> Result<Vec<BucketMeta>> {
-        let txn = self.read()?;
-        let t = txn.open_table(BUCKETS).map_err(db_err)?;
-        let prefix = BucketId::table_prefix(table, partition_key);
-        let end = encoding::prefix_end(&prefix);
-        let mut out = Vec::new();
-        for entry in t.range(prefix.as_slice()..end.as_slice()).map_err(db_err)? {
-            let (_, v) = entry.map_err(db_err)?;
-            out.push(decode_value(v.value())?);
-        }
-        Ok(out)
-    }
-
-    /// Calls `visit` with every bucket of every table in key order, one at a time, from one
-    /// read transaction: summaries over a million buckets without holding them all.
-    pub fn visit_buckets(&self, mut visit: impl FnMut(BucketMeta) -> Result<()>) -> Result<()> {
-        let txn = self.read()?;
-        let t = txn.open_table(BUCKETS).map_err(db_err)?;
-        for entry in t.iter().map_err(db_err)? {
-            let (_, v) = entry.map_err(db_err)?;
-            visit(decode_value(v.value())?)?;
-        }
-        Ok(())
     }
 
     /// Every bucket of every table.
@@ -269,29 +287,10 @@ impl Store {
         Ok(out)
     }
 
-    /// The hot rows of a bucket in clustering order, from `after` (exclusive) when given.
-    pub fn rows(&self, id: &BucketId, after: Option<(Micros, &[u8])>, limit: usize) -> Result<Vec<Record>> {
-        let txn = self.read()?;
-        scan_rows(&txn.open_table(RECORDS).map_err(db_err)?, id, after, limit)
-    }
-
     pub fn manifest(&self, id: &BucketId, generation: u64) -> Result<Option<crate::format::manifest::Manifest>> {
         let txn = self.read()?;
         let t = txn.open_table(MANIFESTS).map_err(db_err)?;
         t.get(generation_key(id, generation).as_slice()).map_err(db_err)?.map(|v| decode_value(v.value())).transpose()
-    }
-
-    /// The newest recorded (that is, published) manifest of a bucket.
-    pub fn latest_manifest(&self, id: &BucketId) -> Result<Option<crate::format::manifest::Manifest>> {
-        let txn = self.read()?;
-        let t = txn.open_table(MANIFESTS).map_err(db_err)?;
-        let prefix = id.encode();
-        let end = encoding::prefix_end(&prefix);
-        let last = t.range(prefix.as_slice()..end.as_slice()).map_err(db_err)?.next_back();
-        match last {
-            Some(entry) => Ok(Some(decode_value(entry.map_err(db_err)?.1.value())?)),
-            None => Ok(None),
-        }
     }
 
     /// The published buckets of a table with their newest manifest, in key order. Reads the
@@ -317,17 +316,6 @@ impl Store {
         }
         if let Some((id, bytes)) = newest {
             push_published(&buckets, id, &bytes, &mut out)?;
-        }
-        Ok(out)
-    }
-
-    /// Every recorded manifest, for the orphan sweep's reference set.
-    pub fn all_manifests(&self) -> Result<Vec<crate::format::manifest::Manifest>> {
-        let txn = self.read()?;
-        let t = txn.open_table(MANIFESTS).map_err(db_err)?;
-        let mut out = Vec::new();
-        for entry in t.iter().map_err(db_err)? {
-            out.push(decode_value(entry.map_err(db_err)?.1.value())?);
         }
         Ok(out)
     }
@@ -361,25 +349,16 @@ impl Store {
         txn.open_table(OUTBOX).map_err(db_err)?.len().map_err(db_err)
     }
 
-    pub fn intents(&self) -> Result<Vec<UploadIntent>> {
-        let txn = self.read()?;
-        let t = txn.open_table(INTENTS).map_err(db_err)?;
-        let mut out = Vec::new();
-        for entry in t.iter().map_err(db_err)? {
-            let (_, v) = entry.map_err(db_err)?;
-            out.push(decode_value(v.value())?);
-        }
-        Ok(out)
-    }
-
     // ----- protocol transactions -----
 
     /// Records a table's strategy the first time it is seen; afterwards refuses a different one.
+    /// Records the identity of its retention policy (`state.retention`): when it differs from
+    /// the one recorded, or when the table returns after being absent from the policy
+    /// directory, a reconciliation of every bucket of the table starts (each stale plan is
+    /// made again before it acts; each bucket is rescheduled).
     pub fn register_table(&self, state: TableState) -> Result<TableState> {
         self.write(move |txn| {
-            let mut t = txn.open_table(TABLES).map_err(db_err)?;
-            let existing: Option<TableState> =
-                t.get(state.id.as_str()).map_err(db_err)?.map(|v| decode_value(v.value())).transpose()?;
+            let existing = load_table_state(txn, &state.id)?;
             match existing {
                 Some(existing) if existing.strategy != state.strategy => Err(Error::Conflict(format!(
                     "table `{}` was created with strategy {} (config {}), not {} (config {}); a table's strategy \
@@ -390,41 +369,79 @@ impl Store {
                     state.strategy.name,
                     state.strategy.config
                 ))),
-                Some(existing) => Ok(existing),
+                Some(mut existing) => {
+                    if existing.retention != state.retention || existing.unmanaged_since.is_some() {
+                        existing.retention = state.retention.clone();
+                        existing.unmanaged_since = None;
+                        existing.reconcile_from = Some(Vec::new());
+                        existing.reconcile_started_at = state.created_at;
+                        save_table_state(txn, &existing)?;
+                    }
+                    Ok(existing)
+                }
                 None => {
-                    t.insert(state.id.as_str(), encode_value(&state)?.as_slice()).map_err(db_err)?;
+                    let state = TableState { reconcile_started_at: state.created_at, ..state };
+                    save_table_state(txn, &state)?;
                     Ok(state)
                 }
             }
         })
     }
 
-    /// Stores a bucket's retention plan and schedules its next action.
-    pub fn set_plan(&self, id: BucketId, plan: RetentionPlan, now: Micros) -> Result<()> {
-        self.set_plans(vec![(id, Ok(plan))], now)
+    /// Marks every recorded table that is not in `present` as having no definition: its
+    /// buckets leave the due index as passes meet them (`claim`) instead of blocking other
+    /// tables' work, and wait, planned as they were, until the table returns.
+    pub fn mark_unmanaged(&self, present: Vec<String>, now: Micros) -> Result<Vec<String>> {
+        self.write(move |txn| {
+            let mut states = Vec::new();
+            {
+                let t = txn.open_table(TABLES).map_err(db_err)?;
+                for entry in t.iter().map_err(db_err)? {
+                    let state: TableState = decode_value(entry.map_err(db_err)?.1.value())?;
+                    if !present.contains(&state.id) && state.unmanaged_since.is_none() {
+                        states.push(state);
+                    }
+                }
+            }
+            let mut marked = Vec::new();
+            for mut state in states {
+                state.unmanaged_since = Some(now);
+                state.reconcile_from = None;
+                save_table_state(txn, &state)?;
+                push_outbox(txn, "table_unmanaged", None, now, serde_json::json!({"table": state.id}))?;
+                marked.push(state.id);
+            }
+            Ok(marked)
+        })
     }
 
-    /// Stores the outcome of planning several buckets in one transaction: a plan is stored and
-    /// the bucket's next action scheduled; a refusal (the policy's reason) is recorded on the
-    /// bucket, which stays unplanned and is retried later.
-    pub fn set_plans(
-        &self,
-        outcomes: Vec<(BucketId, std::result::Result<RetentionPlan, String>)>,
-        now: Micros,
-    ) -> Result<()> {
+    /// Every recorded table, in id order.
+    pub fn table_states(&self) -> Result<Vec<TableState>> {
+        let txn = self.read()?;
+        let t = txn.open_table(TABLES).map_err(db_err)?;
+        let mut out = Vec::new();
+        for entry in t.iter().map_err(db_err)? {
+            out.push(decode_value(entry.map_err(db_err)?.1.value())?);
+        }
+        Ok(out)
+    }
+
+    /// Stores the outcome of planning several buckets in one transaction: a plan is stored
+    /// with its basis and the bucket rescheduled by the lifecycle model; a refusal (the
+    /// policy's reason) is recorded on the bucket, which keeps waiting for a plan. A plan
+    /// whose basis no longer matches the bucket (an append changed its facts meanwhile, or the
+    /// policy was reloaded) is stored but the bucket stays queued, so it is planned again.
+    pub fn set_plans(&self, outcomes: Vec<(BucketId, PlanOutcome)>, now: Micros) -> Result<()> {
         self.write(move |txn| {
             for (id, outcome) in outcomes {
                 let mut meta = load_meta(txn, &id)?;
                 match outcome {
-                    Ok(plan) => {
+                    Ok((plan, basis)) => {
                         txn.open_table(UNPLANNED).map_err(db_err)?.remove(id.encode().as_slice()).map_err(db_err)?;
-                        let due_at = match meta.state {
-                            BucketState::Hot => plan.archive_at,
-                            _ => meta.due_at,
-                        };
                         meta.plan = Some(plan);
-                        schedule(txn, &mut meta, due_at)?;
-                        meta_touch(&mut meta, now, None);
+                        meta.plan_basis = Some(basis);
+                        meta.last_error = meta.last_error.filter(|e| !e.starts_with("retention plan:"));
+                        reconcile(txn, &mut meta, now)?;
                     }
                     Err(error) => meta.last_error = Some(format!("retention plan: {error}")),
                 }
@@ -434,40 +451,102 @@ impl Store {
         })
     }
 
-    /// Records that planning failed for a bucket; it stays unplanned and is retried later.
-    pub fn note_plan_error(&self, id: BucketId, error: String) -> Result<()> {
-        self.set_plans(vec![(id, Err(error))], 0)
+    /// Takes the next `limit` buckets of the table's running reconciliation (see
+    /// `TableState::reconcile_from`), starting a periodic one when `REPLAN_PERIOD_US` has
+    /// passed since the last: each is rescheduled by the lifecycle model and queued for a plan
+    /// when its plan is stale. Returns how many buckets were visited.
+    pub fn reconcile_step(&self, table: String, limit: usize, now: Micros) -> Result<u64> {
+        self.write(move |txn| {
+            let Some(mut state) = load_table_state(txn, &table)? else { return Ok(0) };
+            if state.unmanaged_since.is_some() {
+                return Ok(0);
+            }
+            if state.reconcile_from.is_none() && now - state.reconcile_started_at >= lifecycle::REPLAN_PERIOD_US {
+                state.reconcile_from = Some(Vec::new());
+                state.reconcile_started_at = now;
+            }
+            let Some(from) = state.reconcile_from.clone() else { return Ok(0) };
+            let prefix = BucketId::table_prefix(&table, None);
+            let end = encoding::prefix_end(&prefix);
+            let start = if from.is_empty() { prefix.clone() } else { from };
+            let mut metas: Vec<BucketMeta> = Vec::new();
+            {
+                let t = txn.open_table(BUCKETS).map_err(db_err)?;
+                for entry in t.range(start.as_slice()..end.as_slice()).map_err(db_err)?.take(limit + 1) {
+                    metas.push(decode_value(entry.map_err(db_err)?.1.value())?);
+                }
+            }
+            state.reconcile_from = if metas.len() > limit { metas.pop().map(|m| m.id.encode()) } else { None };
+            let visited = metas.len() as u64;
+            for mut meta in metas {
+                let before = meta.clone();
+                reconcile(txn, &mut meta, now)?;
+                if meta != before {
+                    save_meta(txn, &meta)?;
+                }
+            }
+            save_table_state(txn, &state)?;
+            Ok(visited)
+        })
     }
 
-    /// Claims a due bucket for `owner`: a hot bucket whose archive time has come, an
-    /// archiving bucket whose retry is due or whose lease expired, or a published bucket whose
-    /// cleanup is pending and unowned. Increments the generation (the fencing token).
+    /// Whether the table has a reconciliation running or due (a cheap read, so passes only
+    /// write when there is work).
+    pub fn reconcile_pending(&self, table: &str, now: Micros) -> Result<bool> {
+        Ok(self.table_state(table)?.is_some_and(|s| {
+            s.unmanaged_since.is_none()
+                && (s.reconcile_from.is_some() || now - s.reconcile_started_at >= lifecycle::REPLAN_PERIOD_US)
+        }))
+    }
+
+    /// Removes buckets of tables that have no definition from the plan queue (they are
+    /// rescheduled by the reconciliation that starts when the table returns).
+    pub fn drop_unplannable(&self, ids: Vec<BucketId>) -> Result<()> {
+        self.write(move |txn| {
+            let mut unplanned = txn.open_table(UNPLANNED).map_err(db_err)?;
+            for id in ids {
+                unplanned.remove(id.encode().as_slice()).map_err(db_err)?;
+            }
+            Ok(())
+        })
+    }
+
+    /// Claims a due bucket for `owner` when the lifecycle model says a step may start: a
+    /// hot bucket whose current plan says archive, a retry or a takeover, a pending cleanup,
+    /// an expiry the current plan asks for and no hold covers, or an expiry to finish.
+    /// Increments the generation (the fencing token). A bucket that may not start anything is
+    /// left with the due entry the model gives it: queued for a plan when its plan is stale,
+    /// parked (and an event written) when a hold covers it, taken out of the due index while
+    /// its table has no definition.
     pub fn claim(&self, id: BucketId, owner: String, now: Micros, lease_us: Micros) -> Result<Option<BucketMeta>> {
         self.write(move |txn| {
             let mut meta = load_meta(txn, &id)?;
-            let lease_free = meta.lease_owner.is_none() || meta.lease_expires_at <= now;
-            let claimable = match meta.state {
-                BucketState::Hot => meta.plan.as_ref().and_then(|p| p.archive_at).is_some_and(|at| at <= now),
-                BucketState::Archiving if lease_free => meta.next_retry_at.is_none_or(|at| at <= now),
-                BucketState::Archived { hot_deleted: false } => {
-                    lease_free && meta.next_retry_at.is_none_or(|at| at <= now)
+            let Some(policy) = table_policy(txn, &id.table)? else {
+                // No definition: nothing can be planned, archived or expired until it returns.
+                if meta.due_at.is_some() {
+                    meta.last_error = Some("the table is not in the policy directory; its buckets wait for it".into());
+                    schedule(txn, &mut meta, None)?;
+                    save_meta(txn, &meta)?;
                 }
-                BucketState::Archived { hot_deleted: true } => {
-                    lease_free
-                        && meta.held_by.is_empty()
-                        && meta.plan.as_ref().and_then(|p| p.expire_at).is_some_and(|at| at <= now)
-                        && meta.next_retry_at.is_none_or(|at| at <= now)
-                }
-                // An expiry that started but has not proved its deletions yet.
-                BucketState::Expired => {
-                    lease_free
-                        && load_tombstone(txn, &id)?.is_some_and(|t| t.completed_at.is_none())
-                        && meta.next_retry_at.is_none_or(|at| at <= now)
-                }
-                BucketState::Archiving => false,
-            };
-            if !claimable {
                 return Ok(None);
+            };
+            let tombstone = load_tombstone(txn, &id)?;
+            let covering = covering_holds(txn, &meta)?;
+            let current = meta.plan_is_current(Some(&policy));
+            let view = meta.view(current, !covering.is_empty(), tombstone.as_ref());
+            match lifecycle::claimable(&view, now) {
+                Ok(_) => {}
+                Err(NotClaimable::Leased) => return Ok(None),
+                Err(NotClaimable::Held) => {
+                    park(txn, &mut meta, covering, now)?;
+                    save_meta(txn, &meta)?;
+                    return Ok(None);
+                }
+                Err(NotClaimable::NeedsPlan | NotClaimable::NotDue) => {
+                    reconcile(txn, &mut meta, now)?;
+                    save_meta(txn, &meta)?;
+                    return Ok(None);
+                }
             }
             if meta.state == BucketState::Hot {
                 invariants::transition_is_allowed(meta.state, BucketState::Archiving).map_err(Error::Internal)?;
@@ -643,9 +722,9 @@ impl Store {
                 .map_err(db_err)?
                 .retain_in(prefix.as_slice()..end.as_slice(), |_, _| false)
                 .map_err(db_err)?;
-            // Next: the archive's expiry, if the plan gives one.
-            let expire_at = meta.plan.as_ref().and_then(|p| p.expire_at).map(|at| at.max(now));
-            schedule(txn, &mut meta, expire_at)?;
+            // Next: the archive's expiry. Being archived is a fact the policy sees, so the
+            // model queues the bucket for a plan made with it before anything is scheduled.
+            reconcile(txn, &mut meta, now)?;
             save_meta(txn, &meta)?;
             push_outbox(txn, "hot_rows_deleted", Some(&meta), now, serde_json::json!({"rows": hot.rows}))?;
             Ok(hot.rows)
@@ -654,33 +733,27 @@ impl Store {
 
     /// Starts an archive's expiry under the bucket's fence. Re-checks every hold in the same
     /// transaction: a covered bucket is not expired (it is parked until the hold is lifted,
-    /// and `Ok(None)` is returned). Otherwise the tombstone and an outbox event are written
-    /// durably and the bucket becomes `Expired` before any object is deleted.
+    /// and `Ok(None)` is returned). Otherwise the tombstone (the keys to delete and the target
+    /// they live on) and an outbox event are written durably and the bucket becomes `Expired`
+    /// before any object is deleted.
     pub fn begin_expiry(
         &self,
         id: BucketId,
         owner: String,
         generation: u64,
         now: Micros,
-        policy_holds: Vec<Hold>,
         keys: Vec<String>,
+        target: ArchiveTarget,
     ) -> Result<Option<Tombstone>> {
         self.write(move |txn| {
             let mut meta = load_meta(txn, &id)?;
             check_lease(&meta, &owner, generation, now)?;
-            let mut covering: Vec<String> =
-                policy_holds.iter().filter(|h| h.covers(&meta)).map(|h| h.id.clone()).collect();
-            for hold in all_holds(txn)? {
-                if hold.covers(&meta) {
-                    covering.push(hold.id);
-                }
-            }
-            if !covering.is_empty() {
+            let covering = covering_holds(txn, &meta)?;
+            if lifecycle::expiry_allowed(&covering).is_err() {
                 // A legal hold beats every retention rule.
-                meta.held_by = covering;
+                park(txn, &mut meta, covering, now)?;
                 meta.lease_owner = None;
                 meta.lease_expires_at = now;
-                schedule(txn, &mut meta, None)?;
                 save_meta(txn, &meta)?;
                 return Ok(None);
             }
@@ -698,11 +771,10 @@ impl Store {
                 expired_at: now,
                 completed_at: None,
                 purge_at: None,
+                target,
+                deletes_started_at: None,
             };
-            txn.open_table(TOMBSTONES)
-                .map_err(db_err)?
-                .insert(id.encode().as_slice(), encode_value(&tombstone)?.as_slice())
-                .map_err(db_err)?;
+            save_tombstone(txn, &tombstone)?;
             meta_touch(&mut meta, now, Some(BucketState::Expired));
             let lease_expires_at = meta.lease_expires_at;
             schedule(txn, &mut meta, Some(lease_expires_at))?;
@@ -712,9 +784,34 @@ impl Store {
                 "archive_expiring",
                 Some(&meta),
                 now,
-                serde_json::json!({"manifest_key": tombstone.manifest_key, "reason": tombstone.reason}),
+                serde_json::json!({"manifest_key": tombstone.manifest_key, "reason": tombstone.reason,
+                                   "target": tombstone.target.to_string()}),
             )?;
             Ok(Some(tombstone))
+        })
+    }
+
+    /// The last moment a hold can stop an expiry: just before the first delete call, under the
+    /// fence, every hold is checked again. A covered bucket's expiry is called off (the bucket
+    /// returns to `Archived` under a new generation, parked) and `false` is returned;
+    /// otherwise the tombstone records, durably, that deletions start, and `true` is returned.
+    pub fn start_deletes(&self, id: BucketId, owner: String, generation: u64, now: Micros) -> Result<bool> {
+        self.write(move |txn| {
+            let mut meta = load_meta(txn, &id)?;
+            check_lease(&meta, &owner, generation, now)?;
+            let mut tombstone = load_tombstone(txn, &id)?
+                .ok_or_else(|| Error::Internal(format!("expired bucket {id} has no tombstone")))?;
+            if tombstone.deletes_started_at.is_some() {
+                return Ok(true);
+            }
+            let covering = covering_holds(txn, &meta)?;
+            if lifecycle::expiry_allowed(&covering).is_err() {
+                call_off_expiry(txn, &mut meta, covering, now)?;
+                return Ok(false);
+            }
+            tombstone.deletes_started_at = Some(now);
+            save_tombstone(txn, &tombstone)?;
+            Ok(true)
         })
     }
 
@@ -747,16 +844,24 @@ impl Store {
         })
     }
 
-    /// Purges a completed tombstone whose replay period is over. The bucket's metadata stays
-    /// (state `Expired`), so queries still say the range expired.
+    /// Purges a completed tombstone whose replay period is over, when the bucket still says
+    /// `Expired` and every sink has the events that tell of the expiry (they are still in the
+    /// outbox otherwise, and the purge waits). The bucket's metadata stays, so queries still
+    /// say the range expired.
     pub fn purge_tombstone(&self, id: BucketId, now: Micros) -> Result<bool> {
         self.write(move |txn| {
             let Some(tombstone) = load_tombstone(txn, &id)? else { return Ok(false) };
-            if tombstone.purge_at.is_none_or(|at| at > now) {
+            let mut meta = load_meta(txn, &id)?;
+            let pending = expiry_events_pending(txn, &id)?;
+            if !lifecycle::tombstone_purgeable(meta.state, tombstone.progress(), pending, now) {
+                if pending && tombstone.purge_at.is_some_and(|at| at <= now) {
+                    // Ask again once the sinks have had time to take the events.
+                    schedule(txn, &mut meta, Some(now + TOMBSTONE_PURGE_RETRY_US))?;
+                    save_meta(txn, &meta)?;
+                }
                 return Ok(false);
             }
             txn.open_table(TOMBSTONES).map_err(db_err)?.remove(id.encode().as_slice()).map_err(db_err)?;
-            let mut meta = load_meta(txn, &id)?;
             schedule(txn, &mut meta, None)?;
             save_meta(txn, &meta)?;
             Ok(true)
@@ -769,32 +874,27 @@ impl Store {
         t.get(id.encode().as_slice()).map_err(db_err)?.map(|v| decode_value(v.value())).transpose()
     }
 
-    pub fn tombstones(&self) -> Result<Vec<Tombstone>> {
-        let txn = self.read()?;
-        let t = txn.open_table(TOMBSTONES).map_err(db_err)?;
-        let mut out = Vec::new();
-        for entry in t.iter().map_err(db_err)? {
-            out.push(decode_value(entry.map_err(db_err)?.1.value())?);
-        }
-        Ok(out)
-    }
-
-    /// Places a hold. Returns how many buckets it covers now.
-    pub fn place_hold(&self, hold: Hold, now: Micros) -> Result<u64> {
+    /// Places a hold, and tells what it did to each bucket it covers now: parks its expiry,
+    /// calls off an expiry that has written its tombstone but deleted nothing yet, or comes
+    /// too late for a bucket whose objects may already be deleted (listed in the answer).
+    pub fn place_hold(&self, hold: Hold, now: Micros) -> Result<HoldPlacement> {
         self.write(move |txn| {
-            let mut holds = txn.open_table(HOLDS).map_err(db_err)?;
-            if holds.get(hold.id.as_str()).map_err(db_err)?.is_some() {
-                return Err(Error::Conflict(format!("a hold with id `{}` already exists", hold.id)));
+            {
+                let mut holds = txn.open_table(HOLDS).map_err(db_err)?;
+                if holds.get(hold.id.as_str()).map_err(db_err)?.is_some() {
+                    return Err(Error::Conflict(format!("a hold with id `{}` already exists", hold.id)));
+                }
+                holds.insert(hold.id.as_str(), encode_value(&hold)?.as_slice()).map_err(db_err)?;
             }
-            holds.insert(hold.id.as_str(), encode_value(&hold)?.as_slice()).map_err(db_err)?;
-            drop(holds);
-            let covered = table_buckets(txn, &hold.table)?.iter().filter(|m| hold.covers(m)).count() as u64;
-            push_outbox(txn, "hold_placed", None, now, serde_json::to_value(&hold).unwrap_or_default())?;
-            Ok(covered)
+            let placement = apply_hold(txn, &hold, now)?;
+            let mut detail = serde_json::to_value(&hold).unwrap_or_default();
+            detail["too_late"] = serde_json::json!(placement.too_late);
+            push_outbox(txn, "hold_placed", None, now, detail)?;
+            Ok(placement)
         })
     }
 
-    /// Lifts a hold and re-plans what it covered: parked expiries are scheduled again.
+    /// Lifts a hold; the buckets it parked are rescheduled by the lifecycle model.
     pub fn lift_hold(&self, id: String, lifted_by: String, now: Micros) -> Result<Hold> {
         self.write(move |txn| {
             let hold: Hold = {
@@ -809,17 +909,7 @@ impl Store {
                     }
                 }
             };
-            for mut meta in table_buckets(txn, &hold.table)? {
-                if !meta.held_by.contains(&hold.id) {
-                    continue;
-                }
-                meta.held_by.retain(|h| h != &hold.id);
-                if meta.held_by.is_empty() && meta.state == (BucketState::Archived { hot_deleted: true }) {
-                    let expire_at = meta.plan.as_ref().and_then(|p| p.expire_at).map(|at| at.max(now));
-                    schedule(txn, &mut meta, expire_at)?;
-                }
-                save_meta(txn, &meta)?;
-            }
+            release_hold(txn, &hold, now)?;
             let mut detail = serde_json::to_value(&hold).unwrap_or_default();
             detail["lifted_by"] = lifted_by.into();
             push_outbox(txn, "hold_lifted", None, now, detail)?;
@@ -827,29 +917,41 @@ impl Store {
         })
     }
 
-    /// Policy-declared holds live in the policy set, not here; when a reload drops one, the
-    /// buckets it parked are re-planned like after `lift_hold`.
-    pub fn release_dropped_policy_holds(&self, active: Vec<String>, now: Micros) -> Result<u64> {
+    /// Makes the store's policy holds (source `policy:`) exactly `active`, in one transaction:
+    /// holds new to the directory are placed (as `place_hold` does), holds gone from it are
+    /// released (their buckets rescheduled) with a `hold_released` event each. Every hold
+    /// check reads the store, so a policy hold is in force in the same transaction that
+    /// decides an expiry.
+    pub fn sync_policy_holds(&self, active: Vec<Hold>, now: Micros) -> Result<PolicyHoldSync> {
         self.write(move |txn| {
-            let t = txn.open_table(BUCKETS).map_err(db_err)?;
-            let mut parked = Vec::new();
-            for entry in t.iter().map_err(db_err)? {
-                let meta: BucketMeta = decode_value(entry.map_err(db_err)?.1.value())?;
-                if meta.held_by.iter().any(|h| h.starts_with("policy-") && !active.contains(h)) {
-                    parked.push(meta);
+            let stored: Vec<Hold> = all_holds(txn)?.into_iter().filter(|h| h.source.starts_with("policy:")).collect();
+            let mut sync = PolicyHoldSync::default();
+            for hold in &stored {
+                if active.iter().any(|a| a.id == hold.id) {
+                    continue;
                 }
+                txn.open_table(HOLDS).map_err(db_err)?.remove(hold.id.as_str()).map_err(db_err)?;
+                release_hold(txn, hold, now)?;
+                push_outbox(txn, "hold_released", None, now, serde_json::to_value(hold).unwrap_or_default())?;
+                sync.released.push(hold.id.clone());
             }
-            drop(t);
-            let released = parked.len() as u64;
-            for mut meta in parked {
-                meta.held_by.retain(|h| !h.starts_with("policy-") || active.contains(h));
-                if meta.held_by.is_empty() && meta.state == (BucketState::Archived { hot_deleted: true }) {
-                    let expire_at = meta.plan.as_ref().and_then(|p| p.expire_at).map(|at| at.max(now));
-                    schedule(txn, &mut meta, expire_at)?;
+            for hold in active {
+                if stored.iter().any(|s| s.id == hold.id) {
+                    continue;
                 }
-                save_meta(txn, &meta)?;
+                let hold = Hold { placed_at: now, ..hold };
+                txn.open_table(HOLDS)
+                    .map_err(db_err)?
+                    .insert(hold.id.as_str(), encode_value(&hold)?.as_slice())
+                    .map_err(db_err)?;
+                let placement = apply_hold(txn, &hold, now)?;
+                let mut detail = serde_json::to_value(&hold).unwrap_or_default();
+                detail["too_late"] = serde_json::json!(placement.too_late);
+                push_outbox(txn, "hold_placed", None, now, detail)?;
+                sync.placed.push(hold.id.clone());
+                sync.too_late.extend(placement.too_late);
             }
-            Ok(released)
+            Ok(sync)
         })
     }
 
@@ -861,6 +963,13 @@ impl Store {
             out.push(decode_value(entry.map_err(db_err)?.1.value())?);
         }
         Ok(out)
+    }
+
+    /// Records, for audits, that the orphan sweep deleted an object.
+    pub fn note_orphan_deleted(&self, key: String, target: String, now: Micros) -> Result<()> {
+        self.write(move |txn| {
+            push_outbox(txn, "orphan_deleted", None, now, serde_json::json!({"key": key, "target": target}))
+        })
     }
 
     /// Records that `sink` has delivered event `sequence`.
@@ -885,13 +994,13 @@ impl Store {
             let mut deliveries = txn.open_table(DELIVERIES).map_err(db_err)?;
             for s in sequences {
                 t.remove(s.to_be_bytes().as_slice()).map_err(db_err)?;
-                let stale: Vec<Vec<u8>> = deliveries
-                    .iter()
-                    .map_err(db_err)?
-                    .filter_map(|e| e.ok())
-                    .map(|(k, _)| k.value().to_vec())
-                    .filter(|k| k.ends_with(&s.to_be_bytes()))
-                    .collect();
+                let mut stale: Vec<Vec<u8>> = Vec::new();
+                for entry in deliveries.iter().map_err(db_err)? {
+                    let key = entry.map_err(db_err)?.0.value().to_vec();
+                    if key.ends_with(&s.to_be_bytes()) {
+                        stale.push(key);
+                    }
+                }
                 for k in stale {
                     deliveries.remove(k.as_slice()).map_err(db_err)?;
                 }
@@ -960,6 +1069,12 @@ fn init_schema(db: &Database) -> Result<()> {
                     )));
                 }
             }
+        }
+        if meta.get(META_INSTALLATION_ID).map_err(db_err)?.is_none() {
+            // Made once, when the data directory is created (or first opened by a version
+            // that knows installation ids); a copy of `hot.redb` carries it along.
+            let id = format!("{:016x}", rand::random::<u64>());
+            meta.insert(META_INSTALLATION_ID, id.as_bytes()).map_err(db_err)?;
         }
         // Create every table so readers never meet a missing one.
         txn.open_table(TABLES).map_err(db_err)?;
@@ -1202,6 +1317,10 @@ fn apply_batch(txn: &WriteTransaction, batch: &AppendBatch) -> Result<AppendOutc
         if *is_new {
             by_time.insert(by_time_key(id, meta.descriptor.start).as_slice(), ()).map_err(db_err)?;
             unplanned.insert(prefix.as_slice(), ()).map_err(db_err)?;
+        } else if meta.plan_basis.as_ref().is_some_and(|b| b.facts != lifecycle::facts_digest(&meta.facts())) {
+            // The policy would now see other facts (a new kind or tenant joined, the size
+            // crossed a class): the plan is stale and never acts before it is made again.
+            unplanned.insert(prefix.as_slice(), ()).map_err(db_err)?;
         }
     }
     Ok(AppendOutcome { appended: inserted.len() as u64, duplicates })
@@ -1288,6 +1407,7 @@ fn new_bucket_meta(id: BucketId, descriptor: &BucketDescriptor, batch: &AppendBa
         archived_at: None,
         hot_deleted_at: None,
         held_by: Vec::new(),
+        plan_basis: None,
     }
 }
 
@@ -1441,4 +1561,274 @@ fn push_outbox(
         .insert(sequence.to_be_bytes().as_slice(), encode_value(&event)?.as_slice())
         .map_err(db_err)?;
     Ok(())
+}
+
+/// What planning one bucket gave: its plan and what it was made from, or the policy's
+/// refusal.
+pub type PlanOutcome = std::result::Result<(RetentionPlan, PlanBasis), String>;
+
+/// How long a tombstone whose expiry events are still waiting for a sink waits before its
+/// purge is tried again.
+pub const TOMBSTONE_PURGE_RETRY_US: Micros = 60 * 1_000_000;
+
+/// What placing a hold did.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct HoldPlacement {
+    /// Buckets the hold covers now.
+    pub covered: u64,
+    /// Expiries that had written their tombstone but deleted nothing: called off.
+    pub expiries_called_off: Vec<String>,
+    /// Buckets whose expiry had started deleting objects: the hold cannot save them.
+    pub too_late: Vec<String>,
+}
+
+/// What `Store::sync_policy_holds` did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PolicyHoldSync {
+    pub placed: Vec<String>,
+    pub released: Vec<String>,
+    pub too_late: Vec<String>,
+}
+
+fn load_table_state(txn: &WriteTransaction, table: &str) -> Result<Option<TableState>> {
+    let t = txn.open_table(TABLES).map_err(db_err)?;
+    t.get(table).map_err(db_err)?.map(|v| decode_value(v.value())).transpose()
+}
+
+fn save_table_state(txn: &WriteTransaction, state: &TableState) -> Result<()> {
+    txn.open_table(TABLES)
+        .map_err(db_err)?
+        .insert(state.id.as_str(), encode_value(state)?.as_slice())
+        .map_err(db_err)?;
+    Ok(())
+}
+
+/// The identity of the retention policy in force for a table, `None` when the table has no
+/// definition in the policy directory.
+fn table_policy(txn: &WriteTransaction, table: &str) -> Result<Option<String>> {
+    Ok(load_table_state(txn, table)?.filter(|s| s.unmanaged_since.is_none()).and_then(|s| s.retention))
+}
+
+fn save_tombstone(txn: &WriteTransaction, tombstone: &Tombstone) -> Result<()> {
+    txn.open_table(TOMBSTONES)
+        .map_err(db_err)?
+        .insert(tombstone.bucket.encode().as_slice(), encode_value(tombstone)?.as_slice())
+        .map_err(db_err)?;
+    Ok(())
+}
+
+/// The ids of every stored hold that covers the bucket, read in the caller's transaction.
+fn covering_holds(txn: &WriteTransaction, meta: &BucketMeta) -> Result<Vec<String>> {
+    Ok(all_holds(txn)?.into_iter().filter(|h| h.covers(meta)).map(|h| h.id).collect())
+}
+
+/// Sets the bucket's due entry to what the lifecycle model says under the policy in force,
+/// queues it for a plan when its plan is stale and the plan decides its next step, and keeps
+/// `held_by` equal to the holds that cover it. The caller saves the bucket.
+fn reconcile(txn: &WriteTransaction, meta: &mut BucketMeta, now: Micros) -> Result<()> {
+    let policy = table_policy(txn, &meta.id.table)?;
+    let tombstone = load_tombstone(txn, &meta.id)?;
+    let covering = covering_holds(txn, meta)?;
+    let current = meta.plan_is_current(policy.as_deref());
+    let refresh = !current || lifecycle::plan_refresh_due(meta.plan_basis.as_ref(), now);
+    if policy.is_some()
+        && refresh
+        && matches!(meta.state, BucketState::Hot | BucketState::Archived { hot_deleted: true })
+    {
+        txn.open_table(UNPLANNED).map_err(db_err)?.insert(meta.id.encode().as_slice(), ()).map_err(db_err)?;
+    }
+    if meta.state == (BucketState::Archived { hot_deleted: true }) {
+        meta.held_by = covering.clone();
+    }
+    let due = if policy.is_some() {
+        lifecycle::next_due(&meta.view(current, !covering.is_empty(), tombstone.as_ref()), now)
+    } else {
+        None
+    };
+    schedule(txn, meta, due)
+}
+
+/// Parks a bucket's expiry behind the holds that cover it (an event tells when it is new).
+fn park(txn: &WriteTransaction, meta: &mut BucketMeta, covering: Vec<String>, now: Micros) -> Result<()> {
+    if meta.held_by != covering {
+        push_outbox(txn, "expiry_parked", Some(meta), now, serde_json::json!({"holds": covering}))?;
+    }
+    meta.held_by = covering;
+    schedule(txn, meta, None)
+}
+
+/// A hold placed after an expiry wrote its tombstone but before its first delete call: the
+/// archive is whole, so the expiry is called off. The bucket returns to `Archived` under a
+/// new generation (the expiring worker is fenced out) and is parked.
+fn call_off_expiry(txn: &WriteTransaction, meta: &mut BucketMeta, covering: Vec<String>, now: Micros) -> Result<()> {
+    let archived = BucketState::Archived { hot_deleted: true };
+    invariants::transition_is_allowed(meta.state, archived).map_err(Error::Internal)?;
+    txn.open_table(TOMBSTONES).map_err(db_err)?.remove(meta.id.encode().as_slice()).map_err(db_err)?;
+    meta_touch(meta, now, Some(archived));
+    meta.generation += 1;
+    meta.lease_owner = None;
+    meta.lease_expires_at = now;
+    meta.next_retry_at = None;
+    push_outbox(txn, "expiry_called_off", Some(meta), now, serde_json::json!({"holds": covering}))?;
+    meta.held_by = covering;
+    schedule(txn, meta, None)?;
+    save_meta(txn, meta)
+}
+
+/// What a newly stored hold does to the buckets it covers (see `lifecycle::hold_effect`).
+fn apply_hold(txn: &WriteTransaction, hold: &Hold, now: Micros) -> Result<HoldPlacement> {
+    let mut placement = HoldPlacement::default();
+    for mut meta in table_buckets(txn, &hold.table)? {
+        if !hold.covers(&meta) {
+            continue;
+        }
+        placement.covered += 1;
+        let tombstone = load_tombstone(txn, &meta.id)?;
+        match lifecycle::hold_effect(meta.state, tombstone.as_ref().map(Tombstone::progress)) {
+            HoldEffect::Parks => {
+                if meta.state == (BucketState::Archived { hot_deleted: true }) {
+                    let covering = covering_holds(txn, &meta)?;
+                    park(txn, &mut meta, covering, now)?;
+                    save_meta(txn, &meta)?;
+                }
+            }
+            HoldEffect::CancelsExpiry => {
+                let covering = covering_holds(txn, &meta)?;
+                call_off_expiry(txn, &mut meta, covering, now)?;
+                placement.expiries_called_off.push(meta.id.display());
+            }
+            HoldEffect::TooLate => placement.too_late.push(meta.id.display()),
+            HoldEffect::AlreadyExpired => {}
+        }
+    }
+    Ok(placement)
+}
+
+/// After a hold is removed from the store: the buckets it parked are rescheduled.
+fn release_hold(txn: &WriteTransaction, hold: &Hold, now: Micros) -> Result<()> {
+    for mut meta in table_buckets(txn, &hold.table)? {
+        if !meta.held_by.contains(&hold.id) {
+            continue;
+        }
+        meta.held_by.retain(|h| h != &hold.id);
+        reconcile(txn, &mut meta, now)?;
+        save_meta(txn, &meta)?;
+    }
+    Ok(())
+}
+
+/// Whether an event telling of the bucket's expiry still waits in the outbox for a sink.
+fn expiry_events_pending(txn: &WriteTransaction, id: &BucketId) -> Result<bool> {
+    let t = txn.open_table(OUTBOX).map_err(db_err)?;
+    for entry in t.iter().map_err(db_err)? {
+        let event: OutboxEvent = decode_value(entry.map_err(db_err)?.1.value())?;
+        if event.bucket.as_ref() == Some(id) && matches!(event.kind.as_str(), "archive_expiring" | "archive_expired") {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+/// One read transaction, shared by clones: everything read through it is from one instant.
+#[derive(Clone)]
+pub struct Snapshot {
+    txn: Arc<redb::ReadTransaction>,
+}
+
+impl Snapshot {
+    pub fn bucket(&self, id: &BucketId) -> Result<Option<BucketMeta>> {
+        let t = self.txn.open_table(BUCKETS).map_err(db_err)?;
+        t.get(id.encode().as_slice()).map_err(db_err)?.map(|v| decode_value(v.value())).transpose()
+    }
+
+    /// Every bucket of a table (or of one partition), in key order.
+    pub fn buckets(&self, table: &str, partition_key: Option<&[u8]>) -> Result<Vec<BucketMeta>> {
+        let t = self.txn.open_table(BUCKETS).map_err(db_err)?;
+        let prefix = BucketId::table_prefix(table, partition_key);
+        let end = encoding::prefix_end(&prefix);
+        let mut out = Vec::new();
+        for entry in t.range(prefix.as_slice()..end.as_slice()).map_err(db_err)? {
+            let (_, v) = entry.map_err(db_err)?;
+            out.push(decode_value(v.value())?);
+        }
+        Ok(out)
+    }
+
+    /// Calls `visit` with every bucket of every table in key order, one at a time.
+    pub fn visit_buckets(&self, mut visit: impl FnMut(BucketMeta) -> Result<()>) -> Result<()> {
+        let t = self.txn.open_table(BUCKETS).map_err(db_err)?;
+        for entry in t.iter().map_err(db_err)? {
+            let (_, v) = entry.map_err(db_err)?;
+            visit(decode_value(v.value())?)?;
+        }
+        Ok(())
+    }
+
+    /// The hot rows of a bucket in clustering order, from `after` (exclusive) when given.
+    pub fn rows(&self, id: &BucketId, after: Option<(Micros, &[u8])>, limit: usize) -> Result<Vec<Record>> {
+        scan_rows(&self.txn.open_table(RECORDS).map_err(db_err)?, id, after, limit)
+    }
+
+    /// The newest recorded (that is, published) manifest of a bucket.
+    pub fn latest_manifest(&self, id: &BucketId) -> Result<Option<crate::format::manifest::Manifest>> {
+        let t = self.txn.open_table(MANIFESTS).map_err(db_err)?;
+        let prefix = id.encode();
+        let end = encoding::prefix_end(&prefix);
+        let last = t.range(prefix.as_slice()..end.as_slice()).map_err(db_err)?.next_back();
+        match last {
+            Some(entry) => Ok(Some(decode_value(entry.map_err(db_err)?.1.value())?)),
+            None => Ok(None),
+        }
+    }
+
+    /// For each table and target that holds archives of buckets not yet expired, the buckets
+    /// whose newest manifest lives there.
+    pub fn archive_targets(&self) -> Result<std::collections::BTreeMap<(String, ArchiveTarget), Vec<String>>> {
+        let mut out: std::collections::BTreeMap<(String, ArchiveTarget), Vec<String>> = Default::default();
+        let mut archived = Vec::new();
+        let open_expiries: std::collections::HashSet<BucketId> =
+            self.tombstones()?.into_iter().filter(|t| t.completed_at.is_none()).map(|t| t.bucket).collect();
+        self.visit_buckets(|meta| {
+            if matches!(meta.state, BucketState::Archived { .. }) || open_expiries.contains(&meta.id) {
+                archived.push(meta.id);
+            }
+            Ok(())
+        })?;
+        for id in archived {
+            if let Some(manifest) = self.latest_manifest(&id)? {
+                out.entry((id.table.clone(), manifest.archive_target())).or_default().push(id.display());
+            }
+        }
+        Ok(out)
+    }
+
+    /// Calls `visit` with every recorded manifest.
+    pub fn visit_manifests(
+        &self,
+        mut visit: impl FnMut(crate::format::manifest::Manifest) -> Result<()>,
+    ) -> Result<()> {
+        let t = self.txn.open_table(MANIFESTS).map_err(db_err)?;
+        for entry in t.iter().map_err(db_err)? {
+            visit(decode_value(entry.map_err(db_err)?.1.value())?)?;
+        }
+        Ok(())
+    }
+
+    pub fn intents(&self) -> Result<Vec<UploadIntent>> {
+        let t = self.txn.open_table(INTENTS).map_err(db_err)?;
+        let mut out = Vec::new();
+        for entry in t.iter().map_err(db_err)? {
+            out.push(decode_value(entry.map_err(db_err)?.1.value())?);
+        }
+        Ok(out)
+    }
+
+    pub fn tombstones(&self) -> Result<Vec<Tombstone>> {
+        let t = self.txn.open_table(TOMBSTONES).map_err(db_err)?;
+        let mut out = Vec::new();
+        for entry in t.iter().map_err(db_err)? {
+            out.push(decode_value(entry.map_err(db_err)?.1.value())?);
+        }
+        Ok(out)
+    }
 }

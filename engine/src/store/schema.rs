@@ -24,7 +24,9 @@ use serde::{Deserialize, Serialize};
 
 use super::encoding::{self, Reader};
 use crate::error::{Error, Result};
-use crate::model::{BucketDescriptor, BucketState, Micros, RetentionPlan};
+pub use crate::model::ArchiveTarget;
+use crate::model::lifecycle::{self, BucketView, ExpiryProgress, PlanBasis};
+use crate::model::{BucketDescriptor, BucketFacts, BucketState, Micros, RetentionPlan};
 
 /// Bumped on any incompatible change of a table or value; `Store::open` refuses a newer one
 /// and upgrades an older one.
@@ -46,6 +48,9 @@ pub const TOMBSTONES: TableDefinition<&[u8], &[u8]> = TableDefinition::new("tomb
 
 pub const META_SCHEMA_VERSION: &str = "schema_version";
 pub const META_OUTBOX_SEQUENCE: &str = "outbox_sequence";
+/// A random id made when the data directory is created: every object key the installation
+/// writes carries it, and the orphan sweep deletes only objects that carry it.
+pub const META_INSTALLATION_ID: &str = "installation_id";
 
 /// Identifies one bucket: `(table, partition_key, bucket_key)`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -232,6 +237,49 @@ pub struct BucketMeta {
     /// Holds that stopped this bucket's expiry; it is re-planned when they are lifted.
     #[serde(default)]
     pub held_by: Vec<String>,
+    /// What `plan` was made from; a plan whose basis no longer holds is made again before it
+    /// acts (`model::lifecycle`). Absent on plans made by earlier versions: they are stale.
+    #[serde(default)]
+    pub plan_basis: Option<PlanBasis>,
+}
+
+impl BucketMeta {
+    /// What a retention policy is shown of this bucket.
+    pub fn facts(&self) -> BucketFacts {
+        BucketFacts {
+            table: self.id.table.clone(),
+            partition_key: self.id.partition_key.clone(),
+            tenant: self.tenant.single(),
+            kind: self.kind.single(),
+            bucket: self.descriptor.clone(),
+            row_count: self.row_count,
+            byte_count: self.byte_count,
+            state: self.state,
+            archived_at: self.archived_at,
+        }
+    }
+
+    /// Whether the bucket's plan may act under the retention policy whose identity is `policy`
+    /// (`None`: the table has no policy loaded, so no plan is current).
+    pub fn plan_is_current(&self, policy: Option<&str>) -> bool {
+        policy.is_some_and(|policy| {
+            lifecycle::plan_is_current(self.plan_basis.as_ref(), policy, &lifecycle::facts_digest(&self.facts()))
+        })
+    }
+
+    /// The lifecycle's view of this bucket.
+    pub fn view(&self, plan_current: bool, held: bool, expiry: Option<&Tombstone>) -> BucketView<'_> {
+        BucketView {
+            state: self.state,
+            plan: self.plan.as_ref(),
+            plan_current,
+            lease_owner: self.lease_owner.as_deref(),
+            lease_expires_at: self.lease_expires_at,
+            next_retry_at: self.next_retry_at,
+            held,
+            expiry: expiry.map(Tombstone::progress),
+        }
+    }
 }
 
 /// Per-table state the engine must remember across restarts and policy changes.
@@ -241,6 +289,21 @@ pub struct TableState {
     /// The strategy that made the table's buckets; it may never change.
     pub strategy: crate::model::StrategyIdentity,
     pub created_at: Micros,
+    /// `lifecycle::policy_identity` of the retention policy last registered for the table.
+    #[serde(default)]
+    pub retention: Option<String>,
+    /// Where the reconciliation of the table's buckets continues (an encoded bucket id;
+    /// empty: from the first bucket): every bucket is re-planned if its plan is stale and
+    /// rescheduled. Started when the retention policy changes, when the table returns to
+    /// the policy directory, and every `REPLAN_PERIOD_US`; `None` when no scan is running.
+    #[serde(default)]
+    pub reconcile_from: Option<Vec<u8>>,
+    #[serde(default)]
+    pub reconcile_started_at: Micros,
+    /// The table is absent from the policy directory: its buckets are taken out of the due
+    /// index (they cannot be planned or archived without a definition) until it returns.
+    #[serde(default)]
+    pub unmanaged_since: Option<Micros>,
 }
 
 /// Before the first upload of a claim: what it is about to write (invariant 10).
@@ -353,6 +416,24 @@ pub struct Tombstone {
     pub expired_at: Micros,
     pub completed_at: Option<Micros>,
     pub purge_at: Option<Micros>,
+    /// The target the archive lives on (name and URL, from its manifest): deletions and the
+    /// proof of absence go there, whatever the table's target is now.
+    #[serde(default)]
+    pub target: ArchiveTarget,
+    /// Set, durably, just before the first delete call. Until then a hold placed on the
+    /// bucket calls the expiry off; from then on it comes too late for this bucket.
+    #[serde(default)]
+    pub deletes_started_at: Option<Micros>,
+}
+
+impl Tombstone {
+    pub fn progress(&self) -> ExpiryProgress {
+        ExpiryProgress {
+            completed: self.completed_at.is_some(),
+            deletes_started: self.deletes_started_at.is_some() || self.completed_at.is_some(),
+            purge_at: self.purge_at,
+        }
+    }
 }
 
 #[cfg(test)]
