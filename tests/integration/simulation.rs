@@ -1,11 +1,14 @@
-//! A seeded randomized run of the coordinator against a reference model (a BTreeMap of every
-//! acknowledged append), with a manual clock and the fault-injecting store: errors, latency,
-//! corrupted reads and writes that land but report failure (lost acknowledgements).
+//! Seeded randomized runs of the engine against reference models, with a manual clock and the
+//! fault-injecting store: errors, latency, corrupted reads and writes that land but report
+//! failure (lost acknowledgements). The first checks archival against a BTreeMap of every
+//! acknowledged append; the second (`lifecycle_simulation_...`, below) the whole lifecycle:
+//! re-plans, expiry, holds.
 //!
 //! Replay one seed:   FROSTLINE_SIM_SEED=1234 cargo test --test integration simulation
 //! More seeds or ops: FROSTLINE_SIM_SEEDS=200 FROSTLINE_SIM_OPS=5000 cargo test --test integration simulation
 
 use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use frostline::model::{BucketState, Record};
@@ -204,4 +207,383 @@ fn run_seed(seed: u64, ops: usize) {
             .unwrap_or_else(|err| panic!("seed {seed}: archive of {} unreadable: {err}", meta.id));
         assert_eq!(archived.len() as u64, meta.row_count, "seed {seed}: {} row count", meta.id);
     }
+}
+
+// ----- The whole lifecycle -----
+//
+// A second randomized run covers what happens around one archival: retention reloaded with
+// other ages (re-plans), record kinds mixing in a bucket (a `debug` override expires sooner),
+// expiry with faults at every step (list and delete fail too), legal holds placed and lifted
+// at random moments (between a tombstone and its deletes included), queries between passes,
+// two workers. The reference model decides on its own, from the policy in force, the kinds
+// each bucket holds and the holds, when a bucket may be expired: a record may be missing only
+// if its bucket was expirable at some pass (and then the query must say the range expired);
+// every other acknowledged record must read back exactly.
+//
+// Replay one seed:   FROSTLINE_LIFECYCLE_SEED=1234 cargo test --test integration lifecycle_simulation
+// More seeds or ops: FROSTLINE_LIFECYCLE_SEEDS=10000 FROSTLINE_LIFECYCLE_OPS=1000 cargo test --release --test integration lifecycle_simulation
+
+const LIFECYCLE_SEEDS_DEFAULT: u64 = 6;
+const LIFECYCLE_OPS_DEFAULT: usize = 1_000;
+
+/// The retention in force: ages in days (archive after, expire after, expire after for
+/// buckets holding only `debug` records).
+#[derive(Debug, Clone, Copy)]
+struct Retention {
+    archive_days: i64,
+    expire_days: i64,
+    debug_expire_days: i64,
+}
+
+impl Retention {
+    fn random(rng: &mut StdRng) -> Retention {
+        Retention {
+            archive_days: rng.random_range(1..=2),
+            expire_days: [6, 12, 40][rng.random_range(0..3)],
+            debug_expire_days: rng.random_range(3..=5),
+        }
+    }
+
+    fn policy(&self) -> String {
+        format!(
+            r#"
+[[table]]
+id = "r"
+strategy = {{ plugin = "builtin:calendar-day-utc" }}
+retention = {{ plugin = "builtin:eligible-before", config = {{ archive_after = "{}d", expire_after = "{}d", kinds = {{ debug = {{ expire_after = "{}d" }} }} }} }}
+"#,
+            self.archive_days, self.expire_days, self.debug_expire_days
+        )
+    }
+
+    /// When the model says a bucket ending at `end`, holding records of `kinds`, expires.
+    fn expire_at(&self, end: i64, kinds: &std::collections::BTreeSet<&'static str>) -> i64 {
+        let only_debug = kinds.len() == 1 && kinds.contains("debug");
+        let days = if only_debug { self.debug_expire_days } else { self.expire_days };
+        (end + days * DAY_US).max(end + self.archive_days * DAY_US)
+    }
+}
+
+/// What the model knows of one bucket (partition, day).
+#[derive(Default)]
+struct ModelBucket {
+    kinds: std::collections::BTreeSet<&'static str>,
+    /// At some pass, the policy in force said it expires and no hold covered it.
+    expirable: bool,
+}
+
+#[test]
+fn lifecycle_simulation_matches_the_reference_model() {
+    let ops = env_number("FROSTLINE_LIFECYCLE_OPS").unwrap_or(LIFECYCLE_OPS_DEFAULT);
+    let seeds: Vec<u64> = match env_number::<u64>("FROSTLINE_LIFECYCLE_SEED") {
+        Some(seed) => vec![seed],
+        None => {
+            let count = env_number("FROSTLINE_LIFECYCLE_SEEDS").unwrap_or(LIFECYCLE_SEEDS_DEFAULT);
+            let base: u64 = rand::random();
+            (0..count).map(|i| if i < 4 { i } else { base.wrapping_add(i) }).collect()
+        }
+    };
+    let mut totals = LifecycleCounts::default();
+    for seed in seeds {
+        match std::panic::catch_unwind(|| run_lifecycle_seed(seed, ops)) {
+            Ok(counts) => totals.add(&counts),
+            Err(why) => {
+                let message = why
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| why.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_default();
+                panic!(
+                    "lifecycle seed {seed} failed: {message}\nreplay with: FROSTLINE_LIFECYCLE_SEED={seed} \
+                     FROSTLINE_LIFECYCLE_OPS={ops} cargo test --test integration lifecycle_simulation"
+                );
+            }
+        }
+    }
+    eprintln!("lifecycle simulation: {totals:?}");
+}
+
+/// How often each operation ran and what the engine did, summed over seeds.
+#[derive(Debug, Default, Clone)]
+struct LifecycleCounts {
+    appends: u64,
+    passes: u64,
+    reloads: u64,
+    holds_placed: u64,
+    holds_lifted: u64,
+    expiries_called_off: u64,
+    faults: u64,
+    reads_checked: u64,
+    archived: u64,
+    expired: u64,
+    records_checked: u64,
+}
+
+impl LifecycleCounts {
+    fn add(&mut self, other: &LifecycleCounts) {
+        self.appends += other.appends;
+        self.passes += other.passes;
+        self.reloads += other.reloads;
+        self.holds_placed += other.holds_placed;
+        self.holds_lifted += other.holds_lifted;
+        self.expiries_called_off += other.expiries_called_off;
+        self.faults += other.faults;
+        self.reads_checked += other.reads_checked;
+        self.archived += other.archived;
+        self.expired += other.expired;
+        self.records_checked += other.records_checked;
+    }
+}
+
+type BucketKey = (Vec<u8>, i64);
+
+fn bucket_of(id: &Identity) -> BucketKey {
+    (id.0.clone(), id.1.div_euclid(DAY_US))
+}
+
+fn run_lifecycle_seed(seed: u64, ops: usize) -> LifecycleCounts {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut counts = LifecycleCounts::default();
+    let base = t("2024-01-01T00:00:00Z");
+    let mut retention = Retention::random(&mut rng);
+    // One faulty store for every policy set this engine loads (reloads go through the probe).
+    let faulty_slot: Arc<Mutex<Option<Arc<FaultyBackend>>>> = Arc::default();
+    let slot = faulty_slot.clone();
+    let options = frostline::policy::LoadOptions {
+        wrap_target: Some(Arc::new(move |_name: &str, inner: Arc<dyn frostline::storage::ArchiveBackend>| {
+            let mut slot = slot.lock().unwrap();
+            let faulty = slot.get_or_insert_with(|| FaultyBackend::new(inner)).clone();
+            faulty as Arc<dyn frostline::storage::ArchiveBackend>
+        })),
+    };
+    let e = TestEngine::open(&retention.policy(), "2024-01-01T00:00:00Z", &[], options)
+        .unwrap_or_else(|err| panic!("seed {seed}: {err}"));
+    let faulty = faulty_slot.lock().unwrap().clone().unwrap();
+    let mut model: BTreeMap<Identity, String> = BTreeMap::new();
+    let mut buckets: BTreeMap<BucketKey, ModelBucket> = BTreeMap::new();
+    // Holds by id, each on one partition.
+    let mut holds: BTreeMap<String, Vec<u8>> = BTreeMap::new();
+    let mut faults_active = false;
+    for op in 0..ops {
+        match rng.random_range(0..100) {
+            0..35 => {
+                let kind = ["debug", "invoice"][rng.random_range(0..2)];
+                let mut batch = random_batch(&mut rng, base, e.engine.clock.now());
+                for r in &mut batch {
+                    r.kind = Some(kind.to_string());
+                }
+                let mut staged: BTreeMap<Identity, String> = BTreeMap::new();
+                let mut conflict_expected = false;
+                for r in &batch {
+                    let id = (r.partition_key.clone(), r.event_time, r.sort_key.clone());
+                    if staged.get(&id).or(model.get(&id)).is_some_and(|b| b != &r.body) {
+                        conflict_expected = true;
+                    }
+                    staged.entry(id).or_insert_with(|| r.body.clone());
+                }
+                counts.appends += 1;
+                match e.engine.append("r", batch) {
+                    Ok(_) => {
+                        assert!(!conflict_expected, "seed {seed} op {op}: a conflicting batch was accepted");
+                        for id in staged.keys() {
+                            buckets.entry(bucket_of(id)).or_default().kinds.insert(kind);
+                        }
+                        model.extend(staged);
+                    }
+                    Err(err) if matches!(err, Error::Conflict(_)) => {
+                        assert!(conflict_expected, "seed {seed} op {op}: unexpected conflict: {err}");
+                    }
+                    Err(Error::BucketFenced { .. }) => {}
+                    Err(err) => panic!("seed {seed} op {op}: append failed: {err}"),
+                }
+            }
+            35..45 => e.clock.advance(rng.random_range(0..4 * DAY_US)),
+            45..65 => {
+                // Before the pass: which buckets may it expire? (The policy in force, the
+                // kinds each bucket holds now, the holds now.)
+                let now = e.engine.clock.now();
+                for ((partition, day), bucket) in buckets.iter_mut() {
+                    let end = (day + 1) * DAY_US;
+                    let held = holds.values().any(|p| p == partition);
+                    if !held && retention.expire_at(end, &bucket.kinds) <= now {
+                        bucket.expirable = true;
+                    }
+                }
+                let report = runtime()
+                    .block_on(frostline::archive::run_pass(&e.engine, &format!("w{}", rng.random_range(0..2))))
+                    .unwrap_or_else(|err| panic!("seed {seed} op {op}: pass failed: {err}"));
+                counts.passes += 1;
+                counts.archived += report.archived;
+                counts.expired += report.expired;
+                e.clock.advance(20_000_000); // past ARCHIVER_RETRY_SECONDS
+            }
+            65..70 => {
+                // A reload with other ages: no fault may be armed while the probe runs.
+                faulty.clear();
+                faults_active = false;
+                retention = Retention::random(&mut rng);
+                let dir = e.policies_dir();
+                std::fs::write(dir.join("tables.toml"), retention.policy()).unwrap();
+                // What a reload does, without its wait for the directory to settle (the
+                // simulation writes whole files; the wait is tested in `reload`).
+                let engine = &e.engine;
+                let mut set = frostline::policy::load_with(
+                    &dir,
+                    &engine.data_dir,
+                    &engine.host,
+                    &engine.settings,
+                    &engine.load_options,
+                )
+                .unwrap_or_else(|err| panic!("seed {seed} op {op}: reload refused: {err}"));
+                set.generation = engine.policies().generation + 1;
+                engine.install_policies(set).unwrap();
+                counts.reloads += 1;
+            }
+            70..76 => {
+                let partition = format!("p{}", rng.random_range(0..3)).into_bytes();
+                let id = format!("h-sim-{op}");
+                let hold = frostline::store::schema::Hold {
+                    id: id.clone(),
+                    table: "r".into(),
+                    partition_key: Some(String::from_utf8(partition.clone()).unwrap()),
+                    tenant: None,
+                    bucket_key: None,
+                    reason: "simulation".into(),
+                    placed_by: "sim".into(),
+                    placed_at: 0,
+                    source: "cli".into(),
+                };
+                let placement = e.engine.store.place_hold(hold, e.engine.clock.now()).unwrap();
+                counts.holds_placed += 1;
+                counts.expiries_called_off += placement.expiries_called_off.len() as u64;
+                holds.insert(id, partition);
+            }
+            76..80 => {
+                if let Some(id) = holds.keys().nth(rng.random_range(0..holds.len().max(1))).cloned() {
+                    e.engine.store.lift_hold(id.clone(), "sim".into(), e.engine.clock.now()).unwrap();
+                    holds.remove(&id);
+                    counts.holds_lifted += 1;
+                }
+            }
+            80..86 => {
+                let op_kind = [Op::Put, Op::Get, Op::List, Op::Delete][rng.random_range(0..4)];
+                let fault = match rng.random_range(0..3) {
+                    0 => Fault::Error,
+                    1 if op_kind == Op::Put => Fault::LandThenError,
+                    2 if op_kind == Op::Get => Fault::CorruptRead,
+                    _ => Fault::Error,
+                };
+                // Outages of list and delete last longer: an expiry then waits between its
+                // tombstone and its deletes, where holds land.
+                let times = if matches!(op_kind, Op::List | Op::Delete) {
+                    rng.random_range(2..12)
+                } else {
+                    rng.random_range(1..4)
+                };
+                faulty.add(op_kind, "", fault, Some(times));
+                faults_active = true;
+                counts.faults += 1;
+            }
+            86..90 => {
+                faulty.clear();
+                faults_active = false;
+            }
+            _ => {
+                if check_lifecycle_reads(&e, &model, &buckets, faults_active, seed, op) {
+                    counts.reads_checked += 1;
+                }
+            }
+        }
+    }
+    // Settle: no faults, no holds, time far ahead: everything is archived, then expired where
+    // the final policy says so, and every record not expirable still reads back.
+    faulty.clear();
+    for id in holds.keys() {
+        e.engine.store.lift_hold(id.clone(), "sim".into(), e.engine.clock.now()).unwrap();
+    }
+    e.clock.advance(5 * DAY_US);
+    for _ in 0..60 {
+        let report = runtime().block_on(frostline::archive::run_pass(&e.engine, "final")).unwrap();
+        assert!(report.errors.is_empty(), "seed {seed}: errors without faults: {report:?}");
+        e.clock.advance(20_000_000);
+        if !report.made_progress() && report.deferred == 0 {
+            break;
+        }
+    }
+    let now = e.engine.clock.now();
+    for ((_, day), bucket) in buckets.iter_mut() {
+        if retention.expire_at((day + 1) * DAY_US, &bucket.kinds) <= now {
+            bucket.expirable = true;
+        }
+    }
+    check_lifecycle_reads(&e, &model, &buckets, false, seed, ops);
+    for meta in e.engine.store.buckets("r", None).unwrap() {
+        let settled = matches!(meta.state, BucketState::Archived { hot_deleted: true } | BucketState::Expired);
+        assert!(settled, "seed {seed}: {} not settled: {:?}", meta.id, meta.state);
+        if meta.state == BucketState::Expired {
+            let tombstone = e.engine.store.tombstone(&meta.id).unwrap();
+            assert!(tombstone.is_none_or(|t| t.completed_at.is_some()), "seed {seed}: {} expiry unfinished", meta.id);
+        }
+        assert!(e.engine.store.rows(&meta.id, None, usize::MAX).unwrap().is_empty(), "seed {seed}: hot rows left");
+    }
+    counts.records_checked += model.len() as u64;
+    counts
+}
+
+/// Checks a full read against the model; returns false when a fault made the read fail.
+fn check_lifecycle_reads(
+    e: &TestEngine,
+    model: &BTreeMap<Identity, String>,
+    buckets: &BTreeMap<BucketKey, ModelBucket>,
+    faults_active: bool,
+    seed: u64,
+    op: usize,
+) -> bool {
+    let mut got: BTreeMap<Identity, String> = BTreeMap::new();
+    let mut expired: std::collections::BTreeSet<BucketKey> = Default::default();
+    let mut cursor = None;
+    loop {
+        let page = runtime().block_on(frostline::query::query(
+            &e.engine,
+            frostline::query::QueryRequest {
+                table: "r".into(),
+                limit: 71,
+                cursor: cursor.clone(),
+                ..Default::default()
+            },
+        ));
+        let page = match page {
+            Ok(page) => page,
+            Err(_) if faults_active => return false,
+            Err(err) => panic!("seed {seed} op {op}: query failed without faults: {err}"),
+        };
+        for range in page.expired {
+            expired.insert((range.partition_key.into_bytes(), range.start.div_euclid(DAY_US)));
+        }
+        for r in page.records {
+            let id = (r.partition_key, r.event_time, r.sort_key);
+            assert!(got.insert(id.clone(), r.body).is_none(), "seed {seed} op {op}: {id:?} read twice");
+        }
+        match page.next_cursor {
+            Some(c) => cursor = Some(c),
+            None => break,
+        }
+    }
+    for (id, body) in model {
+        let bucket = bucket_of(id);
+        match got.get(id) {
+            Some(read) => assert_eq!(read, body, "seed {seed} op {op}: {id:?} changed"),
+            None => {
+                assert!(buckets[&bucket].expirable, "seed {seed} op {op}: {id:?} lost (its bucket never expirable)");
+                assert!(
+                    expired.contains(&bucket),
+                    "seed {seed} op {op}: {id:?} gone but its range is not reported expired"
+                );
+            }
+        }
+    }
+    for id in got.keys() {
+        assert!(model.contains_key(id), "seed {seed} op {op}: {id:?} was never appended");
+    }
+    true
 }

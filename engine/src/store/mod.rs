@@ -1306,10 +1306,10 @@ fn apply_batch(txn: &WriteTransaction, batch: &AppendBatch) -> Result<AppendOutc
     for &i in &inserted {
         let (index, _, _, row) = &rows[i];
         let (meta, _) = &mut metas[*index];
+        meta.tenant.observe(row.record.tenant.as_deref(), meta.row_count);
+        meta.kind.observe(row.record.kind.as_deref(), meta.row_count);
         meta.row_count += 1;
         meta.byte_count += row.record.body.len() as u64;
-        meta.tenant.observe(row.record.tenant.as_deref());
-        meta.kind.observe(row.record.kind.as_deref());
     }
     let mut unplanned = txn.open_table(UNPLANNED).map_err(db_err)?;
     for ((id, prefix), (meta, is_new)) in ids.iter().zip(&prefixes).zip(&metas) {

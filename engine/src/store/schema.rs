@@ -188,9 +188,14 @@ pub enum Shared {
 }
 
 impl Shared {
-    pub fn observe(&mut self, value: Option<&str>) {
+    /// Folds one more record's value in. `earlier_rows` is how many records the bucket held
+    /// before this one: `Unset` after some rows means none of them had a value, so a first
+    /// value then makes the bucket `Mixed`, not `One` (regression: a bucket of kind-less
+    /// records that a `debug` record joined was planned as all-`debug`).
+    pub fn observe(&mut self, value: Option<&str>, earlier_rows: u64) {
         *self = match (&*self, value) {
-            (Shared::Unset, Some(v)) => Shared::One(v.to_string()),
+            (Shared::Unset, Some(v)) if earlier_rows == 0 => Shared::One(v.to_string()),
+            (Shared::Unset, Some(_)) => Shared::Mixed,
             (Shared::One(current), Some(v)) if current == v => return,
             (Shared::Unset, None) => return,
             (Shared::One(_), None) | (Shared::One(_), Some(_)) => Shared::Mixed,
@@ -439,6 +444,22 @@ impl Tombstone {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_value_shared_by_every_record_is_one_and_anything_else_is_mixed() {
+        let fold = |values: &[Option<&str>]| {
+            let mut shared = Shared::Unset;
+            for (i, v) in values.iter().enumerate() {
+                shared.observe(*v, i as u64);
+            }
+            shared
+        };
+        assert_eq!(fold(&[Some("debug"), Some("debug")]), Shared::One("debug".into()));
+        assert_eq!(fold(&[None, None]), Shared::Unset);
+        assert_eq!(fold(&[Some("debug"), None]), Shared::Mixed);
+        assert_eq!(fold(&[None, Some("debug")]), Shared::Mixed, "kind-less records are not debug records");
+        assert_eq!(fold(&[Some("debug"), Some("invoice")]), Shared::Mixed);
+    }
 
     #[test]
     fn a_row_reads_the_same_from_the_compact_and_the_named_form() {
