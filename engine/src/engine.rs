@@ -8,11 +8,11 @@ use std::sync::{Arc, RwLock};
 
 use crate::clock::SharedClock;
 use crate::error::{Error, Result};
-use crate::model::{BucketDescriptor, Record};
+use crate::model::{BucketDescriptor, BucketState, Record};
 use crate::plugin::PluginHost;
 use crate::policy::{PolicySet, TablePolicy};
 use crate::settings::Settings;
-use crate::store::schema::TableState;
+use crate::store::schema::{BucketId, BucketMeta, TableState};
 use crate::store::{AppendBatch, AppendOutcome, PreparedRow, Store};
 
 /// File name of the hot database inside the data directory.
@@ -168,6 +168,7 @@ impl Engine {
             let outcome = self.append_batch(&policy, std::mem::replace(&mut rest, tail))?;
             total.appended += outcome.appended;
             total.duplicates += outcome.duplicates;
+            total.already_archived += outcome.already_archived;
         }
         Ok(total)
     }
@@ -194,19 +195,107 @@ impl Engine {
             Some(n) => Some(self.horizons(policy, &descriptors, n)?),
             None => None,
         };
-        let rows = records
+        let rows: Vec<PreparedRow> = records
             .into_iter()
             .zip(descriptors)
             .map(|(record, descriptor)| PreparedRow { descriptor, record })
             .collect();
-        self.store.append(AppendBatch {
-            table: policy.id.clone(),
-            strategy: policy.strategy.identity().fingerprint(),
-            rows,
-            writable_horizons,
-            writable_buckets: policy.writable_buckets.unwrap_or(0),
-            now: self.clock.now(),
-        })
+        // Rows of buckets archived since (a re-run ingest) are compared with the archive
+        // before anything is written: the batch stays all or nothing.
+        let (rows, already_archived) = self.split_archived(policy, rows)?;
+        let mut outcome = if rows.is_empty() {
+            AppendOutcome::default()
+        } else {
+            self.store.append(AppendBatch {
+                table: policy.id.clone(),
+                strategy: policy.strategy.identity().fingerprint(),
+                rows,
+                writable_horizons,
+                writable_buckets: policy.writable_buckets.unwrap_or(0),
+                now: self.clock.now(),
+            })?
+        };
+        outcome.already_archived = already_archived;
+        Ok(outcome)
+    }
+
+    /// Takes out of `rows` those whose bucket is archived and checks each against the archive:
+    /// an identical record is counted (returned) as already archived; one with another body,
+    /// or one the archive does not hold (an archived bucket takes no new records), refuses the
+    /// batch, as does a row of an expired bucket. Buckets that are hot, being archived or new
+    /// are left to the store, which decides under its own transaction. One read of the bucket
+    /// states per batch: the common case (every bucket hot) costs nothing more.
+    fn split_archived(&self, policy: &TablePolicy, rows: Vec<PreparedRow>) -> Result<(Vec<PreparedRow>, u64)> {
+        let mut buckets: Vec<BucketId> = Vec::new();
+        for row in &rows {
+            if !buckets
+                .iter()
+                .any(|b| b.partition_key == row.record.partition_key && b.bucket_key == row.descriptor.key)
+            {
+                buckets.push(BucketId {
+                    table: policy.id.clone(),
+                    partition_key: row.record.partition_key.clone(),
+                    bucket_key: row.descriptor.key.clone(),
+                });
+            }
+        }
+        let snapshot = self.store.snapshot()?;
+        let mut closed: HashMap<BucketId, BucketMeta> = HashMap::new();
+        for id in buckets {
+            if let Some(meta) = snapshot.bucket(&id)?
+                && matches!(meta.state, BucketState::Archived { .. } | BucketState::Expired)
+            {
+                closed.insert(id, meta);
+            }
+        }
+        if closed.is_empty() {
+            return Ok((rows, 0));
+        }
+        let policies = self.policies();
+        let (mut open, mut archived): (Vec<PreparedRow>, Vec<PreparedRow>) = (Vec::new(), Vec::new());
+        for row in rows {
+            let id = BucketId {
+                table: policy.id.clone(),
+                partition_key: row.record.partition_key.clone(),
+                bucket_key: row.descriptor.key.clone(),
+            };
+            if closed.contains_key(&id) { archived.push(row) } else { open.push(row) }
+        }
+        let mut identical = 0;
+        for (id, meta) in &closed {
+            let fenced =
+                || Error::BucketFenced { table: id.table.clone(), bucket: id.display(), state: meta.state.to_string() };
+            if meta.state == BucketState::Expired {
+                return Err(fenced());
+            }
+            let manifest = snapshot
+                .latest_manifest(id)?
+                .ok_or_else(|| Error::Internal(format!("archived bucket {id} has no recorded manifest")))?;
+            let key =
+                meta.manifest_key.clone().ok_or_else(|| Error::Internal(format!("bucket {id} names no manifest")))?;
+            let backend = policies.archive_backend(policy, &manifest.archive_target())?;
+            let stored = crate::storage::block_on(crate::archive::read_archive(backend.as_ref(), &key, None, None))?;
+            let stored: HashMap<(i64, &[u8]), &Record> =
+                stored.iter().map(|r| ((r.event_time, r.sort_key.as_slice()), r)).collect();
+            for row in archived
+                .iter()
+                .filter(|r| r.record.partition_key == id.partition_key && r.descriptor.key == id.bucket_key)
+            {
+                match stored.get(&(row.record.event_time, row.record.sort_key.as_slice())) {
+                    Some(found) if **found == row.record => identical += 1,
+                    Some(_) => {
+                        return Err(Error::Conflict(format!(
+                            "a record with identity (bucket {id}, event_time {}, sort_key `{}`) is already archived \
+                             with a different body; nothing in this batch was applied",
+                            row.record.event_time,
+                            String::from_utf8_lossy(&row.record.sort_key)
+                        )));
+                    }
+                    None => return Err(fenced()),
+                }
+            }
+        }
+        Ok((open, identical))
     }
 
     /// For each bucket, the start of the bucket `n` strategy buckets later: once a partition

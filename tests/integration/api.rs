@@ -304,14 +304,14 @@ fn every_route_answers_good_input_and_refuses_bad_input() {
     assert_eq!(status, 200, "{body}");
     assert_eq!(
         serde_json::from_str::<serde_json::Value>(&body).unwrap(),
-        serde_json::json!({"appended": 20, "duplicates": 0})
+        serde_json::json!({"appended": 20, "duplicates": 0, "already_archived": 0})
     );
     let array = format!("[\n  {}\n]", lines[20..].join(",\n  "));
     let (status, body) = server.post("/v1/tables/events/records", Some(USER), Some(&array));
     assert_eq!(status, 200, "{body}");
     // An identical duplicate is accepted unchanged.
     let (status, body) = server.post("/v1/tables/events/records", Some(USER), Some(&lines[0]));
-    assert_eq!((status, body.as_str()), (200, r#"{"appended":0,"duplicates":1}"#));
+    assert_eq!((status, body.as_str()), (200, r#"{"appended":0,"duplicates":1,"already_archived":0}"#));
 
     // A batch with an invalid record is refused whole, each bad record named.
     let bad = format!("{}\nnot json\n\n{}\n", lines[0], line("a", "yesterday", "x", "{}"));
@@ -642,7 +642,7 @@ fn the_cli_goes_through_the_api_of_a_running_engine() {
     let lines = sample_lines(250).join("\n");
     let ingest = cli(&["ingest", "--table", "events", "-"], Some(&lines), true);
     assert!(ingest.status.success(), "{}", text(&ingest.stderr));
-    assert_eq!(text(&ingest.stdout).trim(), r#"{"appended":250,"duplicates":0}"#);
+    assert_eq!(text(&ingest.stdout).trim(), r#"{"appended":250,"duplicates":0,"already_archived":0}"#);
     assert_eq!(count_records(&server), 250, "the engine holds what the CLI ingested");
 
     let malformed = cli(&["ingest", "--table", "events", "-"], Some("{\"partition_key\":1}\n"), true);

@@ -341,8 +341,18 @@ fn the_readmes_using_it_commands_work_as_written_in_an_empty_directory() {
         assert!(output.status.success(), "`frostline {args}` failed: {}{}", text(&output.stdout), text(&output.stderr));
         text(&output.stdout)
     };
-    run("ingest --table events records.jsonl");
+    let first = run("ingest --table events records.jsonl");
     run("archive --once");
+    // Re-running an ingest is safe after its buckets were archived (the README says so).
+    let again: serde_json::Value = serde_json::from_str(run("ingest --table events records.jsonl").trim()).unwrap();
+    let first: serde_json::Value = serde_json::from_str(first.trim()).unwrap();
+    assert!(again["already_archived"].as_u64().unwrap() > 0, "{again}");
+    assert_eq!(again["appended"], 0, "{again}");
+    assert_eq!(
+        again["already_archived"].as_u64().unwrap() + again["duplicates"].as_u64().unwrap(),
+        first["appended"].as_u64().unwrap(),
+        "{again}"
+    );
     let page = run("query --table events --from 2024-01-01T00:00:00Z --to 2025-01-01T00:00:00Z --limit 100");
     assert!(!page.trim().is_empty());
     let status = run("status --json");

@@ -458,3 +458,29 @@ fn queries_racing_archival_never_miss_a_record() {
     assert!(pages > 0);
     assert_eq!(sorted(e.query_all("r")), sorted(all));
 }
+
+/// Regression: re-running an ingest after its buckets were archived was refused (409) instead
+/// of recognising the identical records it holds.
+#[test]
+fn a_rerun_ingest_after_archival_is_recognised_record_by_record() {
+    let e = TestEngine::new(&expiring_policy("3650d"), "2024-03-01T12:00:00Z");
+    let first = vec![record("p", "2024-03-01T01:00:00Z", None), record("p", "2024-03-01T02:00:00Z", None)];
+    e.engine.append("r", first.clone()).unwrap();
+    e.clock.set(t("2024-03-03T00:00:00Z"));
+    assert_eq!(e.pass().archived, 1);
+    // The same records again, with one for a hot bucket: all accepted, nothing rewritten.
+    let mut again = first.clone();
+    again.push(record("p", "2024-03-03T01:00:00Z", None));
+    let outcome = e.engine.append("r", again).unwrap();
+    assert_eq!((outcome.appended, outcome.duplicates, outcome.already_archived), (1, 0, 2), "{outcome:?}");
+    // Another body under an archived identity is a conflict, and nothing of the batch is written.
+    let mut changed = first[0].clone();
+    changed.body = r#"{"x":2}"#.into();
+    let err = e.engine.append("r", vec![record("p", "2024-03-03T02:00:00Z", None), changed]).unwrap_err();
+    assert!(matches!(err, frostline::Error::Conflict(_)), "{err}");
+    assert!(err.to_string().contains("already archived"), "{err}");
+    // A record the archived bucket does not hold cannot join it.
+    let err = e.engine.append("r", vec![record("p", "2024-03-01T03:00:00Z", None)]).unwrap_err();
+    assert!(matches!(err, frostline::Error::BucketFenced { .. }), "{err}");
+    assert_eq!(e.query_all("r").len(), 3);
+}

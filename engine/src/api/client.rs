@@ -27,6 +27,9 @@ pub struct Client {
 pub struct AppendCounts {
     pub appended: u64,
     pub duplicates: u64,
+    /// Identical records found in their bucket's archive (a re-run ingest).
+    #[serde(default)]
+    pub already_archived: u64,
 }
 
 /// One page of a query: each record as its JSON text (the JSON-lines shape, body byte for byte).

@@ -92,6 +92,7 @@ pub fn append_all(engine: &Engine, table: &str, records: Vec<Record>) -> Result<
         let outcome = engine.append(table, chunk.to_vec())?;
         total.appended += outcome.appended;
         total.duplicates += outcome.duplicates;
+        total.already_archived += outcome.already_archived;
         bar.inc(chunk.len() as u64);
     }
     bar.finish_and_clear();

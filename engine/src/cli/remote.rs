@@ -60,6 +60,7 @@ pub fn ingest(client: &Client, table: &str, text: &str) -> anyhow::Result<Append
         let outcome = client.append(table, batch)?;
         total.appended += outcome.appended;
         total.duplicates += outcome.duplicates;
+        total.already_archived += outcome.already_archived;
         bar.inc(*count as u64);
         batch.clear();
         *count = 0;

@@ -9,7 +9,7 @@
 //! async executor), so the import waits for the backend there.
 
 use std::path::PathBuf;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use bytes::Bytes;
 use wasmtime_wasi::{FsPerms, WasiCtx};
@@ -144,39 +144,11 @@ fn to_backend_error(e: Error) -> BackendError {
     }
 }
 
-/// A runtime for backend calls made where no tokio runtime is current (a policy loaded by the
-/// CLI before any runtime exists): one small worker, for the life of the process.
-fn fallback_runtime() -> &'static tokio::runtime::Runtime {
-    static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
-    RT.get_or_init(|| {
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .thread_name("frostline-blob-store")
-            .enable_all()
-            .build()
-            .expect("building the blob store's runtime")
-    })
-}
-
-/// Waits for a backend future from the (blocking) thread a plugin call runs on.
-fn wait<F: std::future::Future>(future: F) -> F::Output {
-    use tokio::runtime::{Handle, RuntimeFlavor};
-    match Handle::try_current() {
-        // On a blocking thread `block_in_place` is a no-op; on a worker it hands the worker's
-        // other tasks over first, so the executor keeps running.
-        Ok(handle) if handle.runtime_flavor() == RuntimeFlavor::MultiThread => {
-            tokio::task::block_in_place(|| handle.block_on(future))
-        }
-        Ok(handle) => handle.block_on(future),
-        Err(_) => fallback_runtime().block_on(future),
-    }
-}
-
 impl blob_store_iface::Host for super::PluginState {
     fn put(&mut self, key: String, bytes: Vec<u8>) -> std::result::Result<(), BackendError> {
         let backend = self.blob_store.backend()?;
         check_key(&key)?;
-        match wait(backend.put_create(&key, Bytes::from(bytes))) {
+        match crate::storage::block_on(backend.put_create(&key, Bytes::from(bytes))) {
             Ok(PutOutcome::Created) => Ok(()),
             Ok(PutOutcome::AlreadyExists) => Err(BackendError::AlreadyExists),
             Err(e) => Err(to_backend_error(e)),
@@ -186,7 +158,7 @@ impl blob_store_iface::Host for super::PluginState {
     fn get(&mut self, key: String) -> std::result::Result<Vec<u8>, BackendError> {
         let backend = self.blob_store.backend()?;
         check_key(&key)?;
-        match wait(backend.get(&key)) {
+        match crate::storage::block_on(backend.get(&key)) {
             Ok(Some(bytes)) => Ok(bytes.to_vec()),
             Ok(None) => Err(BackendError::NotFound),
             Err(e) => Err(to_backend_error(e)),
@@ -196,7 +168,7 @@ impl blob_store_iface::Host for super::PluginState {
     fn delete(&mut self, key: String) -> std::result::Result<(), BackendError> {
         let backend = self.blob_store.backend()?;
         check_key(&key)?;
-        wait(backend.delete(&key)).map_err(to_backend_error)
+        crate::storage::block_on(backend.delete(&key)).map_err(to_backend_error)
     }
 
     fn list(
@@ -206,7 +178,7 @@ impl blob_store_iface::Host for super::PluginState {
         limit: u32,
     ) -> std::result::Result<Vec<String>, BackendError> {
         let backend = self.blob_store.backend()?;
-        let objects = wait(backend.list(&prefix)).map_err(to_backend_error)?;
+        let objects = crate::storage::block_on(backend.list(&prefix)).map_err(to_backend_error)?;
         // `list` returns every object under the prefix in ascending order.
         Ok(objects
             .into_iter()

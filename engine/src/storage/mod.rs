@@ -24,6 +24,34 @@ use target::{MULTIPART_PART_BYTES, MULTIPART_THRESHOLD_BYTES, Redactor};
 /// Threads of the runtime that does remote stores' HTTP.
 pub const IO_RUNTIME_THREADS: usize = 2;
 
+/// Waits for a backend future from synchronous code: a blocking thread (a plugin call, an
+/// append), or a thread with no runtime at all (the CLI before it starts one), which uses a
+/// small runtime of its own for the life of the process.
+pub fn block_on<F: std::future::Future>(future: F) -> F::Output {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    match Handle::try_current() {
+        // On a blocking thread `block_in_place` is a no-op; on a worker it hands the worker's
+        // other tasks over first, so the executor keeps running.
+        Ok(handle) if handle.runtime_flavor() == RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(|| handle.block_on(future))
+        }
+        Ok(handle) => handle.block_on(future),
+        Err(_) => fallback_runtime().block_on(future),
+    }
+}
+
+fn fallback_runtime() -> &'static tokio::runtime::Runtime {
+    static RT: std::sync::OnceLock<tokio::runtime::Runtime> = std::sync::OnceLock::new();
+    RT.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("frostline-blocking-io")
+            .enable_all()
+            .build()
+            .expect("building the fallback I/O runtime")
+    })
+}
+
 /// The runtime on which every remote store does its HTTP, for the life of the process. Callers
 /// on any runtime (a pass, a query, the probe at load on a short-lived one) only await
 /// results, so pooled connections never belong to a runtime that has gone.

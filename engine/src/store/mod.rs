@@ -57,6 +57,9 @@ pub struct AppendOutcome {
     pub appended: u64,
     /// Records whose identity and body were already stored: accepted without change.
     pub duplicates: u64,
+    /// Identical records whose bucket was archived since they were first appended (a re-run
+    /// ingest): compared with the archive and accepted without change.
+    pub already_archived: u64,
 }
 
 type TxnFn = Box<dyn FnOnce(&WriteTransaction) -> Result<Box<dyn Any + Send>> + Send>;
@@ -1323,7 +1326,7 @@ fn apply_batch(txn: &WriteTransaction, batch: &AppendBatch) -> Result<AppendOutc
             unplanned.insert(prefix.as_slice(), ()).map_err(db_err)?;
         }
     }
-    Ok(AppendOutcome { appended: inserted.len() as u64, duplicates })
+    Ok(AppendOutcome { appended: inserted.len() as u64, duplicates, already_archived: 0 })
 }
 
 /// Inserts `rows`, noting in `inserted` the index of each row that was new, and returns how
