@@ -661,6 +661,37 @@ fn the_cli_goes_through_the_api_of_a_running_engine() {
     let report: serde_json::Value = serde_json::from_slice(&archive.stdout).unwrap();
     assert!(report["archived"].as_u64().unwrap() > 0, "{report}");
 
+    // A policy change checked before it goes live, through the running engine (a dry run):
+    // giving the archives an expiry is reported bucket by bucket, and nothing changes.
+    let proposed = d.root.path().join("proposed");
+    std::fs::create_dir_all(&proposed).unwrap();
+    std::fs::write(
+        proposed.join("tables.toml"),
+        POLICY.replace(
+            "builtin:eligible-before\" }",
+            "builtin:eligible-before\", config = { expire_after = \"3650d\" } }",
+        ),
+    )
+    .unwrap();
+    let data = d.data.display().to_string();
+    let check = cli(&["policy", "check", proposed.to_str().unwrap(), "--data", &data, "--json"], None, true);
+    assert!(check.status.success(), "{}{}", text(&check.stdout), text(&check.stderr));
+    let check: serde_json::Value = serde_json::from_slice(&check.stdout).unwrap();
+    let table = &check["preview"]["tables"][0];
+    assert_eq!(table["expire_earlier"], report["archived"], "{check}");
+    assert!(check["preview"]["changes"][0]["expire_at"][1].as_i64().is_some(), "{check}");
+    let status = cli(&["status", "--json"], None, true);
+    let status: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    assert_eq!(status["policy"]["generation"], 1, "a check reloads nothing: {status}");
+    std::fs::write(proposed.join("tables.toml"), "[[table]]\nid = \"events\"\nbogus = 1\n").unwrap();
+    let refused = cli(&["policy", "check", proposed.to_str().unwrap(), "--data", &data], None, true);
+    assert_eq!(refused.status.code(), Some(1), "{}", text(&refused.stdout));
+    assert!(
+        text(&refused.stdout).contains("REFUSED") && text(&refused.stdout).contains("bogus"),
+        "{}",
+        text(&refused.stdout)
+    );
+
     // Pages through the CLI: every record once, hot and archived, in order.
     let mut seen = Vec::new();
     let mut cursor: Option<String> = None;

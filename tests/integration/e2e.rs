@@ -360,6 +360,12 @@ fn the_readmes_using_it_commands_work_as_written_in_an_empty_directory() {
     let data = dir.path().join("frostline-data").canonicalize().unwrap();
     assert_eq!(std::path::Path::new(status["data_dir"].as_str().unwrap()).canonicalize().unwrap(), data);
     run("status");
+    // Without a running engine, a policy check reads the store itself.
+    let check: serde_json::Value =
+        serde_json::from_str(&run("policy check policies --data frostline-data --json")).unwrap();
+    assert_eq!(check["accepted"], true, "{check}");
+    let events = check["preview"]["tables"].as_array().unwrap().iter().find(|t| t["table"] == "events").unwrap();
+    assert_eq!(events["unchanged"], events["buckets_checked"], "the same directory re-plans nothing: {check}");
     run("verify --table events");
     run("sweep --dry-run");
     assert!(data.join("hot.redb").is_file());

@@ -223,6 +223,14 @@ impl Client {
         Ok(self.json::<HoldsPage>(&text)?.holds)
     }
 
+    /// A dry-run reload of `dir` (admin): what a reload would say, and what it would re-plan.
+    pub fn check_policies(&self, dir: &std::path::Path) -> Result<crate::policy::check::CheckReport> {
+        let body = serde_json::to_vec(&serde_json::json!({"dir": dir}))
+            .map_err(|e| Error::Internal(format!("encoding the request: {e}")))?;
+        let text = self.send("POST", "/v1/policy/check", Some(("application/json", &body)), true)?;
+        self.json(&text)
+    }
+
     /// Places a hold (admin).
     pub fn place_hold(
         &self,

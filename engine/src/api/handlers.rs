@@ -48,6 +48,7 @@ pub(super) fn method_router(route: &Route) -> MethodRouter<Arc<ApiState>> {
         RouteId::LiftHold => on(filter, lift_hold),
         RouteId::Retention => on(filter, retention),
         RouteId::Verify => on(filter, verify),
+        RouteId::PolicyCheck => on(filter, policy_check),
     }
 }
 
@@ -694,6 +695,40 @@ async fn verify(
     let verdicts = crate::archive::verify::verify(&state.engine, params.table, params.sample, |_| {}).await?;
     let failed = verdicts.iter().filter(|v| !v.ok).count();
     Ok(Json(super::client::VerifyReport { verdicts, failed }).into_response())
+}
+
+/// The body of `POST /v1/policy/check`: the directory to check (default: the engine's own).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PolicyCheckRequest {
+    dir: Option<std::path::PathBuf>,
+}
+
+/// A dry-run reload: the directory is checked exactly as a reload would check it, against the
+/// running engine's store, with the re-plan it would cause. Nothing changes; a refusal is an
+/// answer (`accepted: false`), not an error.
+async fn policy_check(State(state): Shared, body: axum::body::Bytes) -> Result<Response, ApiError> {
+    let request: PolicyCheckRequest = if body.iter().all(u8::is_ascii_whitespace) {
+        PolicyCheckRequest::default()
+    } else {
+        serde_json::from_slice(&body)
+            .map_err(|e| ApiError::bad_request(format!("the body must be {{\"dir\": PATH}}: {e}")))?
+    };
+    let report = blocking(move || {
+        let engine = &state.engine;
+        let dir = request.dir.unwrap_or_else(|| engine.policies().dir.clone());
+        let dir = std::path::absolute(&dir).map_err(|e| crate::Error::io(&dir, e))?;
+        Ok(crate::policy::check::check_dir(
+            &dir,
+            &engine.data_dir,
+            &engine.host,
+            &engine.settings,
+            Some(&engine.store),
+            engine.clock.now(),
+        ))
+    })
+    .await?;
+    Ok(Json(report).into_response())
 }
 
 #[cfg(test)]

@@ -72,6 +72,7 @@ pub enum RouteId {
     LiftHold,
     Retention,
     Verify,
+    PolicyCheck,
 }
 
 /// One route of the API.
@@ -102,6 +103,7 @@ pub const ROUTES: &[Route] = &[
     Route { id: RouteId::LiftHold, method: "DELETE", path: "/v1/holds/{id}", access: Access::Admin },
     Route { id: RouteId::Retention, method: "GET", path: "/v1/tables/{table}/retention", access: Access::Token },
     Route { id: RouteId::Verify, method: "POST", path: "/v1/verify", access: Access::Admin },
+    Route { id: RouteId::PolicyCheck, method: "POST", path: "/v1/policy/check", access: Access::Admin },
 ];
 
 /// The access a request to `method path_template` needs, or `None` for an unknown route.

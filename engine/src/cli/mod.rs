@@ -4,6 +4,7 @@
 pub mod ingest;
 pub mod lifecycle;
 pub mod plugin_check;
+pub mod policy_check;
 pub mod remote;
 pub mod status;
 
@@ -118,6 +119,9 @@ pub enum Command {
     /// Work with plugins.
     #[command(subcommand)]
     Plugin(PluginCommand),
+    /// Check a policy directory before it goes live.
+    #[command(subcommand)]
+    Policy(PolicyCommand),
     /// Place, lift and list legal holds.
     #[command(subcommand)]
     Hold(lifecycle::HoldCommand),
@@ -142,6 +146,14 @@ pub enum Command {
         #[arg(long)]
         dry_run: bool,
     },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum PolicyCommand {
+    /// Validate a policy directory exactly as a reload would (plugins compiled, initialised and
+    /// checked, targets probed); with --data, also against that data directory, printing the
+    /// re-plan it would cause. Changes nothing. Exit 0 when it would be accepted, 1 otherwise.
+    Check(policy_check::PolicyCheckArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -174,6 +186,7 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Plugin(PluginCommand::Check(args)) => plugin_check::run(args),
+        Command::Policy(PolicyCommand::Check(args)) => policy_check::run(args),
         Command::Hold(command) => lifecycle::run_hold(command),
         Command::Verify { engine, table, sample, json } => lifecycle::run_verify(engine, table, sample, json),
         Command::Sweep { engine, dry_run } => lifecycle::run_sweep(engine, dry_run),

@@ -4,6 +4,7 @@
 //!
 //! Imports the core, the plugin host and object storage.
 
+pub mod check;
 pub mod grants;
 pub mod reload;
 

@@ -97,25 +97,6 @@ fn try_reload(engine: &Engine, current: &Arc<PolicySet>) -> Result<PolicySet> {
     if let Some(why) = unstable(&before, &after).or_else(|| unstable(&before, &set.files)) {
         return Err(Error::InvalidInput(why));
     }
-    // A table's strategy never changes once it has buckets.
-    for (id, table) in &set.tables {
-        if let Some(state) = engine.store.table_state(id)? {
-            let identity = table.strategy.identity();
-            if &state.strategy != identity {
-                return Err(Error::InvalidInput(format!(
-                    "{}: table `{id}` changes its strategy from {} (sha256 {}, config {:?}) to {} (sha256 {}, config {:?}), \
-                     but its buckets were made by the first; a strategy never changes: declare a new table id and migrate",
-                    table.file.display(),
-                    state.strategy.name,
-                    &state.strategy.plugin_hash[..12],
-                    state.strategy.config,
-                    identity.name,
-                    &identity.plugin_hash[..12],
-                    identity.config
-                )));
-            }
-        }
-    }
     // A removed table keeps its data and its last definition, for archival only.
     for (id, old) in &current.tables {
         if !set.tables.contains_key(id) {
@@ -123,22 +104,7 @@ fn try_reload(engine: &Engine, current: &Arc<PolicySet>) -> Result<PolicySet> {
             set.retired.insert(id.clone());
         }
     }
-    // Archives stay where they were written: a reload may move a table to another target,
-    // but not drop a target that still holds archives (they could no longer be read, verified
-    // or expired).
-    let snapshot = engine.store.snapshot()?;
-    for ((table_id, target), buckets) in snapshot.archive_targets()? {
-        let Some(table) = set.tables.get(&table_id) else { continue };
-        if let Err(e) = set.archive_backend(table, &target) {
-            let shown: Vec<&str> = buckets.iter().take(5).map(String::as_str).collect();
-            return Err(Error::InvalidInput(format!(
-                "{e}; {} bucket(s) of table `{table_id}` have archives there (for instance {}): keep the target \
-                 declared while they exist",
-                buckets.len(),
-                shown.join(", ")
-            )));
-        }
-    }
+    super::check::check_against_store(&set, &engine.store)?;
     set.generation = current.generation + 1;
     Ok(set)
 }
