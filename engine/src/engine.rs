@@ -105,6 +105,7 @@ impl Engine {
         if !unmanaged.is_empty() {
             tracing::warn!(tables = ?unmanaged, "tables with data are not in the policy directory; their buckets wait for them");
         }
+        crate::failpoints::hit("before_policy_holds_sync")?;
         let sync = self.store.sync_policy_holds(policies.holds.clone(), now)?;
         if !sync.too_late.is_empty() {
             tracing::warn!(buckets = ?sync.too_late, "a policy hold came after these buckets' expiry started deleting");

@@ -26,8 +26,15 @@ pub const FAIL_POINTS: &[&str] = &[
     "heartbeat",
     // Expiry: after the tombstone, before the last hold check and the first delete; and
     // between two deletes.
+    "after_expiry_tombstone",
     "before_start_deletes",
     "mid_expiry_delete",
+    // Holds of a new policy set, before they are written to the store.
+    "before_policy_holds_sync",
+    // Outbox: a sink has the event, the store does not know yet.
+    "after_outbox_delivery",
+    // The orphan sweep, before each delete.
+    "mid_sweep_delete",
 ];
 
 pub const FAILPOINTS_ENV: &str = "FROSTLINE_FAILPOINTS";

@@ -20,6 +20,16 @@
 //! `FROSTLINE_CRASH_FULL_EVERY` crashes (default 50) and after the final run, so a change that
 //! leaves no trace in the metadata is still caught, at most that many crashes later.
 //!
+//! The lifecycle around the archival changes under the crashes too (`FROSTLINE_CRASH_LIFECYCLE`,
+//! on unless set to 0): before each start the harness picks one of several policies, and
+//! sometimes writes another while the engine runs (a hot reload racing passes and the kill):
+//! archive after a second with no expiry, or with a long one; archive by a cutoff that moves
+//! (`ARCHIVER_ELIGIBLE_BEFORE` at each start); or expire after a day while a legal hold in the
+//! policy directory covers the whole table. None of them may ever expire a record, so every
+//! check above stands, and each switch makes every bucket's plan stale: a plan acted on before
+//! it is made again, or a hold that loses a race, shows up as a lost record. Expiry, hold and
+//! outbox fail points are armed like the others.
+//!
 //! CI runs `FROSTLINE_CRASHES` (default 50) crashes. The long run (about an hour on two cores):
 //!     FROSTLINE_CRASHES=1000 cargo test --test integration crash -- --nocapture
 
@@ -56,6 +66,41 @@ strategy = { plugin = "builtin:calendar-day-utc" }
 retention = { plugin = "builtin:eligible-before", config = { archive_after = "1s" } }
 "#;
 
+/// The lifecycle policies the harness switches between (see the module doc). Each returns the
+/// policy file and the cutoff to start the engine with.
+fn lifecycle_policy(rng: &mut StdRng, sink: &Path) -> (String, Option<String>) {
+    // Every lifecycle policy delivers the outbox to a JSON-lines sink, so deliveries crash too.
+    let table = |retention: &str| {
+        format!(
+            "[[table]]\nid = \"c\"\nstrategy = {{ plugin = \"builtin:calendar-day-utc\" }}\n\
+             retention = {{ plugin = \"builtin:eligible-before\", config = {{ {retention} }} }}\n\n\
+             [[sink]]\nname = \"audit\"\nkind = \"jsonl\"\npath = \"{}\"\n",
+            sink.display()
+        )
+    };
+    match rng.random_range(0..4) {
+        0 => (table(r#"archive_after = "1s""#), None),
+        1 => (table(r#"archive_after = "1s", expire_after = "3650d""#), None),
+        2 => {
+            // A cutoff between mid-2020 and 2023: the data spans 2020 to late 2022.
+            let cutoff = t("2020-06-01T00:00:00Z") + rng.random_range(0..1_300) * DAY_US;
+            (table(""), Some(frostline::model::time::format_rfc3339(cutoff)))
+        }
+        _ => (
+            table(r#"archive_after = "1s", expire_after = "1d""#)
+                + "\n[[hold]]\ntable = \"c\"\nreason = \"crash harness: nothing may expire\"\n",
+            None,
+        ),
+    }
+}
+
+/// Replaces the policy file in one rename, as an operator's deployment would.
+fn write_policy(policies: &Path, text: &str) {
+    let tmp = policies.join(".tables.toml.tmp");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, policies.join("tables.toml")).unwrap();
+}
+
 type Identity = (String, i64, String);
 
 #[derive(Default)]
@@ -68,7 +113,7 @@ struct Model {
     next_day: i64,
 }
 
-fn spawn_engine(data: &Path, policies: &Path, failpoints: Option<&str>) -> Child {
+fn spawn_engine(data: &Path, policies: &Path, failpoints: Option<&str>, cutoff: Option<&str>) -> Child {
     let _ = std::fs::remove_file(data.join("frostline.addr"));
     let mut command = Command::new(frostline_bin());
     command
@@ -85,6 +130,10 @@ fn spawn_engine(data: &Path, policies: &Path, failpoints: Option<&str>) -> Child
     match failpoints {
         Some(spec) => command.env("FROSTLINE_FAILPOINTS", spec),
         None => command.env_remove("FROSTLINE_FAILPOINTS"),
+    };
+    match cutoff {
+        Some(cutoff) => command.env("ARCHIVER_ELIGIBLE_BEFORE", cutoff),
+        None => command.env_remove("ARCHIVER_ELIGIBLE_BEFORE"),
     };
     command.spawn().expect("starting frostline run")
 }
@@ -503,13 +552,27 @@ fn crash_harness_loses_nothing_across_repeated_kills() {
     let mut checker = Checker::new(&data, &policies, seed);
     let mut incremental_time = Duration::ZERO;
     let mut by_fail_point: BTreeMap<String, usize> = BTreeMap::new();
+    let lifecycle = std::env::var("FROSTLINE_CRASH_LIFECYCLE").map_or(true, |v| v != "0");
+    let sink = root.path().join("audit.jsonl");
+    let mut lifecycle_reloads = 0usize;
 
     for crash in 0..crashes {
         let point = frostline::failpoints::FAIL_POINTS[rng.random_range(0..frostline::failpoints::FAIL_POINTS.len())];
         // Half the runs die at a fail point, half at a random moment.
         let failpoints =
             (rng.random_range(0..2) == 0).then(|| format!("{point}={}%return(abort)", rng.random_range(20..80)));
-        let mut child = spawn_engine(&data, &policies, failpoints.as_deref());
+        let cutoff = if lifecycle {
+            let (policy, cutoff) = lifecycle_policy(&mut rng, &sink);
+            write_policy(&policies, &policy);
+            cutoff
+        } else {
+            None
+        };
+        // A third of the lifecycle runs get another policy while they run.
+        let reload_after =
+            (lifecycle && rng.random_range(0..3) == 0).then(|| Duration::from_millis(rng.random_range(100..1_500)));
+        let mut reloaded = false;
+        let mut child = spawn_engine(&data, &policies, failpoints.as_deref(), cutoff.as_deref());
         let stop = Arc::new(AtomicBool::new(false));
         let appending = wait_for_addr(&data, &mut child).map(|addr| {
             let (model, stop) = (model.clone(), stop.clone());
@@ -526,6 +589,14 @@ fn crash_harness_loses_nothing_across_repeated_kills() {
                 child.kill().unwrap(); // SIGKILL
                 child.wait().unwrap();
                 break "SIGKILL".to_string();
+            }
+            if let Some(after) = reload_after
+                && !reloaded
+                && started.elapsed() >= after
+            {
+                write_policy(&policies, &lifecycle_policy(&mut rng, &sink).0);
+                reloaded = true;
+                lifecycle_reloads += 1;
             }
             std::thread::sleep(Duration::from_millis(10));
         };
@@ -562,7 +633,8 @@ fn crash_harness_loses_nothing_across_repeated_kills() {
     }
 
     // Finally, with no faults: everything due is archived, and every record still reads back.
-    let mut child = spawn_engine(&data, &policies, None);
+    write_policy(&policies, POLICY);
+    let mut child = spawn_engine(&data, &policies, None, None);
     wait_for_addr(&data, &mut child).expect("final start");
     // A long run leaves a backlog of thousands of buckets (at most `scan_limit` are archived
     // per pass), so the run must keep making progress rather than finish by a fixed time.
@@ -612,7 +684,8 @@ fn crash_harness_loses_nothing_across_repeated_kills() {
     checker.check(&mut m, crashes, true);
     eprintln!(
         "crash harness: {crashes} crashes; {} acknowledged records, {} buckets published, {} objects; {} full \
-         checks, {} records looked up by query; {:.0}s; by cause: {by_fail_point:?}",
+         checks, {} records looked up by query; {lifecycle_reloads} policy changes while running; {:.0}s; by cause: \
+         {by_fail_point:?}",
         m.acknowledged.len(),
         checker.published.len(),
         checker.objects.len(),

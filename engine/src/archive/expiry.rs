@@ -49,6 +49,7 @@ pub(super) async fn expire(
         tracing::info!(bucket = %meta.id, "expiry stopped by a legal hold");
         return Ok(ExpiryOutcome::Held);
     };
+    crate::failpoints::hit("after_expiry_tombstone")?;
     finish(engine, table, owner, generation, tombstone).await
 }
 

@@ -93,6 +93,8 @@ pub async fn deliver(engine: &Arc<Engine>) -> Result<u64> {
             let (sink2, event2) = (sink.clone(), event.clone());
             match blocking(move || deliver_one(&sink2, &event2)).await {
                 Ok(()) => {
+                    // Delivered but not yet recorded: a crash here delivers the event again.
+                    crate::failpoints::hit("after_outbox_delivery")?;
                     let (store, name, now) = (engine.store.clone(), sink.name.clone(), engine.clock.now());
                     blocking(move || store.record_delivery(name, sequence, now)).await?;
                     backoffs().lock().expect("backoffs").remove(&key);

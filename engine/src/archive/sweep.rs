@@ -115,6 +115,7 @@ pub async fn sweep(engine: &Arc<Engine>, dry_run: bool) -> Result<SweepReport> {
                 report.orphan_keys.push(object.key.clone());
             }
             if !dry_run && (report.deleted as usize) < SWEEP_DELETES_PER_RUN_MAX {
+                crate::failpoints::hit("mid_sweep_delete")?;
                 backend.delete(&object.key).await?;
                 report.deleted += 1;
                 tracing::info!(key = %object.key, "orphan deleted");
