@@ -287,7 +287,7 @@ impl Engine {
                     Some(_) => {
                         return Err(Error::Conflict(format!(
                             "a record with identity (bucket {id}, event_time {}, sort_key `{}`) is already archived \
-                             with a different body; nothing in this batch was applied",
+                             with a different body, tenant or kind; nothing in this batch was applied",
                             row.record.event_time,
                             String::from_utf8_lossy(&row.record.sort_key)
                         )));

@@ -366,6 +366,8 @@ fn run_lifecycle_seed(seed: u64, ops: usize) -> LifecycleCounts {
     let faulty = faulty_slot.lock().unwrap().clone().unwrap();
     let mut model: BTreeMap<Identity, String> = BTreeMap::new();
     let mut buckets: BTreeMap<BucketKey, ModelBucket> = BTreeMap::new();
+    // The kind each acknowledged record was appended with.
+    let mut kinds: BTreeMap<Identity, &'static str> = BTreeMap::new();
     // Holds by id, each on one partition.
     let mut holds: BTreeMap<String, Vec<u8>> = BTreeMap::new();
     let mut faults_active = false;
@@ -381,7 +383,10 @@ fn run_lifecycle_seed(seed: u64, ops: usize) -> LifecycleCounts {
                 let mut conflict_expected = false;
                 for r in &batch {
                     let id = (r.partition_key.clone(), r.event_time, r.sort_key.clone());
-                    if staged.get(&id).or(model.get(&id)).is_some_and(|b| b != &r.body) {
+                    // A record's kind is part of what it stores: the same body under another
+                    // kind is a conflict too.
+                    let known = staged.get(&id).or(model.get(&id));
+                    if known.is_some_and(|b| b != &r.body) || kinds.get(&id).is_some_and(|k| *k != kind) {
                         conflict_expected = true;
                     }
                     staged.entry(id).or_insert_with(|| r.body.clone());
@@ -392,6 +397,7 @@ fn run_lifecycle_seed(seed: u64, ops: usize) -> LifecycleCounts {
                         assert!(!conflict_expected, "seed {seed} op {op}: a conflicting batch was accepted");
                         for id in staged.keys() {
                             buckets.entry(bucket_of(id)).or_default().kinds.insert(kind);
+                            kinds.entry(id.clone()).or_insert(kind);
                         }
                         model.extend(staged);
                     }

@@ -1379,7 +1379,7 @@ fn stored_row(row: &PreparedRow) -> StoredRow {
 
 fn identity_conflict(id: &BucketId, row: &PreparedRow) -> Error {
     Error::Conflict(format!(
-        "a record with identity (bucket {id}, event_time {}, sort_key `{}`) already exists with a different body; \
+        "a record with identity (bucket {id}, event_time {}, sort_key `{}`) already exists with a different body, tenant or kind; \
          nothing in this batch was applied",
         row.record.event_time,
         String::from_utf8_lossy(&row.record.sort_key)
