@@ -614,6 +614,12 @@ fn metrics_change_as_work_happens() {
     let archived_buckets = value(&archived, "frostline_buckets", &[("table", "events"), ("state", "archived")]);
     assert_eq!(archived_buckets, report["archived"].as_f64().unwrap());
     assert_eq!(value(&archived, "frostline_buckets", &[("table", "events"), ("state", "hot")]), hot - archived_buckets);
+    // Nothing expired or swept; the archival made each plan stale (archived-at is a fact) and
+    // the passes that ran until idle made them again.
+    assert_eq!(value(&archived, "frostline_buckets_expired_total", &[]), 0.0);
+    assert_eq!(value(&archived, "frostline_orphans_deleted_total", &[]), 0.0);
+    assert_eq!(value(&archived, "frostline_tables_unmanaged", &[]), 0.0);
+    assert_eq!(value(&archived, "frostline_buckets_awaiting_plan", &[]), 0.0);
 
     assert_eq!(server.post("/v1/reload", Some(ADMIN), None).0, 200);
     let reloaded = server.metrics();

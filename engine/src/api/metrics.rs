@@ -40,6 +40,10 @@ pub struct Metrics {
     buckets_archived: IntCounter,
     buckets_cleaned: IntCounter,
     deferrals: IntCounter,
+    buckets_expired: IntCounter,
+    expiries_held: IntCounter,
+    orphans_deleted: IntCounter,
+    buckets_reconciled: IntCounter,
     rows_archived: IntCounter,
     bytes_archived: IntCounter,
     http_requests: IntCounterVec,
@@ -92,6 +96,19 @@ impl Metrics {
                 "Buckets whose hot rows were deleted.",
             )?,
             deferrals: counter("frostline_archive_deferrals_total", "Bucket archivals deferred for a retry.")?,
+            buckets_expired: counter(
+                "frostline_buckets_expired_total",
+                "Archives expired (objects deleted, absence proved).",
+            )?,
+            expiries_held: counter(
+                "frostline_expiries_held_total",
+                "Expiries a legal hold stopped when they were about to start or delete.",
+            )?,
+            orphans_deleted: counter("frostline_orphans_deleted_total", "Objects the orphan sweep deleted.")?,
+            buckets_reconciled: counter(
+                "frostline_buckets_reconciled_total",
+                "Buckets whose schedule was checked against their plan after a policy change or periodically.",
+            )?,
             rows_archived: counter("frostline_archive_rows_total", "Rows archived.")?,
             bytes_archived: counter("frostline_archive_bytes_total", "Bytes of segments archived.")?,
             http_requests,
@@ -110,6 +127,10 @@ impl Metrics {
                 self.buckets_archived.inc_by(r.archived);
                 self.buckets_cleaned.inc_by(r.cleaned);
                 self.deferrals.inc_by(r.deferred);
+                self.buckets_expired.inc_by(r.expired);
+                self.expiries_held.inc_by(r.held);
+                self.orphans_deleted.inc_by(r.orphans_deleted);
+                self.buckets_reconciled.inc_by(r.reconciled);
                 self.rows_archived.inc_by(r.rows_archived);
                 self.bytes_archived.inc_by(r.bytes_archived);
             }
@@ -162,11 +183,23 @@ fn scrape_families(engine: &Engine) -> Result<Registry> {
             rows.with_label_values(&[table.as_str(), state.name()]).set(0);
         }
     }
+    let held = gauge_vec("frostline_buckets_held", "Archived buckets whose expiry a legal hold parks.", &["table"])?;
     engine.store.visit_buckets(|b| {
         buckets.with_label_values(&[b.id.table.as_str(), b.state.name()]).inc();
         rows.with_label_values(&[b.id.table.as_str(), b.state.name()]).add(b.row_count as i64);
+        if !b.held_by.is_empty() {
+            held.with_label_values(&[b.id.table.as_str()]).inc();
+        }
         Ok(())
     })?;
+    let unmanaged = engine.store.table_states()?.iter().filter(|t| t.unmanaged_since.is_some()).count();
+    gauge(
+        "frostline_tables_unmanaged",
+        "Tables with data that are not in the policy directory (their buckets wait for them).",
+    )?
+    .set(unmanaged as i64);
+    gauge("frostline_buckets_awaiting_plan", "Buckets queued for a (new) retention plan.")?
+        .set(engine.store.unplanned(usize::MAX)?.len() as i64);
     gauge("frostline_due_buckets", "Buckets whose next action is due now.")?.set(engine.store.due_count(now)? as i64);
     let lag_seconds = match engine.store.earliest_due()? {
         Some(at) if at <= now => (now - at) / 1_000_000,
