@@ -277,7 +277,11 @@ fn the_sweep_spares_objects_an_in_flight_upload_named_and_stops_when_listing_fai
     let store = e.engine.store.clone();
     let id = store.buckets("r", Some(b"p0")).unwrap()[0].id.clone();
     let claimed = store.claim(id.clone(), "w".into(), e.clock.now(), 3_600_000_000_000).unwrap().unwrap();
-    let key = "table=r/bucket=day:2024-03-01/partition=p0/seg-00000-00000000deadbeef.jsonl".to_string();
+    // One of this installation's own keys: spared because the intent names it, not as foreign.
+    let key = format!(
+        "table=r/bucket=day:2024-03-01/partition=p0/seg-{}-00000-00000000deadbeef.jsonl",
+        e.engine.installation_id
+    );
     store
         .record_intent(
             frostline::store::schema::UploadIntent {

@@ -390,8 +390,9 @@ fn multipart(server: &Server, target: &str) {
     // would settle it: the bucket defers. Its retry uploads the segment again, meets
     // AlreadyExists on the conditional copy, reads the object and finds it identical.
     let faulty = FaultyBackend::new(te.backend("metrics"));
-    faulty.add(Op::Put, "seg-00000", Fault::LandThenError, Some(1));
-    faulty.add(Op::Get, "seg-00000", Fault::Error, Some(1));
+    let first_segment = format!("seg-{}-00000", te.engine.installation_id);
+    faulty.add(Op::Put, &first_segment, Fault::LandThenError, Some(1));
+    faulty.add(Op::Get, &first_segment, Fault::Error, Some(1));
     te.with_backend("metrics", faulty.clone());
     let first = te.pass();
     assert_eq!((first.archived, first.deferred), (0, 1), "{:?}\n{}", first.errors, server.log_text());
