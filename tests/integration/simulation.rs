@@ -78,6 +78,31 @@ fn random_batch(rng: &mut StdRng, base: i64, now: i64) -> Vec<Record> {
         .collect()
 }
 
+/// Checks an append's answer against what the model expected; true when it was applied.
+fn appended(
+    answer: frostline::Result<frostline::store::AppendOutcome>,
+    conflict_expected: bool,
+    faults_active: bool,
+    seed: u64,
+    op: usize,
+) -> bool {
+    match answer {
+        Ok(_) => {
+            assert!(!conflict_expected, "seed {seed} op {op}: a conflicting batch was accepted");
+            true
+        }
+        Err(err) if matches!(err, Error::Conflict(_)) => {
+            assert!(conflict_expected, "seed {seed} op {op}: unexpected conflict: {err}");
+            false
+        }
+        Err(Error::BucketFenced { .. }) => false,
+        // Records of an archived bucket are compared with its archive: through a faulty store
+        // that read fails, loudly, and nothing of the batch is written.
+        Err(err) if faults_active && matches!(err.kind(), ErrorKind::Unavailable | ErrorKind::DataCorruption) => false,
+        Err(err) => panic!("seed {seed} op {op}: append failed: {err}"),
+    }
+}
+
 fn random_fault(rng: &mut StdRng) -> (Op, &'static str, Fault) {
     let op = [Op::Put, Op::Get, Op::Put, Op::Get, Op::List][rng.random_range(0..5)];
     let key = ["seg-", "manifest-", ""][rng.random_range(0..3)];
@@ -149,21 +174,8 @@ fn run_seed(seed: u64, ops: usize) {
                     }
                     staged.entry(id).or_insert_with(|| r.body.clone());
                 }
-                match e.engine.append("r", batch) {
-                    Ok(_) => {
-                        assert!(!conflict_expected, "seed {seed} op {op}: a conflicting batch was accepted");
-                        model.extend(staged);
-                    }
-                    Err(err) if err.kind() == ErrorKind::Conflict && matches!(err, Error::Conflict(_)) => {
-                        assert!(conflict_expected, "seed {seed} op {op}: unexpected conflict: {err}");
-                    }
-                    Err(Error::BucketFenced { .. }) => {}
-                    // Records of an archived bucket are compared with its archive: through a
-                    // faulty store that read fails, loudly, and nothing of the batch is written.
-                    Err(err)
-                        if faults_active
-                            && matches!(err.kind(), ErrorKind::Unavailable | ErrorKind::DataCorruption) => {}
-                    Err(err) => panic!("seed {seed} op {op}: append failed: {err}"),
+                if appended(e.engine.append("r", batch), conflict_expected, faults_active, seed, op) {
+                    model.extend(staged);
                 }
             }
             45..55 => e.clock.advance(rng.random_range(0..3 * DAY_US)),
@@ -392,25 +404,12 @@ fn run_lifecycle_seed(seed: u64, ops: usize) -> LifecycleCounts {
                     staged.entry(id).or_insert_with(|| r.body.clone());
                 }
                 counts.appends += 1;
-                match e.engine.append("r", batch) {
-                    Ok(_) => {
-                        assert!(!conflict_expected, "seed {seed} op {op}: a conflicting batch was accepted");
-                        for id in staged.keys() {
-                            buckets.entry(bucket_of(id)).or_default().kinds.insert(kind);
-                            kinds.entry(id.clone()).or_insert(kind);
-                        }
-                        model.extend(staged);
+                if appended(e.engine.append("r", batch), conflict_expected, faults_active, seed, op) {
+                    for id in staged.keys() {
+                        buckets.entry(bucket_of(id)).or_default().kinds.insert(kind);
+                        kinds.entry(id.clone()).or_insert(kind);
                     }
-                    Err(err) if matches!(err, Error::Conflict(_)) => {
-                        assert!(conflict_expected, "seed {seed} op {op}: unexpected conflict: {err}");
-                    }
-                    Err(Error::BucketFenced { .. }) => {}
-                    // Records of an archived bucket are compared with its archive: through a
-                    // faulty store that read fails, loudly, and nothing of the batch is written.
-                    Err(err)
-                        if faults_active
-                            && matches!(err.kind(), ErrorKind::Unavailable | ErrorKind::DataCorruption) => {}
-                    Err(err) => panic!("seed {seed} op {op}: append failed: {err}"),
+                    model.extend(staged);
                 }
             }
             35..45 => e.clock.advance(rng.random_range(0..4 * DAY_US)),
