@@ -36,31 +36,44 @@ fn env_number<T: std::str::FromStr>(name: &str) -> Option<T> {
     std::env::var(name).ok().and_then(|v| v.parse().ok())
 }
 
-#[test]
-fn simulation_matches_the_reference_model() {
-    let ops = env_number("FROSTLINE_SIM_OPS").unwrap_or(SIM_OPS_DEFAULT);
-    let seeds: Vec<u64> = match env_number::<u64>("FROSTLINE_SIM_SEED") {
+/// Runs `run` for each seed: `{prefix}_SEED` replays one; otherwise `{prefix}_SEEDS` seeds
+/// (`default` when unset), four fixed ones that always run and fresh ones printed on failure.
+/// A failing seed stops the test with the command that replays it.
+fn for_each_seed<T>(prefix: &str, default: u64, ops: usize, test: &str, run: impl Fn(u64) -> T) -> Vec<T> {
+    let seeds: Vec<u64> = match env_number::<u64>(&format!("{prefix}_SEED")) {
         Some(seed) => vec![seed],
         None => {
-            let count = env_number("FROSTLINE_SIM_SEEDS").unwrap_or(SIM_SEEDS_DEFAULT);
-            // Fresh seeds each run, printed on failure; plus fixed ones that always run.
+            let count = env_number(&format!("{prefix}_SEEDS")).unwrap_or(default);
             let base: u64 = rand::random();
             (0..count).map(|i| if i < 4 { i } else { base.wrapping_add(i) }).collect()
         }
     };
+    let mut out = Vec::with_capacity(seeds.len());
     for seed in seeds {
-        if let Err(why) = std::panic::catch_unwind(|| run_seed(seed, ops)) {
-            let message = why
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| why.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_default();
-            panic!(
-                "simulation seed {seed} failed: {message}\nreplay with: FROSTLINE_SIM_SEED={seed} FROSTLINE_SIM_OPS={ops} \
-                 cargo test --test integration simulation"
-            );
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(seed))) {
+            Ok(value) => out.push(value),
+            Err(why) => {
+                let message = why
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| why.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_default();
+                panic!(
+                    "{test} seed {seed} failed: {message}\nreplay with: {prefix}_SEED={seed} {prefix}_OPS={ops} \
+                     cargo test --test integration {test}"
+                );
+            }
         }
     }
+    out
+}
+
+#[test]
+fn simulation_matches_the_reference_model() {
+    let ops = env_number("FROSTLINE_SIM_OPS").unwrap_or(SIM_OPS_DEFAULT);
+    for_each_seed("FROSTLINE_SIM", SIM_SEEDS_DEFAULT, ops, "simulation::simulation_matches", |seed| {
+        run_seed(seed, ops)
+    });
 }
 
 fn random_batch(rng: &mut StdRng, base: i64, now: i64) -> Vec<Record> {
@@ -292,30 +305,16 @@ struct ModelBucket {
 #[test]
 fn lifecycle_simulation_matches_the_reference_model() {
     let ops = env_number("FROSTLINE_LIFECYCLE_OPS").unwrap_or(LIFECYCLE_OPS_DEFAULT);
-    let seeds: Vec<u64> = match env_number::<u64>("FROSTLINE_LIFECYCLE_SEED") {
-        Some(seed) => vec![seed],
-        None => {
-            let count = env_number("FROSTLINE_LIFECYCLE_SEEDS").unwrap_or(LIFECYCLE_SEEDS_DEFAULT);
-            let base: u64 = rand::random();
-            (0..count).map(|i| if i < 4 { i } else { base.wrapping_add(i) }).collect()
-        }
-    };
     let mut totals = LifecycleCounts::default();
-    for seed in seeds {
-        match std::panic::catch_unwind(|| run_lifecycle_seed(seed, ops)) {
-            Ok(counts) => totals.add(&counts),
-            Err(why) => {
-                let message = why
-                    .downcast_ref::<String>()
-                    .cloned()
-                    .or_else(|| why.downcast_ref::<&str>().map(|s| s.to_string()))
-                    .unwrap_or_default();
-                panic!(
-                    "lifecycle seed {seed} failed: {message}\nreplay with: FROSTLINE_LIFECYCLE_SEED={seed} \
-                     FROSTLINE_LIFECYCLE_OPS={ops} cargo test --test integration lifecycle_simulation"
-                );
-            }
-        }
+    let runs = for_each_seed(
+        "FROSTLINE_LIFECYCLE",
+        LIFECYCLE_SEEDS_DEFAULT,
+        ops,
+        "simulation::lifecycle_simulation",
+        |seed| run_lifecycle_seed(seed, ops),
+    );
+    for counts in &runs {
+        totals.add(counts);
     }
     eprintln!("lifecycle simulation: {totals:?}");
 }
