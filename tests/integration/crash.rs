@@ -58,6 +58,14 @@ const FULL_EVERY_DEFAULT: usize = 50;
 const OBJECT_SAMPLE: usize = 100;
 /// The final run fails to settle when its backlog has not shrunk for this long.
 const SETTLE_STALL: Duration = Duration::from_secs(120);
+/// Records per page of the checks' queries. Every page is read, so the size changes only the
+/// cost: the query sorts what it has collected after each bucket it reads, so a page costs its
+/// size times the buckets it spans, and pages of the maximum (100,000) made a full check of a
+/// long run take minutes.
+const QUERY_PAGE: usize = 10_000;
+/// Buckets archived per pass by the final run (`--scan-limit`; the crashed runs keep the
+/// default): it drains the backlog of a long run in a few passes rather than hundreds.
+const FINAL_SCAN_LIMIT: usize = 1_000;
 const DAY_US: i64 = 86_400_000_000;
 const POLICY: &str = r#"
 [[table]]
@@ -113,7 +121,13 @@ struct Model {
     next_day: i64,
 }
 
-fn spawn_engine(data: &Path, policies: &Path, failpoints: Option<&str>, cutoff: Option<&str>) -> Child {
+fn spawn_engine(
+    data: &Path,
+    policies: &Path,
+    failpoints: Option<&str>,
+    cutoff: Option<&str>,
+    scan_limit: usize,
+) -> Child {
     let _ = std::fs::remove_file(data.join("frostline.addr"));
     let mut command = Command::new(frostline_bin());
     command
@@ -122,6 +136,8 @@ fn spawn_engine(data: &Path, policies: &Path, failpoints: Option<&str>, cutoff: 
         .arg(data)
         .arg("--policies")
         .arg(policies)
+        .arg("--scan-limit")
+        .arg(scan_limit.to_string())
         .env_remove("FROSTLINE_TOKENS")
         .env_remove("FROSTLINE_ADMIN_TOKENS")
         .env("FROSTLINE_LOG", "warn")
@@ -212,11 +228,14 @@ fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
 }
 
-fn files_under(dir: &Path, out: &mut Vec<PathBuf>) {
+/// Every file under `dir`, with its metadata taken from its directory entry (no lookup of the
+/// whole path: the incremental checks stat every object file).
+fn files_under(dir: &Path, out: &mut Vec<(PathBuf, std::fs::Metadata)>) {
     let Ok(entries) = std::fs::read_dir(dir) else { return };
     for entry in entries {
-        let path = entry.unwrap().path();
-        if path.is_dir() { files_under(&path, out) } else { out.push(path) }
+        let entry = entry.unwrap();
+        let Ok(meta) = entry.metadata() else { continue }; // gone since it was listed
+        if meta.is_dir() { files_under(&entry.path(), out) } else { out.push((entry.path(), meta)) }
     }
 }
 
@@ -418,12 +437,11 @@ impl Checker {
         files_under(&archive, &mut files);
         let mut to_hash = Vec::new();
         let mut unchanged = Vec::new();
-        for file in files {
+        for (file, meta) in files {
             let key = file.strip_prefix(&archive).unwrap().display().to_string();
             if key.contains("#") || key.ends_with(".tmp") || key.ends_with(frostline::archive::catalog::CATALOG_FILE) {
                 continue; // object_store's in-progress temporary files
             }
-            let Ok(meta) = std::fs::metadata(&file) else { continue };
             let stamp = FileStamp::of(&meta);
             match self.objects.get(&key) {
                 Some(seen) if !full && seen.stamp == stamp => unchanged.push((key, file, stamp)),
@@ -500,7 +518,7 @@ fn query_records(
                     partition_key: partition.map(|p| p.as_bytes().to_vec()),
                     from,
                     to,
-                    limit: frostline::query::QUERY_LIMIT_MAX,
+                    limit: QUERY_PAGE,
                     cursor,
                 },
             ))
@@ -572,7 +590,13 @@ fn crash_harness_loses_nothing_across_repeated_kills() {
         let reload_after =
             (lifecycle && rng.random_range(0..3) == 0).then(|| Duration::from_millis(rng.random_range(100..1_500)));
         let mut reloaded = false;
-        let mut child = spawn_engine(&data, &policies, failpoints.as_deref(), cutoff.as_deref());
+        let mut child = spawn_engine(
+            &data,
+            &policies,
+            failpoints.as_deref(),
+            cutoff.as_deref(),
+            frostline::settings::SCAN_LIMIT_DEFAULT,
+        );
         let stop = Arc::new(AtomicBool::new(false));
         let appending = wait_for_addr(&data, &mut child).map(|addr| {
             let (model, stop) = (model.clone(), stop.clone());
@@ -634,7 +658,7 @@ fn crash_harness_loses_nothing_across_repeated_kills() {
 
     // Finally, with no faults: everything due is archived, and every record still reads back.
     write_policy(&policies, POLICY);
-    let mut child = spawn_engine(&data, &policies, None, None);
+    let mut child = spawn_engine(&data, &policies, None, None, FINAL_SCAN_LIMIT);
     wait_for_addr(&data, &mut child).expect("final start");
     // A long run leaves a backlog of thousands of buckets (at most `scan_limit` are archived
     // per pass), so the run must keep making progress rather than finish by a fixed time.

@@ -42,9 +42,12 @@ pub fn load(
     shared_host().load(source, role, limits).unwrap_or_else(|e| panic!("{e}"))
 }
 
-/// The path of the real binary under test.
+/// The path of the real binary under test: the one cargo built beside this test binary, or
+/// `FROSTLINE_BIN` when set (a long run started from a saved copy of both binaries keeps
+/// testing the same build while the working tree is rebuilt).
 pub fn frostline_bin() -> &'static str {
-    env!("CARGO_BIN_EXE_frostline")
+    static BIN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    BIN.get_or_init(|| std::env::var("FROSTLINE_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_frostline").to_string()))
 }
 
 /// Runs the binary and returns its output.
