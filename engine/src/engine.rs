@@ -66,7 +66,8 @@ impl Engine {
         std::fs::create_dir_all(data_dir).map_err(|e| Error::io(data_dir, e))?;
         let store = Store::open_with_cache(&data_dir.join(DATABASE_FILE), settings.store_cache_bytes)?;
         let host = PluginHost::new(Some(data_dir.join("plugin-cache")))?;
-        let policies = crate::policy::load_with(policies_dir, data_dir, &host, &settings, &load_options)?;
+        let mut policies = crate::policy::load_with(policies_dir, data_dir, &host, &settings, &load_options)?;
+        restore_retired(&mut policies, &store, &host, data_dir)?;
         let installation_id = store.installation_id()?;
         let engine = Engine {
             installation_id,
@@ -91,6 +92,7 @@ impl Engine {
         let now = self.clock.now();
         let policies = self.policies();
         for table in policies.tables.values() {
+            crate::policy::retired::keep_components(&self.data_dir, table)?;
             self.store.register_table(TableState {
                 id: table.id.clone(),
                 strategy: table.strategy.identity().clone(),
@@ -99,6 +101,7 @@ impl Engine {
                 reconcile_from: None,
                 reconcile_started_at: now,
                 unmanaged_since: None,
+                declaration: Some(table.declaration.clone()),
             })?;
         }
         let unmanaged = self.store.mark_unmanaged(policies.tables.keys().cloned().collect(), now)?;
@@ -322,4 +325,19 @@ impl Engine {
         }
         Ok(out)
     }
+}
+
+/// Adds the tables recorded in the store but gone from the policy directory to `set`, retired
+/// (archived under their last declaration, refusing appends); those that cannot be rebuilt are
+/// logged and left unmanaged.
+pub(crate) fn restore_retired(
+    set: &mut crate::policy::PolicySet,
+    store: &Store,
+    host: &PluginHost,
+    data_dir: &std::path::Path,
+) -> Result<()> {
+    for (table, why) in crate::policy::retired::restore(set, &store.table_states()?, host, data_dir) {
+        tracing::warn!(table, reason = %why, "a table gone from the policy directory cannot be archived under its last declaration; its buckets wait for it");
+    }
+    Ok(())
 }

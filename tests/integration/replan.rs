@@ -159,18 +159,6 @@ fn a_bucket_planned_for_debug_records_is_replanned_when_invoices_join() {
     assert_eq!(query_engine(&engine, "r").len(), 2);
 }
 
-const TWO_TABLES: &str = r#"
-[[table]]
-id = "gone"
-strategy = { plugin = "builtin:calendar-day-utc" }
-retention = { plugin = "builtin:eligible-before", config = { archive_after = "1d" } }
-
-[[table]]
-id = "kept"
-strategy = { plugin = "builtin:calendar-day-utc" }
-retention = { plugin = "builtin:eligible-before", config = { archive_after = "1d" } }
-"#;
-
 const ONE_TABLE: &str = r#"
 [[table]]
 id = "kept"
@@ -180,10 +168,18 @@ retention = { plugin = "builtin:eligible-before", config = { archive_after = "1d
 
 /// Regression: after a restart without a removed table, its due buckets were never claimed and
 /// never rescheduled; discovery takes the oldest due entries first, so they stopped archival
-/// for every other table.
+/// for every other table. Here the table cannot be archived under its last declaration (its
+/// target left with it), so it is unmanaged and its buckets wait.
 #[test]
-fn a_removed_table_never_blocks_the_others_and_resumes_when_it_returns() {
-    let site = Site::new(TWO_TABLES, "2024-01-01T00:00:00Z");
+fn a_table_removed_with_its_target_never_blocks_the_others_and_resumes_when_it_returns() {
+    let site = Site::new("", "2024-01-01T00:00:00Z");
+    let elsewhere = site.root.path().join("elsewhere");
+    let two_tables = format!(
+        "[[target]]\nname = \"elsewhere\"\nurl = \"file://{}\"\n{}target = \"elsewhere\"\n{ONE_TABLE}",
+        elsewhere.display(),
+        GONE_TABLE.replace("{strategy}", "builtin:calendar-day-utc").replace("{config}", "")
+    );
+    site.write_policy(&two_tables);
     let settings = Settings { scan_limit: 4, ..Settings::default() };
     let engine = site.open(settings.clone());
     let old: Vec<Record> = (0..10).map(|d| record("p", &day(2023, d), None)).collect();
@@ -204,13 +200,63 @@ fn a_removed_table_never_blocks_the_others_and_resumes_when_it_returns() {
     assert_eq!(status.unmanaged_tables, vec!["gone".to_string()]);
     drop(engine);
     // The table comes back: its buckets are rescheduled and archived.
-    site.write_policy(TWO_TABLES);
+    site.write_policy(&two_tables);
     let engine = site.open(settings);
     for _ in 0..5 {
         run_pass(&engine);
     }
     assert_eq!(states(&engine, "gone"), vec![BucketState::Archived { hot_deleted: true }; 10]);
     assert_eq!(query_engine(&engine, "gone").len(), 10);
+}
+
+const GONE_TABLE: &str = r#"
+[[table]]
+id = "gone"
+strategy = { plugin = "{strategy}"{config} }
+retention = { plugin = "builtin:eligible-before", config = { archive_after = "1d" } }
+"#;
+
+/// Regression: a table removed from the policy directory was retired only in memory; after a
+/// restart its buckets were never archived (the plugin file it was declared with may be gone
+/// too). It is archived under its last declaration, refuses appends, and blocks no one.
+#[test]
+fn a_table_removed_before_a_restart_is_archived_under_its_last_declaration() {
+    let site = Site::new("", "2024-01-01T00:00:00Z");
+    // A file plugin (the bytes of a built-in, under a file name), removed with the table.
+    let component = frostline::plugin::builtin::find("builtin:calendar-day-utc").unwrap().source();
+    std::fs::write(site.policies().join("calendar.wasm"), &component.bytes[..]).unwrap();
+    site.write_policy(&format!(
+        "{}{ONE_TABLE}",
+        GONE_TABLE.replace("{strategy}", "calendar.wasm").replace("{config}", r#", config = { unit = "day" }"#)
+    ));
+    let settings = Settings { scan_limit: 4, ..Settings::default() };
+    let engine = site.open(settings.clone());
+    let old: Vec<Record> = (0..10).map(|d| record("p", &day(2023, d), None)).collect();
+    engine.append("gone", old.clone()).unwrap();
+    let report = run_pass(&engine);
+    assert_eq!(report.archived, 4, "{report:?}");
+    drop(engine);
+
+    site.write_policy(ONE_TABLE);
+    std::fs::remove_file(site.policies().join("calendar.wasm")).unwrap();
+    let engine = site.open(settings);
+    let status = frostline::cli::status::collect(&engine).unwrap();
+    assert_eq!(status.policy.retired_tables, vec!["gone".to_string()]);
+    assert!(status.unmanaged_tables.is_empty(), "{:?}", status.unmanaged_tables);
+    let refused = engine.append("gone", vec![record("p", &day(2023, 20), None)]).unwrap_err().to_string();
+    assert!(refused.contains("removed from the policy directory"), "{refused}");
+    engine.append("kept", vec![record("p", "2023-12-30T00:00:00Z", None)]).unwrap();
+    for _ in 0..5 {
+        run_pass(&engine);
+    }
+    assert_eq!(states(&engine, "gone"), vec![BucketState::Archived { hot_deleted: true }; 10]);
+    assert_eq!(states(&engine, "kept"), vec![BucketState::Archived { hot_deleted: true }]);
+    assert_eq!(query_engine(&engine, "gone").len(), 10);
+    // A reload keeps it retired (rebuilt again from its declaration).
+    site.write_policy(&format!("{ONE_TABLE}\n"));
+    let outcome = reload(&engine, "test");
+    assert!(outcome.accepted, "{outcome:?}");
+    assert!(engine.policies().retired.contains("gone"));
 }
 
 fn day(year: i32, d: i64) -> String {
@@ -483,4 +529,28 @@ fn a_rerun_ingest_after_archival_is_recognised_record_by_record() {
     let err = e.engine.append("r", vec![record("p", "2024-03-01T03:00:00Z", None)]).unwrap_err();
     assert!(matches!(err, frostline::Error::BucketFenced { .. }), "{err}");
     assert_eq!(e.query_all("r").len(), 3);
+}
+
+/// Regression: a table's strategy identity compared the path its plugin file was loaded from,
+/// so moving the policy directory (or renaming the file) refused to start the engine, as if
+/// the strategy had changed.
+#[test]
+fn a_policy_directory_moved_elsewhere_keeps_its_file_strategies() {
+    let site = Site::new("", "2024-01-01T00:00:00Z");
+    let component = frostline::plugin::builtin::find("builtin:calendar-day-utc").unwrap().source();
+    std::fs::write(site.policies().join("calendar.wasm"), &component.bytes[..]).unwrap();
+    let policy =
+        GONE_TABLE.replace("{strategy}", "calendar.wasm").replace("{config}", r#", config = { unit = "day" }"#);
+    site.write_policy(&policy);
+    let engine = site.open(Settings::default());
+    engine.append("gone", vec![record("p", &day(2023, 1), None)]).unwrap();
+    drop(engine);
+    let moved = site.root.path().join("moved-policies");
+    std::fs::rename(site.policies(), &moved).unwrap();
+    std::fs::rename(moved.join("calendar.wasm"), moved.join("calendar-v1.wasm")).unwrap();
+    std::fs::write(moved.join("tables.toml"), policy.replace("calendar.wasm", "calendar-v1.wasm")).unwrap();
+    let engine =
+        Engine::open(&site.data(), &moved, Settings::default(), site.clock.clone()).unwrap_or_else(|e| panic!("{e}"));
+    engine.append("gone", vec![record("p", &day(2023, 2), None)]).unwrap();
+    assert_eq!(query_engine(&engine, "gone").len(), 2);
 }

@@ -275,17 +275,42 @@ impl Retention {
     }
 
     fn policy(&self) -> String {
+        self.policy_on(None)
+    }
+
+    /// The policy directory's file with table `r` under this retention, on the default target
+    /// or, with `Some(dir)`, on a second target `t2` in `dir`.
+    fn policy_on(&self, t2: Option<&std::path::Path>) -> String {
         format!(
             r#"
 [[table]]
 id = "r"
 strategy = {{ plugin = "builtin:calendar-day-utc" }}
 retention = {{ plugin = "builtin:eligible-before", config = {{ archive_after = "{}d", expire_after = "{}d", kinds = {{ debug = {{ expire_after = "{}d" }} }} }} }}
-"#,
-            self.archive_days, self.expire_days, self.debug_expire_days
+{}"#,
+            self.archive_days,
+            self.expire_days,
+            self.debug_expire_days,
+            if t2.is_some() { "target = \"t2\"\n" } else { "" }
         )
     }
+}
 
+/// The policy file of a lifecycle run: table `r` (or, once removed, only another table, so
+/// `r` is retired), and target `t2` once it has been declared (a target holding archives
+/// stays declared).
+fn lifecycle_policy(retention: &Retention, removed: bool, on_t2: bool, t2: Option<&std::path::Path>) -> String {
+    let target =
+        t2.map(|dir| format!("[[target]]\nname = \"t2\"\nurl = \"file://{}\"\n", dir.display())).unwrap_or_default();
+    let table = if removed {
+        "[[table]]\nid = \"other\"\nstrategy = { plugin = \"builtin:calendar-day-utc\" }\n".to_string()
+    } else {
+        retention.policy_on(t2.filter(|_| on_t2))
+    };
+    format!("{target}{table}")
+}
+
+impl Retention {
     /// When the model says a bucket ending at `end`, holding records of `kinds`, expires.
     fn expire_at(&self, end: i64, kinds: &std::collections::BTreeSet<&'static str>) -> i64 {
         let only_debug = kinds.len() == 1 && kinds.contains("debug");
@@ -328,6 +353,10 @@ struct LifecycleCounts {
     holds_placed: u64,
     holds_lifted: u64,
     expiries_called_off: u64,
+    removals: u64,
+    refused_retired: u64,
+    target_moves: u64,
+    restarts: u64,
     faults: u64,
     reads_checked: u64,
     archived: u64,
@@ -343,6 +372,10 @@ impl LifecycleCounts {
         self.holds_placed += other.holds_placed;
         self.holds_lifted += other.holds_lifted;
         self.expiries_called_off += other.expiries_called_off;
+        self.removals += other.removals;
+        self.refused_retired += other.refused_retired;
+        self.target_moves += other.target_moves;
+        self.restarts += other.restarts;
         self.faults += other.faults;
         self.reads_checked += other.reads_checked;
         self.archived += other.archived;
@@ -362,19 +395,26 @@ fn run_lifecycle_seed(seed: u64, ops: usize) -> LifecycleCounts {
     let mut counts = LifecycleCounts::default();
     let base = t("2024-01-01T00:00:00Z");
     let mut retention = Retention::random(&mut rng);
-    // One faulty store for every policy set this engine loads (reloads go through the probe).
-    let faulty_slot: Arc<Mutex<Option<Arc<FaultyBackend>>>> = Arc::default();
-    let slot = faulty_slot.clone();
+    // One faulty store per target name, for every policy set this engine loads (reloads and
+    // restarts go through the probe).
+    let faulty: Arc<Mutex<BTreeMap<String, Arc<FaultyBackend>>>> = Arc::default();
+    let slots = faulty.clone();
     let options = frostline::policy::LoadOptions {
-        wrap_target: Some(Arc::new(move |_name: &str, inner: Arc<dyn frostline::storage::ArchiveBackend>| {
-            let mut slot = slot.lock().unwrap();
-            let faulty = slot.get_or_insert_with(|| FaultyBackend::new(inner)).clone();
+        wrap_target: Some(Arc::new(move |name: &str, inner: Arc<dyn frostline::storage::ArchiveBackend>| {
+            let mut slots = slots.lock().unwrap();
+            let faulty = slots.entry(name.to_string()).or_insert_with(|| FaultyBackend::new(inner)).clone();
             faulty as Arc<dyn frostline::storage::ArchiveBackend>
         })),
     };
-    let e = TestEngine::open(&retention.policy(), "2024-01-01T00:00:00Z", &[], options)
+    let clear_faults = || faulty.lock().unwrap().values().for_each(|f| f.clear());
+    let mut e = TestEngine::open(&retention.policy(), "2024-01-01T00:00:00Z", &[], options)
         .unwrap_or_else(|err| panic!("seed {seed}: {err}"));
-    let faulty = faulty_slot.lock().unwrap().clone().unwrap();
+    // The table removed from the directory (retired: archived and expired under the last
+    // retention, refusing appends), and the target it is on.
+    let mut removed = false;
+    let mut on_t2 = false;
+    let t2_dir = e.policies_dir().parent().unwrap().join("t2");
+    let mut t2_declared = false;
     let mut model: BTreeMap<Identity, String> = BTreeMap::new();
     let mut buckets: BTreeMap<BucketKey, ModelBucket> = BTreeMap::new();
     // The kind each acknowledged record was appended with.
@@ -403,6 +443,12 @@ fn run_lifecycle_seed(seed: u64, ops: usize) -> LifecycleCounts {
                     staged.entry(id).or_insert_with(|| r.body.clone());
                 }
                 counts.appends += 1;
+                if removed {
+                    let refused = e.engine.append("r", batch);
+                    assert!(refused.is_err(), "seed {seed} op {op}: a retired table took an append");
+                    counts.refused_retired += 1;
+                    continue;
+                }
                 if appended(e.engine.append("r", batch), conflict_expected, faults_active, seed, op) {
                     for id in staged.keys() {
                         buckets.entry(bucket_of(id)).or_default().kinds.insert(kind);
@@ -432,26 +478,54 @@ fn run_lifecycle_seed(seed: u64, ops: usize) -> LifecycleCounts {
                 e.clock.advance(20_000_000); // past ARCHIVER_RETRY_SECONDS
             }
             65..70 => {
-                // A reload with other ages: no fault may be armed while the probe runs.
-                faulty.clear();
+                // A reload: other ages, sometimes on the other target, sometimes without the
+                // table (retired; the ages in force stay the last declared). No fault may be
+                // armed while the probe runs.
+                clear_faults();
                 faults_active = false;
-                retention = Retention::random(&mut rng);
+                match rng.random_range(0..10) {
+                    0..2 => {
+                        removed = true;
+                        counts.removals += 1;
+                    }
+                    2..4 => {
+                        removed = false;
+                        on_t2 = !on_t2;
+                        t2_declared = true;
+                        counts.target_moves += 1;
+                        retention = Retention::random(&mut rng);
+                    }
+                    _ => {
+                        removed = false;
+                        retention = Retention::random(&mut rng);
+                    }
+                }
                 let dir = e.policies_dir();
-                std::fs::write(dir.join("tables.toml"), retention.policy()).unwrap();
+                let text = lifecycle_policy(&retention, removed, on_t2, t2_declared.then_some(t2_dir.as_path()));
+                std::fs::write(dir.join("tables.toml"), text).unwrap();
                 // What a reload does, without its wait for the directory to settle (the
                 // simulation writes whole files; the wait is tested in `reload`).
                 let engine = &e.engine;
-                let mut set = frostline::policy::load_with(
+                let set = frostline::policy::load_with(
                     &dir,
                     &engine.data_dir,
                     &engine.host,
                     &engine.settings,
                     &engine.load_options,
                 )
+                .and_then(|set| frostline::policy::reload::succeed(engine, &engine.policies(), set))
                 .unwrap_or_else(|err| panic!("seed {seed} op {op}: reload refused: {err}"));
-                set.generation = engine.policies().generation + 1;
+                assert_eq!(set.retired.contains("r"), removed, "seed {seed} op {op}");
                 engine.install_policies(set).unwrap();
                 counts.reloads += 1;
+            }
+            90..92 => {
+                // A clean restart: a retired table is rebuilt from its recorded declaration.
+                clear_faults();
+                faults_active = false;
+                e = e.restart().unwrap_or_else(|err| panic!("seed {seed} op {op}: restart refused: {err}"));
+                assert_eq!(e.engine.policies().retired.contains("r"), removed, "seed {seed} op {op}");
+                counts.restarts += 1;
             }
             70..76 => {
                 let partition = format!("p{}", rng.random_range(0..3)).into_bytes();
@@ -494,12 +568,16 @@ fn run_lifecycle_seed(seed: u64, ops: usize) -> LifecycleCounts {
                 } else {
                     rng.random_range(1..4)
                 };
-                faulty.add(op_kind, "", fault, Some(times));
-                faults_active = true;
-                counts.faults += 1;
+                // On the table's target, or on the other one (an old archive's).
+                let slots = faulty.lock().unwrap();
+                if let Some(store) = slots.values().nth(rng.random_range(0..slots.len())) {
+                    store.add(op_kind, "", fault, Some(times));
+                    faults_active = true;
+                    counts.faults += 1;
+                }
             }
             86..90 => {
-                faulty.clear();
+                clear_faults();
                 faults_active = false;
             }
             _ => {
@@ -511,7 +589,7 @@ fn run_lifecycle_seed(seed: u64, ops: usize) -> LifecycleCounts {
     }
     // Settle: no faults, no holds, time far ahead: everything is archived, then expired where
     // the final policy says so, and every record not expirable still reads back.
-    faulty.clear();
+    clear_faults();
     for id in holds.keys() {
         e.engine.store.lift_hold(id.clone(), "sim".into(), e.engine.clock.now()).unwrap();
     }

@@ -65,6 +65,7 @@ pub struct TestEngine {
     pub clock: std::sync::Arc<frostline::clock::ManualClock>,
     /// Kept so the directories live as long as the engine.
     _dir: tempfile::TempDir,
+    options: frostline::policy::LoadOptions,
 }
 
 pub fn t(text: &str) -> i64 {
@@ -101,9 +102,26 @@ impl TestEngine {
             &policies,
             frostline::settings::Settings::default(),
             clock.clone(),
-            options,
+            options.clone(),
         )?;
-        Ok(TestEngine { engine, clock, _dir: dir })
+        Ok(TestEngine { engine, clock, _dir: dir, options })
+    }
+
+    /// Closes the engine and opens its directories again (a clean restart; the clock goes on).
+    pub fn restart(self) -> Result<TestEngine, frostline::error::Error> {
+        let TestEngine { engine, clock, _dir: dir, options } = self;
+        let policies = engine.policies().dir.clone();
+        let data = engine.data_dir.clone();
+        assert_eq!(std::sync::Arc::strong_count(&engine), 1, "the engine is still shared: it cannot close");
+        drop(engine);
+        let engine = frostline::engine::Engine::open_with(
+            &data,
+            &policies,
+            frostline::settings::Settings::default(),
+            clock.clone(),
+            options.clone(),
+        )?;
+        Ok(TestEngine { engine, clock, _dir: dir, options })
     }
 
     /// The policy directory.
@@ -118,17 +136,7 @@ impl TestEngine {
         let old = tables.get(table).unwrap().clone();
         tables.insert(
             table.to_string(),
-            std::sync::Arc::new(frostline::policy::TablePolicy {
-                id: old.id.clone(),
-                strategy: old.strategy.clone(),
-                retention: old.retention.clone(),
-                retention_identity: old.retention_identity.clone(),
-                writable_buckets: old.writable_buckets,
-                format: old.format,
-                target_name: old.target_name.clone(),
-                backend,
-                file: old.file.clone(),
-            }),
+            std::sync::Arc::new(frostline::policy::TablePolicy { backend, ..(*old).clone() }),
         );
         self.engine
             .install_policies(frostline::policy::PolicySet {

@@ -292,6 +292,23 @@ mod tests {
     }
 
     #[test]
+    fn a_strategy_is_the_same_wherever_its_file_lies_and_whatever_a_builtins_build() {
+        let id = |name: &str, hash: &str, config: &str| StrategyIdentity {
+            name: name.into(),
+            plugin_hash: hash.into(),
+            config: config.into(),
+        };
+        let file = id("/etc/frostline/policies/week.wasm", "aa", "{}");
+        assert!(file.same_as(&id("/srv/frostline/data/plugins/aa.wasm", "aa", "{}")));
+        assert!(!file.same_as(&id("/etc/frostline/policies/week.wasm", "bb", "{}")));
+        assert!(!file.same_as(&id("/etc/frostline/policies/week.wasm", "aa", r#"{"x":1}"#)));
+        let builtin = id("builtin:calendar-day-utc", "aa", r#"{"unit":"day"}"#);
+        assert!(builtin.same_as(&id("builtin:calendar-day-utc", "cc", r#"{"unit":"day"}"#)));
+        assert!(!builtin.same_as(&id("builtin:calendar-year-utc", "aa", r#"{"unit":"day"}"#)));
+        assert!(!builtin.same_as(&id("/policies/calendar.wasm", "aa", r#"{"unit":"day"}"#)));
+    }
+
+    #[test]
     fn table_ids_are_bounded_visible_ascii() {
         assert!(validate_table_id("metrics.v1").is_ok());
         assert!(validate_table_id(&"a".repeat(TABLE_ID_BYTES_MAX)).is_ok());
@@ -314,7 +331,24 @@ pub struct StrategyIdentity {
     pub config: String,
 }
 
+/// How built-in plugins are named (`builtin:NAME`).
+pub const BUILTIN_PREFIX: &str = "builtin:";
+
 impl StrategyIdentity {
+    /// Whether `other` makes the same buckets as `self`: a built-in by its name and
+    /// configuration (its bytes change with the engine's build), a file plugin by its content
+    /// hash and configuration, wherever the file lies (a moved policy directory, or the copy
+    /// kept in the data directory for a retired table).
+    pub fn same_as(&self, other: &StrategyIdentity) -> bool {
+        let builtin = |i: &StrategyIdentity| i.name.starts_with(BUILTIN_PREFIX);
+        let same_plugin = if builtin(self) || builtin(other) {
+            self.name == other.name
+        } else {
+            self.plugin_hash == other.plugin_hash
+        };
+        same_plugin && self.config == other.config
+    }
+
     /// A short stable fingerprint for manifests and metadata.
     pub fn fingerprint(&self) -> String {
         use sha2::Digest;

@@ -10,7 +10,7 @@ const ELIGIBLE_BEFORE_WASM: &[u8] = include_bytes!(concat!(env!("FROSTLINE_GUEST
 pub const GUEST_DIR: &str = env!("FROSTLINE_GUEST_DIR");
 
 /// The prefix that names a built-in in policy files and on the command line.
-pub const BUILTIN_PREFIX: &str = "builtin:";
+pub use crate::model::BUILTIN_PREFIX;
 
 /// The default bucket strategy.
 pub const DEFAULT_STRATEGY: &str = "builtin:calendar-year-utc";

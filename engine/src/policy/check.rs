@@ -69,7 +69,7 @@ pub fn check_against_store(set: &PolicySet, store: &Store) -> Result<()> {
     for (id, table) in &set.tables {
         if let Some(state) = store.table_state(id)? {
             let identity = table.strategy.identity();
-            if &state.strategy != identity {
+            if !state.strategy.same_as(identity) {
                 return Err(Error::InvalidInput(format!(
                     "{}: table `{id}` changes its strategy from {} (sha256 {}, config {:?}) to {} (sha256 {}, config {:?}), \
                      but its buckets were made by the first; a strategy never changes: declare a new table id and migrate",
@@ -283,9 +283,10 @@ pub fn check_dir(
     now: Micros,
 ) -> CheckReport {
     let outcome = (|| {
-        let set = super::load(dir, data_dir, host, settings)?;
+        let mut set = super::load(dir, data_dir, host, settings)?;
         let preview = match store {
             Some(store) => {
+                super::retired::restore(&mut set, &store.table_states()?, host, data_dir);
                 check_against_store(&set, store)?;
                 Some(preview(&set, store, now)?)
             }

@@ -196,7 +196,7 @@ pub(super) fn load_plugin_target(
     targets: &BTreeMap<String, Arc<dyn ArchiveBackend>>,
 ) -> Result<(Arc<dyn ArchiveBackend>, PluginRecord)> {
     let context = format!("target `{name}`");
-    let (loaded, config) = load_plugin(host, dir, file, raw, Role::Archiver, &context, None)?;
+    let super::PolicyPlugin { loaded, config, .. } = load_plugin(host, dir, file, raw, Role::Archiver, &context, None)?;
     let record = PluginRecord::of(&format!("target:{name}"), &loaded);
     let capabilities = capabilities_for(grants, &loaded.hash, targets);
     tracing::info!(target_name = name, plugin = %loaded.name, sha256 = %loaded.hash, granted = %capabilities.describe(), "archiver target loaded");

@@ -7,6 +7,7 @@
 pub mod check;
 pub mod grants;
 pub mod reload;
+pub mod retired;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -22,6 +23,7 @@ use crate::settings::Settings;
 use crate::storage::ArchiveBackend;
 use crate::storage::probe::{GatedBackend, TargetProbe};
 use crate::storage::target::TargetConfig;
+use crate::store::schema::{PluginDeclaration, TableDeclaration};
 
 /// The target every table uses unless it names another: a directory in the data directory.
 pub const DEFAULT_TARGET: &str = "local";
@@ -154,6 +156,11 @@ pub struct TablePolicy {
     pub backend: Arc<dyn ArchiveBackend>,
     /// The file that declared it.
     pub file: PathBuf,
+    /// What it was declared as, recorded in the store so that the table is still archived
+    /// under it after it leaves the directory (`retired`).
+    pub declaration: TableDeclaration,
+    /// The file plugins of the declaration, kept in the data directory beside it.
+    pub components: Vec<PluginSource>,
 }
 
 /// A whole, validated policy directory.
@@ -353,18 +360,8 @@ pub fn load_with(
         let strategy_ref = raw.strategy.unwrap_or_else(|| RawPlugin::builtin(builtin::DEFAULT_STRATEGY));
         let retention_ref = raw.retention.unwrap_or_else(|| RawPlugin::builtin(builtin::DEFAULT_RETENTION));
         let context = |role: &str| format!("table `{}` {role}", raw.id);
-        let (loaded, config) =
-            load_plugin(host, dir, &file, &strategy_ref, Role::BucketStrategy, &context("strategy"), None)?;
-        plugins.push(PluginRecord::of(&raw.id, &loaded));
-        let strategy = crate::plugin::strategy::WasmStrategy::new(loaded, config)
-            .map_err(|e| invalid(&file, format!("{}: {e}", context("strategy"))))?;
-        let report =
-            crate::plugin::conformance::check_strategy_cases(&strategy, raw.id.len() as u64, LOAD_CHECK_STRATEGY_TIMES)
-                .map_err(|e| invalid(&file, format!("{}: {e}", context("strategy"))))?;
-        if !report.passed() {
-            return Err(invalid(&file, format!("{}: fails its conformance checks:\n{report}", context("strategy"))));
-        }
-        let (loaded, config) = load_plugin(
+        let strategy = load_plugin(host, dir, &file, &strategy_ref, Role::BucketStrategy, &context("strategy"), None)?;
+        let retention = load_plugin(
             host,
             dir,
             &file,
@@ -373,29 +370,19 @@ pub fn load_with(
             &context("retention"),
             settings.eligible_before,
         )?;
-        plugins.push(PluginRecord::of(&raw.id, &loaded));
-        let retention_identity = model::lifecycle::policy_identity(&loaded.hash, &config);
-        let retention = crate::plugin::retention::WasmRetention::new(loaded, config)
-            .map_err(|e| invalid(&file, format!("{}: {e}", context("retention"))))?;
-        let report = crate::plugin::conformance::check_retention(&retention, raw.id.len() as u64)
-            .map_err(|e| invalid(&file, format!("{}: {e}", context("retention"))))?;
-        if !report.passed() {
-            return Err(invalid(&file, format!("{}: fails its conformance checks:\n{report}", context("retention"))));
-        }
-        tables.insert(
-            raw.id.clone(),
-            Arc::new(TablePolicy {
-                id: raw.id,
-                strategy: Arc::new(strategy),
-                retention: Arc::new(retention),
-                retention_identity,
-                writable_buckets: raw.writable_buckets,
-                format: raw.format.unwrap_or_default(),
-                target_name,
-                backend,
-                file,
-            }),
-        );
+        plugins.push(PluginRecord::of(&raw.id, &strategy.loaded));
+        plugins.push(PluginRecord::of(&raw.id, &retention.loaded));
+        let declaration = TableDeclaration {
+            strategy: strategy.declaration.clone(),
+            retention: retention.declaration.clone(),
+            format: raw.format.unwrap_or_default(),
+            writable_buckets: raw.writable_buckets,
+            target_name,
+            file: file.display().to_string(),
+        };
+        let components = [&strategy, &retention].into_iter().filter_map(|p| p.component.clone()).collect();
+        let table = build_table(&raw.id, &file, declaration, strategy, retention, backend, true)?;
+        tables.insert(raw.id, Arc::new(TablePolicy { components, ..table }));
     }
     Ok(PolicySet {
         tables,
@@ -408,6 +395,53 @@ pub fn load_with(
         holds,
         sinks,
         target_probes,
+    })
+}
+
+/// Instantiates a table's plugins into its policy. `check` runs the quick conformance checks
+/// (at load; a table rebuilt from its recorded declaration passed them when it was declared).
+fn build_table(
+    id: &str,
+    file: &Path,
+    declaration: TableDeclaration,
+    strategy: PolicyPlugin,
+    retention: PolicyPlugin,
+    backend: Arc<dyn ArchiveBackend>,
+    check: bool,
+) -> Result<TablePolicy> {
+    let context = |role: &str| format!("table `{id}` {role}");
+    let strategy = crate::plugin::strategy::WasmStrategy::new(strategy.loaded, strategy.config)
+        .map_err(|e| invalid(file, format!("{}: {e}", context("strategy"))))?;
+    if check {
+        let report =
+            crate::plugin::conformance::check_strategy_cases(&strategy, id.len() as u64, LOAD_CHECK_STRATEGY_TIMES)
+                .map_err(|e| invalid(file, format!("{}: {e}", context("strategy"))))?;
+        if !report.passed() {
+            return Err(invalid(file, format!("{}: fails its conformance checks:\n{report}", context("strategy"))));
+        }
+    }
+    let retention_identity = model::lifecycle::policy_identity(&retention.loaded.hash, &retention.config);
+    let retention = crate::plugin::retention::WasmRetention::new(retention.loaded, retention.config)
+        .map_err(|e| invalid(file, format!("{}: {e}", context("retention"))))?;
+    if check {
+        let report = crate::plugin::conformance::check_retention(&retention, id.len() as u64)
+            .map_err(|e| invalid(file, format!("{}: {e}", context("retention"))))?;
+        if !report.passed() {
+            return Err(invalid(file, format!("{}: fails its conformance checks:\n{report}", context("retention"))));
+        }
+    }
+    Ok(TablePolicy {
+        id: id.to_string(),
+        strategy: Arc::new(strategy),
+        retention: Arc::new(retention),
+        retention_identity,
+        writable_buckets: declaration.writable_buckets,
+        format: declaration.format,
+        target_name: declaration.target_name.clone(),
+        backend,
+        file: file.to_path_buf(),
+        declaration,
+        components: Vec::new(),
     })
 }
 
@@ -597,6 +631,15 @@ impl RawPlugin {
     }
 }
 
+/// A plugin loaded for a policy: the component, the config it is initialised with, how to
+/// load it again (`declaration`) and, for a file plugin, its bytes.
+struct PolicyPlugin {
+    loaded: Arc<crate::plugin::LoadedPlugin>,
+    config: String,
+    declaration: PluginDeclaration,
+    component: Option<PluginSource>,
+}
+
 fn load_plugin(
     host: &PluginHost,
     dir: &Path,
@@ -605,7 +648,7 @@ fn load_plugin(
     role: Role,
     context: &str,
     eligible_before: Option<model::Micros>,
-) -> Result<(Arc<crate::plugin::LoadedPlugin>, String)> {
+) -> Result<PolicyPlugin> {
     let mut config = raw.config.clone().unwrap_or_default();
     // The process-wide cutoff applies to the built-in policy unless its config sets its own rule.
     if raw.plugin == builtin::DEFAULT_RETENTION
@@ -648,5 +691,13 @@ fn load_plugin(
         limits.memory_bytes = (mib as usize).saturating_mul(1024 * 1024);
     }
     let loaded = host.load(&source, role, limits).map_err(|e| invalid(file, format!("{context}: {e}")))?;
-    Ok((loaded, config))
+    let declaration = PluginDeclaration {
+        plugin: raw.plugin.clone(),
+        sha256: loaded.hash.clone(),
+        config: config.clone(),
+        call_ms: limits.call_ms,
+        memory_bytes: limits.memory_bytes,
+    };
+    let component = (!raw.plugin.starts_with(builtin::BUILTIN_PREFIX)).then_some(source);
+    Ok(PolicyPlugin { loaded, config, declaration, component })
 }

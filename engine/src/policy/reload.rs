@@ -92,11 +92,18 @@ fn try_reload(engine: &Engine, current: &Arc<PolicySet>) -> Result<PolicySet> {
     let dir = current.dir.clone();
     let before = hash_files(&dir)?;
     std::thread::sleep(Duration::from_millis(RELOAD_STABLE_MS));
-    let mut set = super::load_with(&dir, &engine.data_dir, &engine.host, &engine.settings, &engine.load_options)?;
+    let set = super::load_with(&dir, &engine.data_dir, &engine.host, &engine.settings, &engine.load_options)?;
     let after = hash_files(&dir)?;
     if let Some(why) = unstable(&before, &after).or_else(|| unstable(&before, &set.files)) {
         return Err(Error::InvalidInput(why));
     }
+    succeed(engine, current, set)
+}
+
+/// Makes a freshly loaded `set` the successor of `current`: tables it lacks are carried over
+/// as retired (from `current`, or rebuilt from their recorded declarations), it is checked
+/// against the store, and it takes the next generation. It is not installed.
+pub fn succeed(engine: &Engine, current: &PolicySet, mut set: PolicySet) -> Result<PolicySet> {
     // A removed table keeps its data and its last definition, for archival only.
     for (id, old) in &current.tables {
         if !set.tables.contains_key(id) {
@@ -104,6 +111,8 @@ fn try_reload(engine: &Engine, current: &Arc<PolicySet>) -> Result<PolicySet> {
             set.retired.insert(id.clone());
         }
     }
+    // And those removed before the engine started, from their recorded declarations.
+    crate::engine::restore_retired(&mut set, &engine.store, &engine.host, &engine.data_dir)?;
     super::check::check_against_store(&set, &engine.store)?;
     set.generation = current.generation + 1;
     Ok(set)

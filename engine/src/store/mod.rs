@@ -363,7 +363,7 @@ impl Store {
         self.write(move |txn| {
             let existing = load_table_state(txn, &state.id)?;
             match existing {
-                Some(existing) if existing.strategy != state.strategy => Err(Error::Conflict(format!(
+                Some(existing) if !existing.strategy.same_as(&state.strategy) => Err(Error::Conflict(format!(
                     "table `{}` was created with strategy {} (config {}), not {} (config {}); a table's strategy \
                      never changes: create a new table id",
                     state.id,
@@ -373,11 +373,19 @@ impl Store {
                     state.strategy.config
                 ))),
                 Some(mut existing) => {
+                    let mut changed = false;
                     if existing.retention != state.retention || existing.unmanaged_since.is_some() {
                         existing.retention = state.retention.clone();
                         existing.unmanaged_since = None;
                         existing.reconcile_from = Some(Vec::new());
                         existing.reconcile_started_at = state.created_at;
+                        changed = true;
+                    }
+                    if state.declaration.is_some() && existing.declaration != state.declaration {
+                        existing.declaration = state.declaration;
+                        changed = true;
+                    }
+                    if changed {
                         save_table_state(txn, &existing)?;
                     }
                     Ok(existing)

@@ -309,6 +309,37 @@ pub struct TableState {
     /// index (they cannot be planned or archived without a definition) until it returns.
     #[serde(default)]
     pub unmanaged_since: Option<Micros>,
+    /// The table's last definition in the policy directory: a table removed from it keeps
+    /// being archived (never appended to) under this definition, across restarts.
+    #[serde(default)]
+    pub declaration: Option<TableDeclaration>,
+}
+
+/// What a table was declared as, enough to rebuild its policy without its policy file: the
+/// plugins by hash and initialisation config (a file plugin's bytes are kept in the data
+/// directory, under `plugins/<sha256>.wasm`), its format and its target's name.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TableDeclaration {
+    pub strategy: PluginDeclaration,
+    pub retention: PluginDeclaration,
+    pub format: crate::format::Format,
+    pub writable_buckets: Option<u32>,
+    pub target_name: String,
+    /// The policy file that declared it (for messages).
+    pub file: String,
+}
+
+/// One plugin of a `TableDeclaration`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PluginDeclaration {
+    /// `builtin:NAME`, or the path it was loaded from, relative to the policy directory.
+    pub plugin: String,
+    /// SHA-256 of the component's bytes, hex.
+    pub sha256: String,
+    /// The configuration it was initialised with (JSON; empty when none).
+    pub config: String,
+    pub call_ms: u64,
+    pub memory_bytes: usize,
 }
 
 /// Before the first upload of a claim: what it is about to write (invariant 10).
