@@ -12,6 +12,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+/// `frostline run`'s API flags.
+pub use crate::api::ServeArgs;
 use crate::api::{self, ApiState, Metrics, Passes, ServeSettings};
 use crate::engine::Engine;
 use crate::error::{Error, Result};
@@ -48,7 +50,9 @@ pub async fn run(engine: Arc<Engine>, serve: ServeSettings) -> Result<()> {
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|e| Error::Internal(format!("cannot listen for SIGTERM: {e}")))?;
     let metrics = Arc::new(Metrics::new()?);
-    let passes = Arc::new(Passes::new(crate::archive::new_owner_token(), metrics.clone()));
+    let observed = metrics.clone();
+    let passes =
+        Arc::new(Passes::new(crate::archive::new_owner_token(), Box::new(move |result| observed.record_pass(result))));
     let (stop, stopping) = tokio::sync::watch::channel(false);
     let state = Arc::new(ApiState {
         engine: engine.clone(),
@@ -59,9 +63,9 @@ pub async fn run(engine: Arc<Engine>, serve: ServeSettings) -> Result<()> {
     });
     let api = api::start(state, &serve).await?;
     let files = RunFiles::write(&engine.data_dir, api.local_addr)?;
-    let policy_watcher = crate::policy::reload::start_watcher(&engine.policies().dir)?;
-    let watcher = tokio::spawn(crate::policy::reload::watch(engine.clone(), policy_watcher, stopping.clone()));
-    engine.write_status_file()?;
+    let policy_watcher = crate::ops::reload::start_watcher(&engine.policies().dir)?;
+    let watcher = tokio::spawn(crate::ops::reload::watch(engine.clone(), policy_watcher, stopping.clone()));
+    crate::ops::status::write_status_file(&engine)?;
     tracing::info!(
         owner = passes.owner(),
         data = %engine.data_dir.display(),
@@ -134,7 +138,8 @@ async fn pass_loop(engine: Arc<Engine>, passes: Arc<Passes>, mut stopping: tokio
         if status_writes.due() {
             let status_engine = engine.clone();
             let started = std::time::Instant::now();
-            let written = tokio::task::spawn_blocking(move || status_engine.write_status_file()).await;
+            let written =
+                tokio::task::spawn_blocking(move || crate::ops::status::write_status_file(&status_engine)).await;
             status_writes.took(started.elapsed());
             if let Ok(Err(e)) = written {
                 tracing::warn!(error = %e, "cannot write the status file");

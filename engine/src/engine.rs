@@ -32,7 +32,7 @@ pub struct Engine {
     /// How the policy directory is loaded, at open and on every reload.
     pub load_options: crate::policy::LoadOptions,
     policies: RwLock<Arc<PolicySet>>,
-    last_reload: std::sync::Mutex<Option<crate::policy::reload::ReloadOutcome>>,
+    last_reload: std::sync::Mutex<Option<crate::policy::ReloadOutcome>>,
     /// Reload attempts since start: accepted, refused (for metrics).
     reloads: [std::sync::atomic::AtomicU64; 2],
 }
@@ -67,7 +67,7 @@ impl Engine {
         let store = Store::open_with_cache(&data_dir.join(DATABASE_FILE), settings.store_cache_bytes)?;
         let host = PluginHost::new(Some(data_dir.join("plugin-cache")))?;
         let mut policies = crate::policy::load_with(policies_dir, data_dir, &host, &settings, &load_options)?;
-        restore_retired(&mut policies, &store, &host, data_dir)?;
+        crate::policy::retired::restore_recorded(&mut policies, &store, &host, data_dir)?;
         let installation_id = store.installation_id()?;
         let engine = Engine {
             installation_id,
@@ -123,13 +123,13 @@ impl Engine {
         self.register_tables()
     }
 
-    pub fn record_reload(&self, outcome: crate::policy::reload::ReloadOutcome) {
+    pub fn record_reload(&self, outcome: crate::policy::ReloadOutcome) {
         let counter = &self.reloads[usize::from(!outcome.accepted)];
         counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         *self.last_reload.lock().expect("reload lock") = Some(outcome);
     }
 
-    pub fn last_reload(&self) -> Option<crate::policy::reload::ReloadOutcome> {
+    pub fn last_reload(&self) -> Option<crate::policy::ReloadOutcome> {
         self.last_reload.lock().expect("reload lock").clone()
     }
 
@@ -137,16 +137,6 @@ impl Engine {
     pub fn reload_counts(&self) -> (u64, u64) {
         let [accepted, refused] = &self.reloads;
         (accepted.load(std::sync::atomic::Ordering::Relaxed), refused.load(std::sync::atomic::Ordering::Relaxed))
-    }
-
-    /// Writes the current status to `<data>/status.json` (atomically).
-    pub fn write_status_file(&self) -> Result<()> {
-        let status = crate::cli::status::collect(self)?;
-        let path = self.data_dir.join(STATUS_FILE);
-        let tmp = self.data_dir.join(format!("{STATUS_FILE}.tmp"));
-        let bytes = serde_json::to_vec_pretty(&status).map_err(|e| Error::Internal(e.to_string()))?;
-        std::fs::write(&tmp, bytes).map_err(|e| Error::io(&tmp, e))?;
-        std::fs::rename(&tmp, &path).map_err(|e| Error::io(&path, e))
     }
 
     /// The active policy set; work started under it finishes under it.
@@ -278,7 +268,8 @@ impl Engine {
             let key =
                 meta.manifest_key.clone().ok_or_else(|| Error::Internal(format!("bucket {id} names no manifest")))?;
             let backend = policies.archive_backend(policy, &manifest.archive_target())?;
-            let stored = crate::storage::block_on(crate::archive::read_archive(backend.as_ref(), &key, None, None))?;
+            let stored =
+                crate::storage::block_on(crate::format::reader::read_archive(backend.as_ref(), &key, None, None))?;
             let stored: HashMap<(i64, &[u8]), &Record> =
                 stored.iter().map(|r| ((r.event_time, r.sort_key.as_slice()), r)).collect();
             for row in archived
@@ -325,19 +316,4 @@ impl Engine {
         }
         Ok(out)
     }
-}
-
-/// Adds the tables recorded in the store but gone from the policy directory to `set`, retired
-/// (archived under their last declaration, refusing appends); those that cannot be rebuilt are
-/// logged and left unmanaged.
-pub(crate) fn restore_retired(
-    set: &mut crate::policy::PolicySet,
-    store: &Store,
-    host: &PluginHost,
-    data_dir: &std::path::Path,
-) -> Result<()> {
-    for (table, why) in crate::policy::retired::restore(set, &store.table_states()?, host, data_dir) {
-        tracing::warn!(table, reason = %why, "a table gone from the policy directory cannot be archived under its last declaration; its buckets wait for it");
-    }
-    Ok(())
 }

@@ -181,7 +181,7 @@ async fn read_published(
         .await?
         .ok_or_else(|| Error::Internal(format!("bucket {} is archived but has no recorded manifest", bucket.id)))?;
     let backend = policies.archive_backend(table, &recorded.archive_target())?;
-    crate::archive::read_archive(backend.as_ref(), &key, from, to).await
+    crate::format::reader::read_archive(backend.as_ref(), &key, from, to).await
 }
 
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {

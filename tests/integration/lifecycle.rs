@@ -168,7 +168,7 @@ fn a_hold_declared_in_the_policy_directory_holds_until_removed() {
     assert!(parked.iter().all(|b| b.held_by.len() == 1 && b.due_at.is_none()), "{parked:?}");
     let dir = e.engine.policies().dir.clone();
     std::fs::write(dir.join("tables.toml"), policy("")).unwrap();
-    assert!(frostline::policy::reload::reload(&e.engine, "test").accepted);
+    assert!(frostline::ops::reload::reload(&e.engine, "test").accepted);
     assert_eq!(e.pass().expired, 3, "removing the hold from the directory re-plans");
 }
 
@@ -223,7 +223,7 @@ fn a_sink_that_is_down_delays_delivery_but_never_blocks_archival() {
         policy(&format!("[[sink]]\nname = \"hook\"\nkind = \"webhook\"\nurl = \"{url}\"\n")),
     )
     .unwrap();
-    assert!(frostline::policy::reload::reload(&e.engine, "test").accepted);
+    assert!(frostline::ops::reload::reload(&e.engine, "test").accepted);
     // The sink is backed off after its failure; delivery resumes once the backoff passes.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     while e.engine.store.outbox_len().unwrap() > 0 {

@@ -7,6 +7,7 @@ mod archivers;
 mod crash;
 mod e2e;
 mod formats;
+mod layers;
 mod lifecycle;
 mod object_stores;
 mod plugins;

@@ -315,11 +315,11 @@ fn verify(te: &TestEngine) -> usize {
 }
 
 fn status_json(te: &TestEngine) -> String {
-    serde_json::to_string(&frostline::cli::status::collect(&te.engine).unwrap()).unwrap()
+    serde_json::to_string(&frostline::ops::status::collect(&te.engine).unwrap()).unwrap()
 }
 
 fn target_report(te: &TestEngine) -> frostline::storage::probe::TargetReport {
-    frostline::cli::status::collect(&te.engine).unwrap().targets.into_iter().find(|t| t.name == "cold").unwrap()
+    frostline::ops::status::collect(&te.engine).unwrap().targets.into_iter().find(|t| t.name == "cold").unwrap()
 }
 
 fn list(backend: &dyn ArchiveBackend, prefix: &str) -> Vec<ObjectInfo> {
@@ -662,7 +662,7 @@ fn a_store_that_overwrites_on_a_conditional_create_is_refused_at_start_and_on_re
     let only_local = "[[table]]\nid = \"metrics\"\nstrategy = { plugin = \"builtin:calendar-month-utc\" }\n";
     let te = TestEngine::open(only_local, NOW, &[], liar_options(CreateIgnored::overwriting)).unwrap();
     std::fs::write(te.policies_dir().join("tables.toml"), policy(target)).unwrap();
-    let outcome = frostline::policy::reload::reload(&te.engine, "test");
+    let outcome = frostline::ops::reload::reload(&te.engine, "test");
     assert!(!outcome.accepted);
     let error = outcome.error.unwrap();
     assert!(error.contains("target `cold`") && error.contains("check `create-only` failed"), "{error}");

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use frostline::model::Record;
-use frostline::policy::reload::reload;
+use frostline::ops::reload::reload;
 
 use crate::support::*;
 

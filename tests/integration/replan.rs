@@ -10,7 +10,7 @@ use std::sync::Arc;
 use frostline::clock::{Clock, ManualClock};
 use frostline::engine::Engine;
 use frostline::model::{BucketState, Record};
-use frostline::policy::reload::reload;
+use frostline::ops::reload::reload;
 use frostline::settings::Settings;
 use frostline::storage::faults::{Fault, FaultyBackend, Op};
 use frostline::store::schema::Hold;
@@ -196,7 +196,7 @@ fn a_table_removed_with_its_target_never_blocks_the_others_and_resumes_when_it_r
     assert_eq!(states(&engine, "kept"), vec![BucketState::Archived { hot_deleted: true }]);
     let gone = states(&engine, "gone");
     assert_eq!(gone.iter().filter(|s| **s == BucketState::Hot).count(), 6, "{gone:?}");
-    let status = frostline::cli::status::collect(&engine).unwrap();
+    let status = frostline::ops::status::collect(&engine).unwrap();
     assert_eq!(status.unmanaged_tables, vec!["gone".to_string()]);
     drop(engine);
     // The table comes back: its buckets are rescheduled and archived.
@@ -240,7 +240,7 @@ fn a_table_removed_before_a_restart_is_archived_under_its_last_declaration() {
     site.write_policy(ONE_TABLE);
     std::fs::remove_file(site.policies().join("calendar.wasm")).unwrap();
     let engine = site.open(settings);
-    let status = frostline::cli::status::collect(&engine).unwrap();
+    let status = frostline::ops::status::collect(&engine).unwrap();
     assert_eq!(status.policy.retired_tables, vec!["gone".to_string()]);
     assert!(status.unmanaged_tables.is_empty(), "{:?}", status.unmanaged_tables);
     let refused = engine.append("gone", vec![record("p", &day(2023, 20), None)]).unwrap_err().to_string();

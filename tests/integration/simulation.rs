@@ -513,7 +513,7 @@ fn run_lifecycle_seed(seed: u64, ops: usize) -> LifecycleCounts {
                     &engine.settings,
                     &engine.load_options,
                 )
-                .and_then(|set| frostline::policy::reload::succeed(engine, &engine.policies(), set))
+                .and_then(|set| frostline::ops::reload::succeed(engine, &engine.policies(), set))
                 .unwrap_or_else(|err| panic!("seed {seed} op {op}: reload refused: {err}"));
                 assert_eq!(set.retired.contains("r"), removed, "seed {seed} op {op}");
                 engine.install_policies(set).unwrap();

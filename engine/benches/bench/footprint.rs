@@ -15,7 +15,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
-use frostline::api::client::Client;
+use frostline::cli::client::Client;
 use frostline::model::time::{MICROS_PER_DAY, format_rfc3339};
 use frostline_civil::days_from_civil;
 

@@ -94,7 +94,7 @@ pub fn scale(bench: &mut Bench) -> Result<()> {
             Unit::Millis,
             bench.options.repeats.min(3),
             || Ok(()),
-            |()| Ok(frostline::cli::status::collect(&engine)?),
+            |()| Ok(frostline::ops::status::collect(&engine)?),
         )?;
         bench.push(status);
         let sweep = bench.time_each(

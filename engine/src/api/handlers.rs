@@ -188,7 +188,7 @@ pub(super) fn parse_batch(bytes: &[u8]) -> Result<Vec<Record>, ApiError> {
             return Err(too_many_records(items.len()));
         }
         for (index, item) in items.iter().enumerate() {
-            match crate::cli::ingest::parse_line(item.get()) {
+            match crate::ops::records::parse_line(item.get()) {
                 Ok(r) => records.push(r),
                 Err(e) => errors.push(RecordError { line: None, index: Some(index), reason: reason_of(&e) }),
             }
@@ -202,7 +202,7 @@ pub(super) fn parse_batch(bytes: &[u8]) -> Result<Vec<Record>, ApiError> {
             if raw.trim().is_empty() {
                 continue;
             }
-            match crate::cli::ingest::parse_line(raw) {
+            match crate::ops::records::parse_line(raw) {
                 Ok(r) => records.push(r),
                 Err(e) => errors.push(RecordError { line: Some(n + 1), index: None, reason: reason_of(&e) }),
             }
@@ -306,7 +306,7 @@ async fn query(
         if i > 0 {
             body.push(',');
         }
-        body.push_str(&crate::cli::record_json(r));
+        body.push_str(&crate::ops::records::record_json(r));
     }
     body.push_str("],\"next_cursor\":");
     body.push_str(&serde_json::to_string(&page.next_cursor).map_err(|e| Error::Internal(e.to_string()))?);
@@ -404,7 +404,7 @@ async fn buckets(
 }
 
 async fn status(State(state): Shared) -> Result<Response, ApiError> {
-    let status = blocking(move || crate::cli::status::collect(&state.engine)).await?;
+    let status = blocking(move || crate::ops::status::collect(&state.engine)).await?;
     Ok(Json(status).into_response())
 }
 
@@ -443,7 +443,7 @@ struct PluginsPage {
 #[derive(Debug, Serialize)]
 struct LastReload {
     generation: u64,
-    last_reload: Option<crate::policy::reload::ReloadOutcome>,
+    last_reload: Option<crate::policy::ReloadOutcome>,
 }
 
 async fn last_reload(State(state): Shared) -> Json<LastReload> {
@@ -452,8 +452,8 @@ async fn last_reload(State(state): Shared) -> Json<LastReload> {
 
 async fn reload(State(state): Shared) -> Result<Response, ApiError> {
     let outcome = blocking(move || {
-        let outcome = crate::policy::reload::reload(&state.engine, "api");
-        if let Err(e) = state.engine.write_status_file() {
+        let outcome = crate::ops::reload::reload(&state.engine, "api");
+        if let Err(e) = crate::ops::status::write_status_file(&state.engine) {
             tracing::warn!(error = %e, "cannot write the status file");
         }
         Ok(outcome)
@@ -467,7 +467,7 @@ async fn archive(State(state): Shared) -> Result<Response, ApiError> {
     let report = state.passes.run_until_idle(&state.engine, &state.stopping).await?;
     let engine = state.engine.clone();
     let _ = tokio::task::spawn_blocking(move || {
-        if let Err(e) = engine.write_status_file() {
+        if let Err(e) = crate::ops::status::write_status_file(&engine) {
             tracing::warn!(error = %e, "cannot write the status file");
         }
     })
@@ -476,8 +476,8 @@ async fn archive(State(state): Shared) -> Result<Response, ApiError> {
 }
 
 async fn holds(State(state): Shared) -> Result<Response, ApiError> {
-    let holds = blocking(move || crate::cli::lifecycle::list_holds(&state.engine)).await?;
-    Ok(Json(super::client::HoldsPage { holds }).into_response())
+    let holds = blocking(move || crate::ops::holds::list_holds(&state.engine)).await?;
+    Ok(Json(crate::ops::wire::HoldsPage { holds }).into_response())
 }
 
 fn unprocessable(message: impl Into<String>) -> ApiError {
@@ -486,7 +486,7 @@ fn unprocessable(message: impl Into<String>) -> ApiError {
 
 async fn place_hold(State(state): Shared, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
     let bytes = read_body(&headers, body).await?;
-    let request: crate::cli::lifecycle::HoldRequest = serde_json::from_slice(&bytes).map_err(|e| {
+    let request: crate::ops::holds::HoldRequest = serde_json::from_slice(&bytes).map_err(|e| {
         ApiError::bad_request(format!(
             "the body is not a hold {{\"table\", \"partition\"?, \"tenant\"?, \"bucket\"?, \"reason\", \"placed_by\"}}: {e}"
         ))
@@ -498,7 +498,7 @@ async fn place_hold(State(state): Shared, headers: HeaderMap, body: Body) -> Res
     if request.placed_by.trim().is_empty() {
         return Err(unprocessable("`placed_by` must say who places the hold; nothing was placed"));
     }
-    let placed = blocking(move || crate::cli::lifecycle::place_hold(&state.engine, request, "api")).await.map_err(
+    let placed = blocking(move || crate::ops::holds::place_hold(&state.engine, request, "api")).await.map_err(
         |mut refusal| {
             if refusal.body.error.kind == "invalid_input" {
                 refusal.status = StatusCode::UNPROCESSABLE_ENTITY;
@@ -527,12 +527,10 @@ async fn lift_hold(
     let lifted = blocking(move || {
         let lifecycle_id = wanted.clone();
         // A policy hold is refused (409) by `lift_hold` whether or not it exists.
-        if !crate::cli::lifecycle::is_policy_hold(&wanted)
-            && !state.engine.store.holds()?.iter().any(|h| h.id == wanted)
-        {
+        if !crate::ops::holds::is_policy_hold(&wanted) && !state.engine.store.holds()?.iter().any(|h| h.id == wanted) {
             return Ok(None);
         }
-        crate::cli::lifecycle::lift_hold(&state.engine, lifecycle_id, by).map(Some)
+        crate::ops::holds::lift_hold(&state.engine, lifecycle_id, by).map(Some)
     })
     .await?;
     match lifted {
@@ -694,7 +692,7 @@ async fn verify(
     }
     let verdicts = crate::archive::verify::verify(&state.engine, params.table, params.sample, |_| {}).await?;
     let failed = verdicts.iter().filter(|v| !v.ok).count();
-    Ok(Json(super::client::VerifyReport { verdicts, failed }).into_response())
+    Ok(Json(crate::ops::wire::VerifyReport { verdicts, failed }).into_response())
 }
 
 /// The body of `POST /v1/policy/check`: the directory to check (default: the engine's own).

@@ -1,58 +1,42 @@
 //! The HTTP API of the running engine (`frostline run --listen ADDR`): append, query across hot
 //! and cold, status, buckets, the retention report, legal holds, plugins, policy reload,
-//! archive now, verify, Prometheus metrics and health. docs/API.md describes it for callers and docs/openapi.json formally; a test checks
-//! the file against the server built from `ROUTES`.
+//! archive now, verify, Prometheus metrics and health. docs/API.md describes it for callers and
+//! docs/openapi.json formally; a test checks the file against the server built from `ROUTES`.
 //!
 //! Every route is declared once, in `ROUTES`, with the access it needs; the router and the
 //! authorisation check are built from that list. Blocking work (appends, store reads, reloads)
 //! runs on blocking threads; an append is acknowledged only after `Engine::append` returns,
 //! that is after its commit.
 //!
-//! Sits on top of the runtime (`engine`), the coordinator (`archive`), `query` and `policy`;
-//! only the CLI and the daemon import it.
+//! Maps HTTP onto the operations (`ops`), the runtime (`engine`), `archive` and `query`, and
+//! errors onto status codes; only the daemon imports it (the CLI talks to it over HTTP).
 
 pub mod auth;
-pub mod client;
 mod handlers;
 pub mod metrics;
-pub mod passes;
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use axum::Router;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use serde::Serialize;
 
 use crate::engine::Engine;
 use crate::error::{Error, ErrorKind, Result};
 
 pub use self::auth::{Access, Auth};
 pub use self::metrics::Metrics;
-pub use self::passes::Passes;
+pub use crate::ops::passes::Passes;
 
 /// Where the API listens unless `--listen` says otherwise.
 pub const LISTEN_DEFAULT: &str = "127.0.0.1:7070";
-/// A request body larger than this is refused with 413.
-pub const HTTP_BODY_BYTES_MAX: usize = 16 * 1024 * 1024;
-/// The rest of a refused body is read (and dropped) up to this many bytes, so a client that
-/// is still sending it receives the 413 answer; a body declared larger is refused at once.
-pub const HTTP_BODY_DRAIN_BYTES_MAX: usize = 2 * HTTP_BODY_BYTES_MAX;
-/// ...for at most this long.
-pub const HTTP_BODY_DRAIN_SECONDS_MAX: u64 = 10;
-/// An append of more records than this is refused with 422. Not above the engine's atomic
-/// batch, so every accepted request is one atomic append.
-pub const HTTP_RECORDS_PER_REQUEST_MAX: usize = 10_000;
-const _: () = assert!(HTTP_RECORDS_PER_REQUEST_MAX <= crate::engine::APPEND_BATCH_RECORDS_MAX);
 /// Invalid records described in one refusal at most (the count of all of them is given).
 pub const HTTP_RECORD_ERRORS_REPORTED_MAX: usize = 100;
 /// Buckets listed by one request at most, and by default.
 pub const BUCKETS_LIMIT_MAX: usize = 100_000;
 pub const BUCKETS_LIMIT_DEFAULT: usize = 1_000;
-/// File in the data directory holding the running engine's API address (`host:port`, one line).
-pub const ADDR_FILE: &str = "frostline.addr";
 
 /// Names a route; `handlers::method_router` maps each to its handler.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -232,77 +216,10 @@ pub async fn start(state: Arc<ApiState>, settings: &ServeSettings) -> Result<Run
     Ok(RunningApi { local_addr, task })
 }
 
-/// The address a client on this host should use: an unspecified address (0.0.0.0, ::)
-/// becomes the loopback address of its family.
-pub fn client_addr(bound: SocketAddr) -> SocketAddr {
-    let ip = match bound.ip() {
-        std::net::IpAddr::V4(ip) if ip.is_unspecified() => std::net::Ipv4Addr::LOCALHOST.into(),
-        std::net::IpAddr::V6(ip) if ip.is_unspecified() => std::net::Ipv6Addr::LOCALHOST.into(),
-        ip => ip,
-    };
-    SocketAddr::new(ip, bound.port())
-}
-
-/// Writes `<data>/frostline.addr` atomically.
-pub fn write_addr_file(data_dir: &Path, bound: SocketAddr) -> Result<()> {
-    let path = data_dir.join(ADDR_FILE);
-    let tmp = data_dir.join(format!("{ADDR_FILE}.tmp"));
-    std::fs::write(&tmp, format!("{}\n", client_addr(bound))).map_err(|e| Error::io(&tmp, e))?;
-    std::fs::rename(&tmp, &path).map_err(|e| Error::io(&path, e))
-}
-
-/// The address in `<data>/frostline.addr`, if the file exists.
-pub fn read_addr_file(data_dir: &Path) -> Result<Option<SocketAddr>> {
-    let path = data_dir.join(ADDR_FILE);
-    match std::fs::read_to_string(&path) {
-        Ok(text) => text
-            .trim()
-            .parse()
-            .map(Some)
-            .map_err(|e| Error::InvalidInput(format!("{} does not hold an address: {e}", path.display()))),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(Error::io(&path, e)),
-    }
-}
-
-/// One record the API refused, by its 1-based line (JSON lines) or 0-based index (JSON array).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
-pub struct RecordError {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub line: Option<usize>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub index: Option<usize>,
-    pub reason: String,
-}
-
-/// A named limit an answer refers to.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
-pub struct LimitInfo {
-    pub name: String,
-    pub value: u64,
-}
-
-/// The body of every error answer: `{"error": {kind, message, limit?}, "invalid_records"?,
-/// "records"?}`.
-#[derive(Debug, Clone, Serialize, serde::Deserialize)]
-pub struct ErrorBody {
-    pub error: ErrorDetail,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub invalid_records: Option<usize>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub records: Vec<RecordError>,
-}
-
-#[derive(Debug, Clone, Serialize, serde::Deserialize)]
-pub struct ErrorDetail {
-    /// `invalid_input`, `conflict`, `unavailable`, `plugin_fault`, `data_corruption`,
-    /// `internal`, `not_found`, `method_not_allowed`, `unauthorized`, `forbidden` or
-    /// `limit_exceeded`.
-    pub kind: String,
-    pub message: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub limit: Option<LimitInfo>,
-}
+pub use crate::ops::wire::{
+    ADDR_FILE, ErrorBody, ErrorDetail, HTTP_BODY_BYTES_MAX, HTTP_BODY_DRAIN_BYTES_MAX, HTTP_BODY_DRAIN_SECONDS_MAX,
+    HTTP_RECORDS_PER_REQUEST_MAX, LimitInfo, RecordError, client_addr, read_addr_file, write_addr_file,
+};
 
 /// An error answer.
 #[derive(Debug)]

@@ -20,13 +20,14 @@ use std::time::Instant;
 
 use bytes::Bytes;
 
+pub use crate::format::reader::{read_archive, read_manifest, verify_segment};
+
 use crate::engine::Engine;
 use crate::error::{Error, Result};
-use crate::format::Format;
 use crate::format::manifest::{MANIFEST_VERSION, Manifest, SegmentInfo, sha256_hex};
 use crate::model::lifecycle::{self, PlanBasis};
 use crate::model::rows::summarize;
-use crate::model::{BucketFacts, BucketState, Micros, Record};
+use crate::model::{BucketFacts, BucketState, Record};
 use crate::policy::{PolicySet, TablePolicy};
 use crate::storage::{ArchiveBackend, PutOutcome, keys};
 use crate::store::PlanOutcome;
@@ -597,7 +598,7 @@ async fn upload_and_publish(
             crate::failpoints::hit("after_segment_upload")?;
             // create_verified has compared the bytes with the payload and checked their hash
             // against the key; what is left is that they decode to the manifest's rows.
-            verify_segment_rows(table.format, info, bytes).map(|_| ())
+            crate::format::reader::verify_segment_rows(table.format, info, bytes).map(|_| ())
         })
         .await?;
         crate::failpoints::hit("after_read_back")?;
@@ -714,39 +715,6 @@ async fn create_verified(
     verified
 }
 
-/// Verifies a segment's bytes against its manifest entry: hash, row count, row checksum,
-/// and every row parses.
-pub fn verify_segment(format: Format, info: &SegmentInfo, bytes: &[u8]) -> Result<Vec<Record>> {
-    let sha = sha256_hex(bytes);
-    if sha != info.sha256 || bytes.len() as u64 != info.bytes {
-        return Err(Error::Corruption(format!(
-            "segment `{}`: expected {} bytes sha256 {}, got {} bytes sha256 {sha}",
-            info.key,
-            info.bytes,
-            info.sha256,
-            bytes.len()
-        )));
-    }
-    keys::check_content_address(&info.key, &sha)?;
-    verify_segment_rows(format, info, bytes)
-}
-
-/// Verifies that a segment's bytes decode to the rows its manifest entry describes: row
-/// count and row checksum (the bytes' hash is checked by the caller).
-fn verify_segment_rows(format: Format, info: &SegmentInfo, bytes: &[u8]) -> Result<Vec<Record>> {
-    let rows = format.decode(bytes)?;
-    let summary = summarize(&rows);
-    if summary != info.summary || rows.len() as u64 != info.rows {
-        return Err(Error::Corruption(format!(
-            "segment `{}`: rows or row checksum differ from the manifest (rows {} vs {})",
-            info.key,
-            rows.len(),
-            info.rows
-        )));
-    }
-    Ok(rows)
-}
-
 async fn cleanup(
     engine: &Arc<Engine>,
     owner: &str,
@@ -764,28 +732,6 @@ async fn cleanup(
     Ok(deleted)
 }
 
-/// Reads and verifies a published archive: the manifest (content address and parse) and
-/// every segment overlapping `[from, to)`.
-pub async fn read_archive(
-    backend: &dyn ArchiveBackend,
-    manifest_key: &str,
-    from: Option<Micros>,
-    to: Option<Micros>,
-) -> Result<Vec<Record>> {
-    let manifest = read_manifest(backend, manifest_key).await?;
-    let mut rows = Vec::new();
-    for segment in &manifest.segments {
-        if from.is_some_and(|f| segment.max_event_time < f) || to.is_some_and(|t| segment.min_event_time >= t) {
-            continue;
-        }
-        let bytes = backend.get(&segment.key).await?.ok_or_else(|| {
-            Error::Corruption(format!("segment `{}` named by `{manifest_key}` is missing", segment.key))
-        })?;
-        rows.extend(verify_segment(manifest.format, segment, &bytes)?);
-    }
-    Ok(rows)
-}
-
 /// The backend of the target a published bucket's archive was written to, from the copy of
 /// its manifest in the store (not the table's current target, which a reload may have moved).
 pub async fn recorded_backend(
@@ -799,15 +745,4 @@ pub async fn recorded_backend(
         .await?
         .ok_or_else(|| Error::Internal(format!("bucket {id} has no recorded manifest")))?;
     policies.archive_backend(table, &manifest.archive_target())
-}
-
-pub async fn read_manifest(backend: &dyn ArchiveBackend, manifest_key: &str) -> Result<Manifest> {
-    let bytes = backend
-        .get(manifest_key)
-        .await?
-        .ok_or_else(|| Error::Corruption(format!("published manifest `{manifest_key}` is missing")))?;
-    keys::check_content_address(manifest_key, &sha256_hex(&bytes))?;
-    let manifest = Manifest::from_bytes(&bytes)?;
-    manifest.check_consistent()?;
-    Ok(manifest)
 }

@@ -1,6 +1,8 @@
 //! The command line: argument types (clap) and one function per command. Commands call the
-//! library; they hold no engine logic of their own.
+//! operations (`ops`) on a local engine, or reach a running one through `client` (HTTP);
+//! they parse and print, and hold no engine logic of their own. Never imports `api`.
 
+pub mod client;
 pub mod ingest;
 pub mod lifecycle;
 pub mod plugin_check;
@@ -64,7 +66,7 @@ pub enum Command {
         #[command(flatten)]
         engine: EngineArgs,
         #[command(flatten)]
-        api: crate::api::ServeArgs,
+        api: crate::daemon::ServeArgs,
     },
     /// Append JSON-lines records from FILE (or stdin) to a table.
     Ingest {
@@ -219,7 +221,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let engine = match remote::open(&engine)? {
                 remote::Opened::Local(engine) => engine,
                 remote::Opened::Remote(client) => {
-                    let request = crate::api::client::PageRequest {
+                    let request = crate::cli::client::PageRequest {
                         partition: partition.as_deref(),
                         from: from.as_deref(),
                         to: to.as_deref(),
@@ -242,7 +244,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let mut out = std::io::stdout().lock();
             for r in &page.records {
                 use std::io::Write;
-                writeln!(out, "{}", record_json(r))?;
+                writeln!(out, "{}", crate::ops::records::record_json(r))?;
             }
             for gone in &page.expired {
                 // Expired on purpose, not missing: say when and why.
@@ -267,8 +269,8 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 Err(e) if matches!(e.downcast_ref::<crate::Error>(), Some(crate::Error::AlreadyOpen { .. })) => {
                     // A running engine holds the database: ask its API, or, as a last resort,
                     // read the status file it publishes.
-                    match crate::api::read_addr_file(&args.data)? {
-                        Some(addr) => remote::status(&crate::api::client::Client::from_env(addr), &args, json)?,
+                    match crate::ops::wire::read_addr_file(&args.data)? {
+                        Some(addr) => remote::status(&crate::cli::client::Client::from_env(addr), &args, json)?,
                         None => {
                             let path = args.data.join(crate::engine::STATUS_FILE);
                             let text = std::fs::read_to_string(&path).with_context(|| {
@@ -281,7 +283,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 }
                 Err(e) => return Err(e),
             };
-            let status = status::collect(&engine)?;
+            let status = crate::ops::status::collect(&engine)?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&status)?);
             } else {
@@ -319,7 +321,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 remote::Opened::Remote(client) => return remote::archive(&client),
             };
             let owner = crate::archive::new_owner_token();
-            let passes = crate::api::passes::run_until_idle(&engine, &owner, None, &|_| {});
+            let passes = crate::ops::passes::run_until_idle(&engine, &owner, None, &|_| {});
             let report = runtime()?.block_on(passes)?;
             println!("{}", serde_json::to_string(&report)?);
             Ok(if report.deferred == 0 && report.errors.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(1) })
@@ -334,14 +336,5 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             result.context("running the engine")?;
             Ok(ExitCode::SUCCESS)
         }
-    }
-}
-
-/// A record as one JSON line, the same shape `ingest` reads, with the body byte for byte.
-pub fn record_json(r: &crate::model::Record) -> String {
-    let mut line = Vec::new();
-    match crate::format::jsonl::encode_line(r, &mut line) {
-        Ok(()) => String::from_utf8_lossy(line.trim_ascii_end()).into_owned(),
-        Err(e) => format!("{{\"error\":{:?}}}", e.to_string()),
     }
 }

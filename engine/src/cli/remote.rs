@@ -9,9 +9,10 @@ use std::sync::Arc;
 use anyhow::Context;
 
 use super::EngineArgs;
-use crate::api::client::{AppendCounts, Client, PageRequest};
-use crate::api::{HTTP_BODY_BYTES_MAX, HTTP_RECORDS_PER_REQUEST_MAX};
+use crate::cli::client::{Client, PageRequest};
 use crate::engine::Engine;
+use crate::ops::wire::AppendCounts;
+use crate::ops::wire::{HTTP_BODY_BYTES_MAX, HTTP_RECORDS_PER_REQUEST_MAX};
 
 /// The data directory opened here, or the API of the engine that holds it.
 pub enum Opened {
@@ -28,7 +29,7 @@ fn is_already_open(e: &anyhow::Error) -> bool {
 pub fn open(args: &EngineArgs) -> anyhow::Result<Opened> {
     match args.open() {
         Ok(engine) => Ok(Opened::Local(engine)),
-        Err(e) if is_already_open(&e) => match crate::api::read_addr_file(&args.data)? {
+        Err(e) if is_already_open(&e) => match crate::ops::wire::read_addr_file(&args.data)? {
             Some(addr) => {
                 tracing::debug!(%addr, "the data directory is held by a running engine; using its API");
                 Ok(Opened::Remote(Client::from_env(addr)))
@@ -36,7 +37,7 @@ pub fn open(args: &EngineArgs) -> anyhow::Result<Opened> {
             None => Err(e.context(format!(
                 "the process holding it publishes no API address ({}); if it is `frostline run`, wait until it \
                  has started",
-                args.data.join(crate::api::ADDR_FILE).display()
+                args.data.join(crate::ops::wire::ADDR_FILE).display()
             ))),
         },
         Err(e) => Err(e),

@@ -6,6 +6,7 @@ pub mod jsonl;
 pub mod manifest;
 pub mod msgpack;
 pub mod parquet;
+pub mod reader;
 
 use crate::error::Result;
 use crate::model::rows::{RowSummary, summarize};

@@ -6,7 +6,6 @@
 
 pub mod check;
 pub mod grants;
-pub mod reload;
 pub mod retired;
 
 use std::collections::BTreeMap;
@@ -700,4 +699,16 @@ fn load_plugin(
     };
     let component = (!raw.plugin.starts_with(builtin::BUILTIN_PREFIX)).then_some(source);
     Ok(PolicyPlugin { loaded, config, declaration, component })
+}
+
+/// The result of the last reload attempt, shown in status.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct ReloadOutcome {
+    pub at: model::Micros,
+    pub accepted: bool,
+    /// The active generation after the attempt.
+    pub generation: u64,
+    /// Why the reload was refused (file, field and reason), when it was.
+    pub error: Option<String>,
+    pub trigger: String,
 }

@@ -14,6 +14,7 @@ use std::sync::Arc;
 use super::{PolicyPlugin, PolicySet, TablePolicy, build_table};
 use crate::error::{Error, Result};
 use crate::plugin::{PluginHost, PluginLimits, PluginSource, Role, builtin};
+use crate::store::Store;
 use crate::store::schema::{PluginDeclaration, TableState};
 
 /// The data directory's folder of kept plugin components.
@@ -113,4 +114,13 @@ fn load_declared(host: &PluginHost, data_dir: &Path, declared: &PluginDeclaratio
     let limits = PluginLimits { call_ms: declared.call_ms, memory_bytes: declared.memory_bytes };
     let loaded = host.load(&source, role, limits)?;
     Ok(PolicyPlugin { loaded, config: declared.config.clone(), declaration: declared.clone(), component: None })
+}
+
+/// `restore` from the tables recorded in `store`, logging each that cannot be rebuilt (it is
+/// left unmanaged).
+pub fn restore_recorded(set: &mut PolicySet, store: &Store, host: &PluginHost, data_dir: &Path) -> Result<()> {
+    for (table, why) in restore(set, &store.table_states()?, host, data_dir) {
+        tracing::warn!(table, reason = %why, "a table gone from the policy directory cannot be archived under its last declaration; its buckets wait for it");
+    }
+    Ok(())
 }

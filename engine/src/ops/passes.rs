@@ -1,14 +1,12 @@
-//! Archival passes inside the running engine: the periodic loop and `POST /v1/archive` take
-//! turns through one lock (never two passes of one worker at once), and every report feeds
-//! the metrics.
+//! Archival passes inside the running engine ("archive now" and the periodic loop): they take
+//! turns through one lock (never two passes of one worker at once), and every report goes to
+//! one observer (the API's metrics).
 
 use std::sync::Arc;
 
 use crate::archive::{PassReport, run_pass};
 use crate::engine::Engine;
 use crate::error::Result;
-
-use super::Metrics;
 
 /// Passes one `archive --once` runs at most.
 pub const PASSES_UNTIL_IDLE_MAX: usize = 1_000;
@@ -44,12 +42,15 @@ pub async fn run_until_idle(
 pub struct Passes {
     owner: String,
     lock: tokio::sync::Mutex<()>,
-    metrics: Arc<Metrics>,
+    observe: PassObserver,
 }
 
+/// Sees the outcome of every pass.
+pub type PassObserver = Box<dyn Fn(&Result<PassReport>) + Send + Sync>;
+
 impl Passes {
-    pub fn new(owner: String, metrics: Arc<Metrics>) -> Passes {
-        Passes { owner, lock: tokio::sync::Mutex::new(()), metrics }
+    pub fn new(owner: String, observe: PassObserver) -> Passes {
+        Passes { owner, lock: tokio::sync::Mutex::new(()), observe }
     }
 
     pub fn owner(&self) -> &str {
@@ -60,7 +61,7 @@ impl Passes {
     pub async fn run_once(&self, engine: &Arc<Engine>) -> Result<PassReport> {
         let _turn = self.lock.lock().await;
         let result = run_pass(engine, &self.owner).await;
-        self.metrics.record_pass(&result);
+        (self.observe)(&result);
         result
     }
 
@@ -72,6 +73,6 @@ impl Passes {
         stopping: &tokio::sync::watch::Receiver<bool>,
     ) -> Result<PassReport> {
         let _turn = self.lock.lock().await;
-        run_until_idle(engine, &self.owner, Some(stopping), &|r| self.metrics.record_pass(r)).await
+        run_until_idle(engine, &self.owner, Some(stopping), &|r| (self.observe)(r)).await
     }
 }

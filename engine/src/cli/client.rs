@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::ErrorBody;
 use crate::error::{Error, ErrorKind, Result};
+use crate::ops::wire::{AppendCounts, ErrorBody, HoldsPage, VerifyReport};
 
 /// How long connecting to the running engine may take.
 pub const CLIENT_CONNECT_SECONDS_MAX: u64 = 5;
@@ -22,34 +22,11 @@ pub struct Client {
     agent: ureq::Agent,
 }
 
-/// Counts of one append, as the API reports them.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, serde::Serialize)]
-pub struct AppendCounts {
-    pub appended: u64,
-    pub duplicates: u64,
-    /// Identical records found in their bucket's archive (a re-run ingest).
-    #[serde(default)]
-    pub already_archived: u64,
-}
-
 /// One page of a query: each record as its JSON text (the JSON-lines shape, body byte for byte).
 #[derive(Debug, Deserialize)]
 pub struct Page {
     pub records: Vec<Box<serde_json::value::RawValue>>,
     pub next_cursor: Option<String>,
-}
-
-/// The answer of `POST /v1/verify`: a verdict per archived bucket checked, and how many failed.
-#[derive(Debug, Clone, Deserialize, serde::Serialize)]
-pub struct VerifyReport {
-    pub verdicts: Vec<crate::archive::verify::BucketVerdict>,
-    pub failed: usize,
-}
-
-/// The answer of `GET /v1/holds`.
-#[derive(Debug, Deserialize, serde::Serialize)]
-pub struct HoldsPage {
-    pub holds: Vec<crate::cli::lifecycle::HoldListing>,
 }
 
 /// The query of one page.
@@ -206,7 +183,7 @@ impl Client {
         self.json(&text)
     }
 
-    pub fn status(&self) -> Result<crate::cli::status::Status> {
+    pub fn status(&self) -> Result<crate::ops::status::Status> {
         let text = self.send("GET", "/v1/status", None, false)?;
         self.json(&text)
     }
@@ -218,7 +195,7 @@ impl Client {
     }
 
     /// Every hold, placed and policy-declared, with the buckets each covers.
-    pub fn holds(&self) -> Result<Vec<crate::cli::lifecycle::HoldListing>> {
+    pub fn holds(&self) -> Result<Vec<crate::ops::holds::HoldListing>> {
         let text = self.send("GET", "/v1/holds", None, false)?;
         Ok(self.json::<HoldsPage>(&text)?.holds)
     }
@@ -232,10 +209,7 @@ impl Client {
     }
 
     /// Places a hold (admin).
-    pub fn place_hold(
-        &self,
-        request: &crate::cli::lifecycle::HoldRequest,
-    ) -> Result<crate::cli::lifecycle::HoldPlaced> {
+    pub fn place_hold(&self, request: &crate::ops::holds::HoldRequest) -> Result<crate::ops::holds::HoldPlaced> {
         let body = serde_json::to_vec(request).map_err(|e| Error::Internal(format!("encoding the hold: {e}")))?;
         let text = self.send("POST", "/v1/holds", Some(("application/json", &body)), true)?;
         self.json(&text)

@@ -9,29 +9,14 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::Serialize;
-
-use super::{PolicySet, hash_files};
 use crate::engine::Engine;
 use crate::error::{Error, Result};
-use crate::model::Micros;
+use crate::policy::{PolicySet, ReloadOutcome, hash_files};
 
 /// How long the directory must stay unchanged around a reload.
 pub const RELOAD_STABLE_MS: u64 = 200;
 /// How long the watcher waits for writes to stop before reloading.
 pub const RELOAD_DEBOUNCE_MS: u64 = 300;
-
-/// The result of the last reload attempt, shown in status.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct ReloadOutcome {
-    pub at: Micros,
-    pub accepted: bool,
-    /// The active generation after the attempt.
-    pub generation: u64,
-    /// Why the reload was refused (file, field and reason), when it was.
-    pub error: Option<String>,
-    pub trigger: String,
-}
 
 /// Reloads the policy directory of `engine`. Returns the outcome; a refusal is an outcome
 /// too, with the previous set still active.
@@ -92,7 +77,7 @@ fn try_reload(engine: &Engine, current: &Arc<PolicySet>) -> Result<PolicySet> {
     let dir = current.dir.clone();
     let before = hash_files(&dir)?;
     std::thread::sleep(Duration::from_millis(RELOAD_STABLE_MS));
-    let set = super::load_with(&dir, &engine.data_dir, &engine.host, &engine.settings, &engine.load_options)?;
+    let set = crate::policy::load_with(&dir, &engine.data_dir, &engine.host, &engine.settings, &engine.load_options)?;
     let after = hash_files(&dir)?;
     if let Some(why) = unstable(&before, &after).or_else(|| unstable(&before, &set.files)) {
         return Err(Error::InvalidInput(why));
@@ -112,8 +97,8 @@ pub fn succeed(engine: &Engine, current: &PolicySet, mut set: PolicySet) -> Resu
         }
     }
     // And those removed before the engine started, from their recorded declarations.
-    crate::engine::restore_retired(&mut set, &engine.store, &engine.host, &engine.data_dir)?;
-    super::check::check_against_store(&set, &engine.store)?;
+    crate::policy::retired::restore_recorded(&mut set, &engine.store, &engine.host, &engine.data_dir)?;
+    crate::policy::check::check_against_store(&set, &engine.store)?;
     set.generation = current.generation + 1;
     Ok(set)
 }
@@ -176,7 +161,7 @@ pub async fn watch(
                 .await
                 .map_err(|e| Error::Internal(format!("reload task failed: {e}")))?;
         }
-        if let Err(e) = engine.write_status_file() {
+        if let Err(e) = crate::ops::status::write_status_file(&engine) {
             tracing::warn!(error = %e, "cannot write the status file");
         }
     }

@@ -1,0 +1,172 @@
+//! The status read model: tables, buckets per state with the age of the oldest in each, due
+//! work, deferrals with their reasons, lease holders, targets and the policy set in force.
+//! One typed shape for `frostline status`, `GET /v1/status`, `status.json` and the metrics.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::engine::Engine;
+use crate::error::Result;
+use crate::model::Micros;
+use crate::model::time::format_rfc3339;
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct StateCount {
+    pub buckets: u64,
+    pub rows: u64,
+    /// Seconds since the longest-standing bucket entered this state.
+    pub oldest_age_seconds: i64,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Deferral {
+    pub bucket: String,
+    pub attempts: u32,
+    pub next_retry_at: Option<String>,
+    pub error: String,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Lease {
+    pub bucket: String,
+    pub owner: String,
+    pub generation: u64,
+    pub expires_at: String,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct TableStatus {
+    pub id: String,
+    pub strategy: String,
+    pub retention: String,
+    pub target: String,
+    pub states: BTreeMap<String, StateCount>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct PolicyStatus {
+    pub dir: String,
+    pub generation: u64,
+    pub files: BTreeMap<String, String>,
+    pub plugins: Vec<serde_json::Value>,
+    pub retired_tables: Vec<String>,
+    pub last_reload: Option<serde_json::Value>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Status {
+    pub now: String,
+    /// The data directory, resolved to an absolute path.
+    #[serde(default)]
+    pub data_dir: String,
+    /// This data directory's installation id (in every object key it writes).
+    #[serde(default)]
+    pub installation_id: String,
+    /// Tables with data that are not in the policy directory: their buckets wait for them.
+    #[serde(default)]
+    pub unmanaged_tables: Vec<String>,
+    pub policy: PolicyStatus,
+    pub tables: Vec<TableStatus>,
+    pub due_now: u64,
+    /// Seconds the oldest due action has waited (archival lag), 0 when nothing is due.
+    pub oldest_due_age_seconds: i64,
+    pub unplanned_buckets: u64,
+    pub deferrals: Vec<Deferral>,
+    pub leases: Vec<Lease>,
+    pub outbox_backlog: u64,
+    pub store_poisoned: Option<String>,
+    /// Each native archive target and its probe (never a secret).
+    #[serde(default)]
+    pub targets: Vec<crate::storage::probe::TargetReport>,
+}
+
+pub fn collect(engine: &Engine) -> Result<Status> {
+    let now: Micros = engine.clock.now();
+    let policies = engine.policies();
+    let mut states: BTreeMap<&str, BTreeMap<String, StateCount>> = BTreeMap::new();
+    let mut deferrals = Vec::new();
+    let mut leases = Vec::new();
+    engine.store.visit_buckets(|b| {
+        if let Some(id) = policies.tables.get_key_value(&b.id.table).map(|(id, _)| id.as_str()) {
+            let entry = states.entry(id).or_default().entry(b.state.name().to_string()).or_insert(StateCount {
+                buckets: 0,
+                rows: 0,
+                oldest_age_seconds: 0,
+            });
+            entry.buckets += 1;
+            entry.rows += b.row_count;
+            entry.oldest_age_seconds = entry.oldest_age_seconds.max((now - b.state_since) / 1_000_000);
+        }
+        if b.attempts > 0 || (b.plan.is_none() && b.last_error.is_some()) {
+            deferrals.push(Deferral {
+                bucket: b.id.display(),
+                attempts: b.attempts,
+                next_retry_at: b.next_retry_at.map(format_rfc3339),
+                error: b.last_error.clone().unwrap_or_default(),
+            });
+        }
+        if let Some(owner) = &b.lease_owner
+            && b.lease_expires_at > now
+        {
+            leases.push(Lease {
+                bucket: b.id.display(),
+                owner: owner.clone(),
+                generation: b.generation,
+                expires_at: format_rfc3339(b.lease_expires_at),
+            });
+        }
+        Ok(())
+    })?;
+    let tables = policies
+        .tables
+        .iter()
+        .map(|(id, table)| TableStatus {
+            id: id.clone(),
+            strategy: table.strategy.identity().name.clone(),
+            retention: table.retention.name().to_string(),
+            target: format!("{} ({})", table.target_name, table.backend.target()),
+            states: states.remove(id.as_str()).unwrap_or_default(),
+        })
+        .collect();
+    let oldest_due_age_seconds = match engine.store.earliest_due()? {
+        Some(at) if at <= now => (now - at) / 1_000_000,
+        _ => 0,
+    };
+    let policy = PolicyStatus {
+        dir: policies.dir.display().to_string(),
+        generation: policies.generation,
+        files: policies.files.clone(),
+        plugins: policies.plugins.iter().map(|p| serde_json::to_value(p).unwrap_or_default()).collect(),
+        retired_tables: policies.retired.iter().cloned().collect(),
+        last_reload: engine.last_reload().map(|r| serde_json::to_value(r).unwrap_or_default()),
+    };
+    let unmanaged_tables =
+        engine.store.table_states()?.into_iter().filter(|t| t.unmanaged_since.is_some()).map(|t| t.id).collect();
+    Ok(Status {
+        now: format_rfc3339(now),
+        data_dir: engine.data_dir.display().to_string(),
+        installation_id: engine.installation_id.clone(),
+        unmanaged_tables,
+        policy,
+        tables,
+        due_now: engine.store.due_count(now)?,
+        oldest_due_age_seconds,
+        unplanned_buckets: engine.store.unplanned(usize::MAX)?.len() as u64,
+        deferrals,
+        leases,
+        outbox_backlog: engine.store.outbox_len()?,
+        store_poisoned: engine.store.poisoned(),
+        targets: policies.target_probes.values().map(|p| p.report()).collect(),
+    })
+}
+
+/// Writes the current status to `<data>/status.json` (atomically).
+pub fn write_status_file(engine: &Engine) -> Result<()> {
+    let status = collect(engine)?;
+    let path = engine.data_dir.join(crate::engine::STATUS_FILE);
+    let tmp = engine.data_dir.join(format!("{}.tmp", crate::engine::STATUS_FILE));
+    let bytes = serde_json::to_vec_pretty(&status).map_err(|e| crate::error::Error::Internal(e.to_string()))?;
+    std::fs::write(&tmp, bytes).map_err(|e| crate::error::Error::io(&tmp, e))?;
+    std::fs::rename(&tmp, &path).map_err(|e| crate::error::Error::io(&path, e))
+}
