@@ -1,0 +1,560 @@
+//! The protocol's transitions, each one fenced transaction that loads the bucket, asks the
+//! lifecycle model and saves: tables registered and reconciled, plans stored, claim, lease
+//! renewal, upload intent, publish, defer, cleanup and the steps of an expiry.
+
+use super::*;
+
+impl Store {
+    /// Records a table's strategy the first time it is seen; afterwards refuses a different one.
+    /// Records the identity of its retention policy (`state.retention`): when it differs from
+    /// the one recorded, or when the table returns after being absent from the policy
+    /// directory, a reconciliation of every bucket of the table starts (each stale plan is
+    /// made again before it acts; each bucket is rescheduled).
+    pub fn register_table(&self, state: TableState) -> Result<TableState> {
+        self.write(move |txn| {
+            let existing = load_table_state(txn, &state.id)?;
+            match existing {
+                Some(existing) if !existing.strategy.same_as(&state.strategy) => Err(Error::Conflict(format!(
+                    "table `{}` was created with strategy {} (config {}), not {} (config {}); a table's strategy \
+                     never changes: create a new table id",
+                    state.id,
+                    existing.strategy.name,
+                    existing.strategy.config,
+                    state.strategy.name,
+                    state.strategy.config
+                ))),
+                Some(mut existing) => {
+                    let mut changed = false;
+                    if existing.retention != state.retention || existing.unmanaged_since.is_some() {
+                        existing.retention = state.retention.clone();
+                        existing.unmanaged_since = None;
+                        existing.reconcile_from = Some(Vec::new());
+                        existing.reconcile_started_at = state.created_at;
+                        changed = true;
+                    }
+                    if state.declaration.is_some() && existing.declaration != state.declaration {
+                        existing.declaration = state.declaration;
+                        changed = true;
+                    }
+                    if changed {
+                        save_table_state(txn, &existing)?;
+                    }
+                    Ok(existing)
+                }
+                None => {
+                    let state = TableState { reconcile_started_at: state.created_at, ..state };
+                    save_table_state(txn, &state)?;
+                    Ok(state)
+                }
+            }
+        })
+    }
+
+    /// Marks every recorded table that is not in `present` as having no definition: its
+    /// buckets leave the due index as passes meet them (`claim`) instead of blocking other
+    /// tables' work, and wait, planned as they were, until the table returns.
+    pub fn mark_unmanaged(&self, present: Vec<String>, now: Micros) -> Result<Vec<String>> {
+        self.write(move |txn| {
+            let mut states = Vec::new();
+            {
+                let t = txn.open_table(TABLES).map_err(db_err)?;
+                for entry in t.iter().map_err(db_err)? {
+                    let state: TableState = decode_value(entry.map_err(db_err)?.1.value())?;
+                    if !present.contains(&state.id) && state.unmanaged_since.is_none() {
+                        states.push(state);
+                    }
+                }
+            }
+            let mut marked = Vec::new();
+            for mut state in states {
+                state.unmanaged_since = Some(now);
+                state.reconcile_from = None;
+                save_table_state(txn, &state)?;
+                push_outbox(txn, "table_unmanaged", None, now, serde_json::json!({"table": state.id}))?;
+                marked.push(state.id);
+            }
+            Ok(marked)
+        })
+    }
+
+    /// Stores the outcome of planning several buckets in one transaction: a plan is stored
+    /// with its basis and the bucket rescheduled by the lifecycle model; a refusal (the
+    /// policy's reason) is recorded on the bucket, which keeps waiting for a plan. A plan
+    /// whose basis no longer matches the bucket (an append changed its facts meanwhile, or the
+    /// policy was reloaded) is stored but the bucket stays queued, so it is planned again.
+    pub fn set_plans(&self, outcomes: Vec<(BucketId, PlanOutcome)>, now: Micros) -> Result<()> {
+        self.write(move |txn| {
+            for (id, outcome) in outcomes {
+                let mut meta = load_meta(txn, &id)?;
+                match outcome {
+                    Ok((plan, basis)) => {
+                        txn.open_table(UNPLANNED).map_err(db_err)?.remove(id.encode().as_slice()).map_err(db_err)?;
+                        meta.plan = Some(plan);
+                        meta.plan_basis = Some(basis);
+                        meta.last_error = meta.last_error.filter(|e| !e.starts_with("retention plan:"));
+                        reconcile(txn, &mut meta, now)?;
+                    }
+                    Err(error) => meta.last_error = Some(format!("retention plan: {error}")),
+                }
+                save_meta(txn, &meta)?;
+            }
+            Ok(())
+        })
+    }
+
+    /// Takes the next `limit` buckets of the table's running reconciliation (see
+    /// `TableState::reconcile_from`), starting a periodic one when `REPLAN_PERIOD_US` has
+    /// passed since the last: each is rescheduled by the lifecycle model and queued for a plan
+    /// when its plan is stale. Returns how many buckets were visited.
+    pub fn reconcile_step(&self, table: String, limit: usize, now: Micros) -> Result<u64> {
+        self.write(move |txn| {
+            let Some(mut state) = load_table_state(txn, &table)? else { return Ok(0) };
+            if state.unmanaged_since.is_some() {
+                return Ok(0);
+            }
+            if state.reconcile_from.is_none() && now - state.reconcile_started_at >= lifecycle::REPLAN_PERIOD_US {
+                state.reconcile_from = Some(Vec::new());
+                state.reconcile_started_at = now;
+            }
+            let Some(from) = state.reconcile_from.clone() else { return Ok(0) };
+            let prefix = BucketId::table_prefix(&table, None);
+            let end = encoding::prefix_end(&prefix);
+            let start = if from.is_empty() { prefix.clone() } else { from };
+            let mut metas: Vec<BucketMeta> = Vec::new();
+            {
+                let t = txn.open_table(BUCKETS).map_err(db_err)?;
+                for entry in t.range(start.as_slice()..end.as_slice()).map_err(db_err)?.take(limit + 1) {
+                    metas.push(decode_value(entry.map_err(db_err)?.1.value())?);
+                }
+            }
+            state.reconcile_from = if metas.len() > limit { metas.pop().map(|m| m.id.encode()) } else { None };
+            let visited = metas.len() as u64;
+            for mut meta in metas {
+                let before = meta.clone();
+                reconcile(txn, &mut meta, now)?;
+                if meta != before {
+                    save_meta(txn, &meta)?;
+                }
+            }
+            save_table_state(txn, &state)?;
+            Ok(visited)
+        })
+    }
+
+    /// Whether the table has a reconciliation running or due (a cheap read, so passes only
+    /// write when there is work).
+    pub fn reconcile_pending(&self, table: &str, now: Micros) -> Result<bool> {
+        Ok(self.table_state(table)?.is_some_and(|s| {
+            s.unmanaged_since.is_none()
+                && (s.reconcile_from.is_some() || now - s.reconcile_started_at >= lifecycle::REPLAN_PERIOD_US)
+        }))
+    }
+
+    /// Removes buckets of tables that have no definition from the plan queue (they are
+    /// rescheduled by the reconciliation that starts when the table returns).
+    pub fn drop_unplannable(&self, ids: Vec<BucketId>) -> Result<()> {
+        self.write(move |txn| {
+            let mut unplanned = txn.open_table(UNPLANNED).map_err(db_err)?;
+            for id in ids {
+                unplanned.remove(id.encode().as_slice()).map_err(db_err)?;
+            }
+            Ok(())
+        })
+    }
+
+    /// Claims a due bucket for `owner` when the lifecycle model says a step may start: a
+    /// hot bucket whose current plan says archive, a retry or a takeover, a pending cleanup,
+    /// an expiry the current plan asks for and no hold covers, or an expiry to finish.
+    /// Increments the generation (the fencing token). A bucket that may not start anything is
+    /// left with the due entry the model gives it: queued for a plan when its plan is stale,
+    /// parked (and an event written) when a hold covers it, taken out of the due index while
+    /// its table has no definition.
+    pub fn claim(&self, id: BucketId, owner: String, now: Micros, lease_us: Micros) -> Result<Option<BucketMeta>> {
+        self.write(move |txn| {
+            let mut meta = load_meta(txn, &id)?;
+            let Some(policy) = table_policy(txn, &id.table)? else {
+                // No definition: nothing can be planned, archived or expired until it returns.
+                if meta.due_at.is_some() {
+                    meta.last_error = Some("the table is not in the policy directory; its buckets wait for it".into());
+                    schedule(txn, &mut meta, None)?;
+                    save_meta(txn, &meta)?;
+                }
+                return Ok(None);
+            };
+            let tombstone = load_tombstone(txn, &id)?;
+            let covering = covering_holds(txn, &meta)?;
+            let current = meta.plan_is_current(Some(&policy));
+            let view = meta.view(current, !covering.is_empty(), tombstone.as_ref());
+            match lifecycle::claimable(&view, now) {
+                Ok(_) => {}
+                Err(NotClaimable::Leased) => return Ok(None),
+                Err(NotClaimable::Held) => {
+                    park(txn, &mut meta, covering, now)?;
+                    save_meta(txn, &meta)?;
+                    return Ok(None);
+                }
+                Err(NotClaimable::NeedsPlan | NotClaimable::NotDue) => {
+                    reconcile(txn, &mut meta, now)?;
+                    save_meta(txn, &meta)?;
+                    return Ok(None);
+                }
+            }
+            if meta.state == BucketState::Hot {
+                invariants::transition_is_allowed(meta.state, BucketState::Archiving).map_err(Error::Internal)?;
+                meta_touch(&mut meta, now, Some(BucketState::Archiving));
+            }
+            meta.generation += 1;
+            meta.lease_owner = Some(owner);
+            meta.lease_expires_at = now + lease_us;
+            meta.next_retry_at = None;
+            // If this worker dies, the lease expiry is when another one takes over.
+            let lease_expires_at = meta.lease_expires_at;
+            schedule(txn, &mut meta, Some(lease_expires_at))?;
+            save_meta(txn, &meta)?;
+            Ok(Some(meta))
+        })
+    }
+
+    /// Extends a held lease. Fails (and changes nothing) when the lease is no longer held.
+    pub fn renew(&self, id: BucketId, owner: String, generation: u64, now: Micros, lease_us: Micros) -> Result<Micros> {
+        self.write(move |txn| {
+            let mut meta = load_meta(txn, &id)?;
+            check_lease(&meta, &owner, generation, now)?;
+            meta.lease_expires_at = now + lease_us;
+            let lease_expires_at = meta.lease_expires_at;
+            schedule(txn, &mut meta, Some(lease_expires_at))?;
+            save_meta(txn, &meta)?;
+            Ok(meta.lease_expires_at)
+        })
+    }
+
+    /// Records, before the first upload, which keys this claim is about to write.
+    pub fn record_intent(&self, intent: UploadIntent, owner: String, now: Micros) -> Result<()> {
+        self.write(move |txn| {
+            let meta = load_meta(txn, &intent.bucket)?;
+            check_lease(&meta, &owner, intent.generation, now)?;
+            let key = generation_key(&intent.bucket, intent.generation);
+            txn.open_table(INTENTS)
+                .map_err(db_err)?
+                .insert(key.as_slice(), encode_value(&intent)?.as_slice())
+                .map_err(db_err)?;
+            Ok(())
+        })
+    }
+
+    /// The read cut-over: in one fenced transaction the bucket becomes
+    /// `Archived{hot_deleted:false}`, the manifest is recorded and an outbox event written.
+    pub fn publish(
+        &self,
+        id: BucketId,
+        owner: String,
+        generation: u64,
+        now: Micros,
+        manifest: crate::format::manifest::Manifest,
+        manifest_key: String,
+    ) -> Result<BucketMeta> {
+        self.write(move |txn| {
+            let mut meta = load_meta(txn, &id)?;
+            check_lease(&meta, &owner, generation, now)?;
+            let next = BucketState::Archived { hot_deleted: false };
+            invariants::transition_is_allowed(meta.state, next).map_err(Error::Internal)?;
+            txn.open_table(MANIFESTS)
+                .map_err(db_err)?
+                .insert(generation_key(&id, generation).as_slice(), encode_value(&manifest)?.as_slice())
+                .map_err(db_err)?;
+            meta_touch(&mut meta, now, Some(next));
+            meta.manifest_key = Some(manifest_key.clone());
+            meta.archived_at = Some(now);
+            meta.attempts = 0;
+            meta.last_error = None;
+            // Cleanup is due at once, and stays due if this worker dies.
+            schedule(txn, &mut meta, Some(now))?;
+            save_meta(txn, &meta)?;
+            push_outbox(
+                txn,
+                "bucket_archived",
+                Some(&meta),
+                now,
+                serde_json::json!({"manifest_key": manifest_key, "rows": manifest.summary.rows}),
+            )?;
+            Ok(meta)
+        })
+    }
+
+    /// A failure before publication: the bucket stays fenced (`Archiving`), its lease is
+    /// released and it is retried at `retry_at`.
+    pub fn defer(
+        &self,
+        id: BucketId,
+        owner: String,
+        generation: u64,
+        now: Micros,
+        error: String,
+        retry_at: Micros,
+    ) -> Result<()> {
+        self.write(move |txn| {
+            let mut meta = load_meta(txn, &id)?;
+            if meta.lease_owner.as_deref() != Some(owner.as_str()) || meta.generation != generation {
+                // Someone else owns it now; their outcome decides.
+                return Ok(());
+            }
+            meta.attempts += 1;
+            meta.last_error = Some(error.clone());
+            meta.lease_owner = None;
+            meta.lease_expires_at = now;
+            meta.next_retry_at = Some(retry_at);
+            schedule(txn, &mut meta, Some(retry_at))?;
+            save_meta(txn, &meta)?;
+            push_outbox(
+                txn,
+                "bucket_deferred",
+                Some(&meta),
+                now,
+                serde_json::json!({"error": error, "retry_at": retry_at}),
+            )
+        })
+    }
+
+    /// Deletes the hot rows of a published bucket, in a separately fenced transaction that
+    /// first checks the rows against the manifest's count, key range and checksum.
+    pub fn cleanup(&self, id: BucketId, owner: String, generation: u64, now: Micros) -> Result<u64> {
+        self.write(move |txn| {
+            let mut meta = load_meta(txn, &id)?;
+            check_lease(&meta, &owner, generation, now)?;
+            let next = BucketState::Archived { hot_deleted: true };
+            invariants::transition_is_allowed(meta.state, next).map_err(Error::Internal)?;
+            let manifest_generation = published_generation(txn, &id)?
+                .ok_or_else(|| Error::Internal(format!("bucket {id} is published but has no manifest")))?;
+            let manifest: crate::format::manifest::Manifest = {
+                let t = txn.open_table(MANIFESTS).map_err(db_err)?;
+                let v =
+                    t.get(generation_key(&id, manifest_generation).as_slice()).map_err(db_err)?.ok_or_else(|| {
+                        Error::Internal(format!("manifest of bucket {id} generation {manifest_generation} is missing"))
+                    })?;
+                decode_value(v.value())?
+            };
+            let mut records = txn.open_table(RECORDS).map_err(db_err)?;
+            let prefix = id.encode();
+            let end = encoding::prefix_end(&prefix);
+            // One scan sums the rows and collects their keys; they are deleted only if the sum
+            // matches the manifest. (redb 3.1's `retain_in` rewrites pages and measured about
+            // four times slower than removing the collected keys.)
+            let mut summer = RowSummer::default();
+            let mut keys = Vec::with_capacity(meta.row_count as usize);
+            for entry in records.range(prefix.as_slice()..end.as_slice()).map_err(db_err)? {
+                let (k, v) = entry.map_err(db_err)?;
+                let (event_time, sort_key) = decode_record_suffix(bucket_suffix(&id, &prefix, k.value())?)?;
+                let row = decode_row_ref(v.value())?;
+                summer.push_fields(RowFields {
+                    partition_key: &id.partition_key,
+                    event_time,
+                    sort_key: &sort_key,
+                    tenant: row.tenant,
+                    kind: row.kind,
+                    body: row.body,
+                });
+                keys.push(k.value().to_vec());
+            }
+            let hot: RowSummary = summer.finish();
+            invariants::hot_rows_match_manifest(&hot, &manifest.summary)
+                .map_err(|why| Error::Corruption(format!("refusing to delete the hot rows of {id}: {why}")))?;
+            for (i, key) in keys.iter().enumerate() {
+                if i == keys.len() / 2 {
+                    crate::failpoints::hit("mid_cleanup")?;
+                }
+                records.remove(key.as_slice()).map_err(db_err)?;
+            }
+            drop(records);
+            meta_touch(&mut meta, now, Some(next));
+            meta.hot_deleted_at = Some(now);
+            meta.lease_owner = None;
+            meta.lease_expires_at = now;
+            txn.open_table(INTENTS)
+                .map_err(db_err)?
+                .retain_in(prefix.as_slice()..end.as_slice(), |_, _| false)
+                .map_err(db_err)?;
+            // Next: the archive's expiry. Being archived is a fact the policy sees, so the
+            // model queues the bucket for a plan made with it before anything is scheduled.
+            reconcile(txn, &mut meta, now)?;
+            save_meta(txn, &meta)?;
+            push_outbox(txn, "hot_rows_deleted", Some(&meta), now, serde_json::json!({"rows": hot.rows}))?;
+            Ok(hot.rows)
+        })
+    }
+
+    /// Starts an archive's expiry under the bucket's fence. Re-checks every hold in the same
+    /// transaction: a covered bucket is not expired (it is parked until the hold is lifted,
+    /// and `Ok(None)` is returned). Otherwise the tombstone (the keys to delete and the target
+    /// they live on) and an outbox event are written durably and the bucket becomes `Expired`
+    /// before any object is deleted.
+    pub fn begin_expiry(
+        &self,
+        id: BucketId,
+        owner: String,
+        generation: u64,
+        now: Micros,
+        keys: Vec<String>,
+        target: ArchiveTarget,
+    ) -> Result<Option<Tombstone>> {
+        self.write(move |txn| {
+            let mut meta = load_meta(txn, &id)?;
+            check_lease(&meta, &owner, generation, now)?;
+            let covering = covering_holds(txn, &meta)?;
+            if lifecycle::expiry_allowed(&covering).is_err() {
+                // A legal hold beats every retention rule.
+                park(txn, &mut meta, covering, now)?;
+                meta.lease_owner = None;
+                meta.lease_expires_at = now;
+                save_meta(txn, &meta)?;
+                return Ok(None);
+            }
+            invariants::transition_is_allowed(meta.state, BucketState::Expired).map_err(Error::Internal)?;
+            let manifest_key = meta
+                .manifest_key
+                .clone()
+                .ok_or_else(|| Error::Internal(format!("archived bucket {id} names no manifest")))?;
+            let tombstone = Tombstone {
+                bucket: id.clone(),
+                bounds: meta.descriptor.clone(),
+                manifest_key,
+                keys,
+                reason: meta.plan.as_ref().map(|p| p.reason.clone()).unwrap_or_else(|| "expire_at reached".into()),
+                expired_at: now,
+                completed_at: None,
+                purge_at: None,
+                target,
+                deletes_started_at: None,
+            };
+            save_tombstone(txn, &tombstone)?;
+            meta_touch(&mut meta, now, Some(BucketState::Expired));
+            let lease_expires_at = meta.lease_expires_at;
+            schedule(txn, &mut meta, Some(lease_expires_at))?;
+            save_meta(txn, &meta)?;
+            push_outbox(
+                txn,
+                "archive_expiring",
+                Some(&meta),
+                now,
+                serde_json::json!({"manifest_key": tombstone.manifest_key, "reason": tombstone.reason,
+                                   "target": tombstone.target.to_string()}),
+            )?;
+            Ok(Some(tombstone))
+        })
+    }
+
+    /// The last moment a hold can stop an expiry: just before the first delete call, under the
+    /// fence, every hold is checked again. A covered bucket's expiry is called off (the bucket
+    /// returns to `Archived` under a new generation, parked) and `false` is returned;
+    /// otherwise the tombstone records, durably, that deletions start, and `true` is returned.
+    pub fn start_deletes(&self, id: BucketId, owner: String, generation: u64, now: Micros) -> Result<bool> {
+        self.write(move |txn| {
+            let mut meta = load_meta(txn, &id)?;
+            check_lease(&meta, &owner, generation, now)?;
+            let mut tombstone = load_tombstone(txn, &id)?
+                .ok_or_else(|| Error::Internal(format!("expired bucket {id} has no tombstone")))?;
+            if tombstone.deletes_started_at.is_some() {
+                return Ok(true);
+            }
+            let covering = covering_holds(txn, &meta)?;
+            if lifecycle::expiry_allowed(&covering).is_err() {
+                call_off_expiry(txn, &mut meta, covering, now)?;
+                return Ok(false);
+            }
+            tombstone.deletes_started_at = Some(now);
+            save_tombstone(txn, &tombstone)?;
+            Ok(true)
+        })
+    }
+
+    /// Records that every object of an expired archive is proved absent; the tombstone is
+    /// kept until `purge_at`.
+    pub fn complete_expiry(
+        &self,
+        id: BucketId,
+        owner: String,
+        generation: u64,
+        now: Micros,
+        purge_at: Micros,
+    ) -> Result<()> {
+        self.write(move |txn| {
+            let mut meta = load_meta(txn, &id)?;
+            check_lease(&meta, &owner, generation, now)?;
+            let mut tombstone = load_tombstone(txn, &id)?
+                .ok_or_else(|| Error::Internal(format!("expired bucket {id} has no tombstone")))?;
+            tombstone.completed_at = Some(now);
+            tombstone.purge_at = Some(purge_at);
+            txn.open_table(TOMBSTONES)
+                .map_err(db_err)?
+                .insert(id.encode().as_slice(), encode_value(&tombstone)?.as_slice())
+                .map_err(db_err)?;
+            meta.lease_owner = None;
+            meta.lease_expires_at = now;
+            schedule(txn, &mut meta, Some(purge_at))?;
+            save_meta(txn, &meta)?;
+            push_outbox(txn, "archive_expired", Some(&meta), now, serde_json::json!({"objects": tombstone.keys.len()}))
+        })
+    }
+
+    /// Purges a completed tombstone whose replay period is over, when the bucket still says
+    /// `Expired` and every sink has the events that tell of the expiry (they are still in the
+    /// outbox otherwise, and the purge waits). The bucket's metadata stays, so queries still
+    /// say the range expired.
+    pub fn purge_tombstone(&self, id: BucketId, now: Micros) -> Result<bool> {
+        self.write(move |txn| {
+            let Some(tombstone) = load_tombstone(txn, &id)? else { return Ok(false) };
+            let mut meta = load_meta(txn, &id)?;
+            let pending = expiry_events_pending(txn, &id)?;
+            if !lifecycle::tombstone_purgeable(meta.state, tombstone.progress(), pending, now) {
+                if pending && tombstone.purge_at.is_some_and(|at| at <= now) {
+                    // Ask again once the sinks have had time to take the events.
+                    schedule(txn, &mut meta, Some(now + TOMBSTONE_PURGE_RETRY_US))?;
+                    save_meta(txn, &meta)?;
+                }
+                return Ok(false);
+            }
+            txn.open_table(TOMBSTONES).map_err(db_err)?.remove(id.encode().as_slice()).map_err(db_err)?;
+            schedule(txn, &mut meta, None)?;
+            save_meta(txn, &meta)?;
+            Ok(true)
+        })
+    }
+}
+
+/// Adds a bucket and its newest manifest to `out` when the bucket is published (not expired).
+pub(super) fn push_published(
+    buckets: &impl ReadableTable<&'static [u8], &'static [u8]>,
+    id: BucketId,
+    manifest: &[u8],
+    out: &mut Vec<(BucketMeta, crate::format::manifest::Manifest)>,
+) -> Result<()> {
+    let Some(meta) = buckets.get(id.encode().as_slice()).map_err(db_err)? else { return Ok(()) };
+    let meta: BucketMeta = decode_value(meta.value())?;
+    if matches!(meta.state, BucketState::Archived { .. }) && meta.manifest_key.is_some() {
+        out.push((meta, decode_value(manifest)?));
+    }
+    Ok(())
+}
+
+/// The generation of the bucket's published manifest: the newest one recorded.
+pub(super) fn published_generation(txn: &WriteTransaction, id: &BucketId) -> Result<Option<u64>> {
+    let t = txn.open_table(MANIFESTS).map_err(db_err)?;
+    let prefix = id.encode();
+    let end = encoding::prefix_end(&prefix);
+    let last = t.range(prefix.as_slice()..end.as_slice()).map_err(db_err)?.next_back();
+    match last {
+        None => Ok(None),
+        Some(entry) => {
+            let (k, _) = entry.map_err(db_err)?;
+            let mut r = encoding::Reader::new(&k.value()[prefix.len()..]);
+            Ok(Some(r.u64()?))
+        }
+    }
+}
+
+/// What planning one bucket gave: its plan and what it was made from, or the policy's
+/// refusal.
+pub type PlanOutcome = std::result::Result<(RetentionPlan, PlanBasis), String>;
+
+/// How long a tombstone whose expiry events are still waiting for a sink waits before its
+/// purge is tried again.
+pub const TOMBSTONE_PURGE_RETRY_US: Micros = 60 * 1_000_000;

@@ -1,0 +1,347 @@
+//! Reads: each in its own read transaction (never waiting for the writer), and `Snapshot`,
+//! several reads that must agree taken from one.
+
+use super::*;
+
+impl Store {
+    /// A read transaction to read several things from one instant (a query page, the sweep's
+    /// reference set): nothing committed after it began is seen through it.
+    pub fn snapshot(&self) -> Result<Snapshot> {
+        Ok(Snapshot { txn: Arc::new(self.read()?) })
+    }
+
+    /// Every bucket of a table (or of one partition), in key order.
+    pub fn buckets(&self, table: &str, partition_key: Option<&[u8]>) -> Result<Vec<BucketMeta>> {
+        self.snapshot()?.buckets(table, partition_key)
+    }
+
+    /// Calls `visit` with every bucket of every table in key order, one at a time, from one
+    /// read transaction: summaries over a million buckets without holding them all.
+    pub fn visit_buckets(&self, visit: impl FnMut(BucketMeta) -> Result<()>) -> Result<()> {
+        self.snapshot()?.visit_buckets(visit)
+    }
+
+    /// The hot rows of a bucket in clustering order, from `after` (exclusive) when given.
+    pub fn rows(&self, id: &BucketId, after: Option<(Micros, &[u8])>, limit: usize) -> Result<Vec<Record>> {
+        self.snapshot()?.rows(id, after, limit)
+    }
+
+    /// The newest recorded (that is, published) manifest of a bucket.
+    pub fn latest_manifest(&self, id: &BucketId) -> Result<Option<crate::format::manifest::Manifest>> {
+        self.snapshot()?.latest_manifest(id)
+    }
+
+    pub fn intents(&self) -> Result<Vec<UploadIntent>> {
+        self.snapshot()?.intents()
+    }
+
+    pub fn tombstones(&self) -> Result<Vec<Tombstone>> {
+        self.snapshot()?.tombstones()
+    }
+
+    pub fn table_state(&self, table: &str) -> Result<Option<TableState>> {
+        let txn = self.read()?;
+        let t = txn.open_table(TABLES).map_err(db_err)?;
+        t.get(table).map_err(db_err)?.map(|v| decode_value(v.value())).transpose()
+    }
+
+    /// This data directory's installation id (made at its creation, never changed).
+    pub fn installation_id(&self) -> Result<String> {
+        let bytes = self
+            .meta_value(META_INSTALLATION_ID)?
+            .ok_or_else(|| Error::Corruption("the data directory has no installation id".into()))?;
+        String::from_utf8(bytes).map_err(|_| Error::Corruption("the installation id is not UTF-8".into()))
+    }
+
+    pub fn bucket(&self, id: &BucketId) -> Result<Option<BucketMeta>> {
+        let txn = self.read()?;
+        let t = txn.open_table(BUCKETS).map_err(db_err)?;
+        t.get(id.encode().as_slice()).map_err(db_err)?.map(|v| decode_value(v.value())).transpose()
+    }
+
+    /// Every bucket of every table.
+    pub fn all_buckets(&self) -> Result<Vec<BucketMeta>> {
+        let txn = self.read()?;
+        let t = txn.open_table(BUCKETS).map_err(db_err)?;
+        let mut out = Vec::new();
+        for entry in t.iter().map_err(db_err)? {
+            let (_, v) = entry.map_err(db_err)?;
+            out.push(decode_value(v.value())?);
+        }
+        Ok(out)
+    }
+
+    /// Buckets whose action is due at or before `now`, soonest first, at most `limit`.
+    pub fn due(&self, now: Micros, limit: usize) -> Result<Vec<(Micros, BucketId)>> {
+        let txn = self.read()?;
+        let t = txn.open_table(DUE).map_err(db_err)?;
+        let end = due_key_bound(now);
+        let mut out = Vec::new();
+        for entry in t.range(..end.as_slice()).map_err(db_err)?.take(limit) {
+            let (k, _) = entry.map_err(db_err)?;
+            out.push(decode_due_key(k.value())?);
+        }
+        Ok(out)
+    }
+
+    /// The earliest due time in the index, for status (archival lag) and scheduling.
+    pub fn earliest_due(&self) -> Result<Option<Micros>> {
+        let txn = self.read()?;
+        let t = txn.open_table(DUE).map_err(db_err)?;
+        let first = t.first().map_err(db_err)?;
+        first.map(|(k, _)| decode_due_key(k.value()).map(|(at, _)| at)).transpose()
+    }
+
+    pub fn due_count(&self, now: Micros) -> Result<u64> {
+        let txn = self.read()?;
+        let t = txn.open_table(DUE).map_err(db_err)?;
+        let end = due_key_bound(now);
+        let mut n = 0;
+        for entry in t.range(..end.as_slice()).map_err(db_err)? {
+            entry.map_err(db_err)?;
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    /// Buckets that have no retention plan yet, at most `limit`.
+    pub fn unplanned(&self, limit: usize) -> Result<Vec<BucketId>> {
+        let txn = self.read()?;
+        let t = txn.open_table(UNPLANNED).map_err(db_err)?;
+        let mut out = Vec::new();
+        for entry in t.iter().map_err(db_err)?.take(limit) {
+            let (k, _) = entry.map_err(db_err)?;
+            out.push(BucketId::decode(&mut encoding::Reader::new(k.value()))?);
+        }
+        Ok(out)
+    }
+
+    pub fn manifest(&self, id: &BucketId, generation: u64) -> Result<Option<crate::format::manifest::Manifest>> {
+        let txn = self.read()?;
+        let t = txn.open_table(MANIFESTS).map_err(db_err)?;
+        t.get(generation_key(id, generation).as_slice()).map_err(db_err)?.map(|v| decode_value(v.value())).transpose()
+    }
+
+    /// The published buckets of a table with their newest manifest, in key order. Reads the
+    /// manifests, not every bucket: its cost follows what is archived, not what is hot.
+    pub fn published(&self, table: &str) -> Result<Vec<(BucketMeta, crate::format::manifest::Manifest)>> {
+        let txn = self.read()?;
+        let manifests = txn.open_table(MANIFESTS).map_err(db_err)?;
+        let buckets = txn.open_table(BUCKETS).map_err(db_err)?;
+        let prefix = BucketId::table_prefix(table, None);
+        let end = encoding::prefix_end(&prefix);
+        let mut out: Vec<(BucketMeta, crate::format::manifest::Manifest)> = Vec::new();
+        let mut newest: Option<(BucketId, Vec<u8>)> = None;
+        // Generations of one bucket are adjacent and ascending: keep the last of each run.
+        for entry in manifests.range(prefix.as_slice()..end.as_slice()).map_err(db_err)? {
+            let (k, v) = entry.map_err(db_err)?;
+            let id = BucketId::decode(&mut encoding::Reader::new(k.value()))?;
+            if let Some((previous, bytes)) = newest.take()
+                && previous != id
+            {
+                push_published(&buckets, previous, &bytes, &mut out)?;
+            }
+            newest = Some((id, v.value().to_vec()));
+        }
+        if let Some((id, bytes)) = newest {
+            push_published(&buckets, id, &bytes, &mut out)?;
+        }
+        Ok(out)
+    }
+
+    pub fn meta_value(&self, name: &str) -> Result<Option<Vec<u8>>> {
+        let txn = self.read()?;
+        let t = txn.open_table(META).map_err(db_err)?;
+        Ok(t.get(name).map_err(db_err)?.map(|v| v.value().to_vec()))
+    }
+
+    pub fn set_meta_value(&self, name: &'static str, value: Vec<u8>) -> Result<()> {
+        self.write(move |txn| {
+            txn.open_table(META).map_err(db_err)?.insert(name, value.as_slice()).map_err(db_err)?;
+            Ok(())
+        })
+    }
+
+    /// Every recorded table, in id order.
+    pub fn table_states(&self) -> Result<Vec<TableState>> {
+        let txn = self.read()?;
+        let t = txn.open_table(TABLES).map_err(db_err)?;
+        let mut out = Vec::new();
+        for entry in t.iter().map_err(db_err)? {
+            out.push(decode_value(entry.map_err(db_err)?.1.value())?);
+        }
+        Ok(out)
+    }
+
+    pub fn tombstone(&self, id: &BucketId) -> Result<Option<Tombstone>> {
+        let txn = self.read()?;
+        let t = txn.open_table(TOMBSTONES).map_err(db_err)?;
+        t.get(id.encode().as_slice()).map_err(db_err)?.map(|v| decode_value(v.value())).transpose()
+    }
+}
+
+pub(super) fn table_buckets(txn: &WriteTransaction, table: &str) -> Result<Vec<BucketMeta>> {
+    let t = txn.open_table(BUCKETS).map_err(db_err)?;
+    let prefix = BucketId::table_prefix(table, None);
+    let end = encoding::prefix_end(&prefix);
+    let mut out = Vec::new();
+    for entry in t.range(prefix.as_slice()..end.as_slice()).map_err(db_err)? {
+        out.push(decode_value(entry.map_err(db_err)?.1.value())?);
+    }
+    Ok(out)
+}
+
+pub(super) fn due_key_bound(now: Micros) -> Vec<u8> {
+    // Every due key at `now` starts with the encoded `now`; the bound is just past them.
+    let mut bound = Vec::new();
+    encoding::put_i64(&mut bound, now);
+    encoding::prefix_end(&bound)
+}
+
+pub(super) fn scan_rows(
+    table: &impl ReadableTable<&'static [u8], &'static [u8]>,
+    id: &BucketId,
+    after: Option<(Micros, &[u8])>,
+    limit: usize,
+) -> Result<Vec<Record>> {
+    let prefix = id.encode();
+    let end = encoding::prefix_end(&prefix);
+    let start = match after {
+        Some((t, sort_key)) => {
+            let mut k = record_key(id, t, sort_key);
+            k.push(0); // strictly after
+            k
+        }
+        None => prefix.clone(),
+    };
+    let mut out = Vec::new();
+    for entry in table.range(start.as_slice()..end.as_slice()).map_err(db_err)?.take(limit) {
+        let (k, v) = entry.map_err(db_err)?;
+        out.push(bucket_row(id, &prefix, k.value(), v.value())?);
+    }
+    Ok(out)
+}
+
+/// The part of a record key of bucket `id` after the bucket's encoded `prefix`.
+pub(super) fn bucket_suffix<'k>(id: &BucketId, prefix: &[u8], key: &'k [u8]) -> Result<&'k [u8]> {
+    key.strip_prefix(prefix)
+        .ok_or_else(|| Error::Corruption(format!("a record key under bucket {id} lacks the bucket's prefix")))
+}
+
+/// A row of bucket `id` (whose encoded prefix is `prefix`) from its key and stored value.
+pub(super) fn bucket_row(id: &BucketId, prefix: &[u8], key: &[u8], value: &[u8]) -> Result<Record> {
+    let (event_time, sort_key) = decode_record_suffix(bucket_suffix(id, prefix, key)?)?;
+    let row: StoredRow = decode_value(value)?;
+    Ok(Record {
+        partition_key: id.partition_key.clone(),
+        event_time,
+        sort_key,
+        tenant: row.tenant,
+        kind: row.kind,
+        body: row.body,
+    })
+}
+
+/// One read transaction, shared by clones: everything read through it is from one instant.
+#[derive(Clone)]
+pub struct Snapshot {
+    txn: Arc<redb::ReadTransaction>,
+}
+
+impl Snapshot {
+    pub fn bucket(&self, id: &BucketId) -> Result<Option<BucketMeta>> {
+        let t = self.txn.open_table(BUCKETS).map_err(db_err)?;
+        t.get(id.encode().as_slice()).map_err(db_err)?.map(|v| decode_value(v.value())).transpose()
+    }
+
+    /// Every bucket of a table (or of one partition), in key order.
+    pub fn buckets(&self, table: &str, partition_key: Option<&[u8]>) -> Result<Vec<BucketMeta>> {
+        let t = self.txn.open_table(BUCKETS).map_err(db_err)?;
+        let prefix = BucketId::table_prefix(table, partition_key);
+        let end = encoding::prefix_end(&prefix);
+        let mut out = Vec::new();
+        for entry in t.range(prefix.as_slice()..end.as_slice()).map_err(db_err)? {
+            let (_, v) = entry.map_err(db_err)?;
+            out.push(decode_value(v.value())?);
+        }
+        Ok(out)
+    }
+
+    /// Calls `visit` with every bucket of every table in key order, one at a time.
+    pub fn visit_buckets(&self, mut visit: impl FnMut(BucketMeta) -> Result<()>) -> Result<()> {
+        let t = self.txn.open_table(BUCKETS).map_err(db_err)?;
+        for entry in t.iter().map_err(db_err)? {
+            let (_, v) = entry.map_err(db_err)?;
+            visit(decode_value(v.value())?)?;
+        }
+        Ok(())
+    }
+
+    /// The hot rows of a bucket in clustering order, from `after` (exclusive) when given.
+    pub fn rows(&self, id: &BucketId, after: Option<(Micros, &[u8])>, limit: usize) -> Result<Vec<Record>> {
+        scan_rows(&self.txn.open_table(RECORDS).map_err(db_err)?, id, after, limit)
+    }
+
+    /// The newest recorded (that is, published) manifest of a bucket.
+    pub fn latest_manifest(&self, id: &BucketId) -> Result<Option<crate::format::manifest::Manifest>> {
+        let t = self.txn.open_table(MANIFESTS).map_err(db_err)?;
+        let prefix = id.encode();
+        let end = encoding::prefix_end(&prefix);
+        let last = t.range(prefix.as_slice()..end.as_slice()).map_err(db_err)?.next_back();
+        match last {
+            Some(entry) => Ok(Some(decode_value(entry.map_err(db_err)?.1.value())?)),
+            None => Ok(None),
+        }
+    }
+
+    /// For each table and target that holds archives of buckets not yet expired, the buckets
+    /// whose newest manifest lives there.
+    pub fn archive_targets(&self) -> Result<std::collections::BTreeMap<(String, ArchiveTarget), Vec<String>>> {
+        let mut out: std::collections::BTreeMap<(String, ArchiveTarget), Vec<String>> = Default::default();
+        let mut archived = Vec::new();
+        let open_expiries: std::collections::HashSet<BucketId> =
+            self.tombstones()?.into_iter().filter(|t| t.completed_at.is_none()).map(|t| t.bucket).collect();
+        self.visit_buckets(|meta| {
+            if matches!(meta.state, BucketState::Archived { .. }) || open_expiries.contains(&meta.id) {
+                archived.push(meta.id);
+            }
+            Ok(())
+        })?;
+        for id in archived {
+            if let Some(manifest) = self.latest_manifest(&id)? {
+                out.entry((id.table.clone(), manifest.archive_target())).or_default().push(id.display());
+            }
+        }
+        Ok(out)
+    }
+
+    /// Calls `visit` with every recorded manifest.
+    pub fn visit_manifests(
+        &self,
+        mut visit: impl FnMut(crate::format::manifest::Manifest) -> Result<()>,
+    ) -> Result<()> {
+        let t = self.txn.open_table(MANIFESTS).map_err(db_err)?;
+        for entry in t.iter().map_err(db_err)? {
+            visit(decode_value(entry.map_err(db_err)?.1.value())?)?;
+        }
+        Ok(())
+    }
+
+    pub fn intents(&self) -> Result<Vec<UploadIntent>> {
+        let t = self.txn.open_table(INTENTS).map_err(db_err)?;
+        let mut out = Vec::new();
+        for entry in t.iter().map_err(db_err)? {
+            out.push(decode_value(entry.map_err(db_err)?.1.value())?);
+        }
+        Ok(out)
+    }
+
+    pub fn tombstones(&self) -> Result<Vec<Tombstone>> {
+        let t = self.txn.open_table(TOMBSTONES).map_err(db_err)?;
+        let mut out = Vec::new();
+        for entry in t.iter().map_err(db_err)? {
+            out.push(decode_value(entry.map_err(db_err)?.1.value())?);
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,120 @@
+//! The single writer: one thread owns redb's write transactions, fed by a channel. Appends
+//! that arrive together commit in one transaction (group commit), each acknowledged after the
+//! commit; a failed commit poisons the store until it is reopened.
+
+use super::*;
+
+/// Appends gathered into one transaction at most.
+pub const GROUP_COMMIT_REQUESTS_MAX: usize = 256;
+
+pub(super) type TxnFn = Box<dyn FnOnce(&WriteTransaction) -> Result<Box<dyn Any + Send>> + Send>;
+
+pub(super) enum WriteRequest {
+    Append { batch: AppendBatch, reply: mpsc::SyncSender<Result<AppendOutcome>> },
+    Txn { f: TxnFn, reply: mpsc::SyncSender<Result<Box<dyn Any + Send>>> },
+}
+
+pub(super) fn writer_loop(db: &Database, receiver: mpsc::Receiver<WriteRequest>, poisoned: &Mutex<Option<String>>) {
+    while let Ok(first) = receiver.recv() {
+        let mut group = vec![first];
+        while group.len() < GROUP_COMMIT_REQUESTS_MAX {
+            match receiver.try_recv() {
+                Ok(request) => group.push(request),
+                Err(_) => break,
+            }
+        }
+        let mut appends = Vec::new();
+        for request in group {
+            match request {
+                WriteRequest::Append { batch, reply } => appends.push((batch, reply)),
+                WriteRequest::Txn { f, reply } => {
+                    // Appends that arrived before this transaction commit first, in order.
+                    commit_appends(db, std::mem::take(&mut appends), poisoned);
+                    let _ = reply.send(run_txn(db, f, poisoned));
+                }
+            }
+        }
+        commit_appends(db, appends, poisoned);
+    }
+}
+
+pub(super) fn poison_check(poisoned: &Mutex<Option<String>>) -> Result<()> {
+    match &*poisoned.lock().expect("poison flag") {
+        Some(reason) => Err(Error::StorePoisoned(reason.clone())),
+        None => Ok(()),
+    }
+}
+
+pub(super) fn commit(txn: WriteTransaction, poisoned: &Mutex<Option<String>>) -> Result<()> {
+    txn.commit().map_err(|e| {
+        let reason = format!("commit failed: {e}");
+        tracing::error!(%reason, "the hot store refuses further writes until it is reopened");
+        *poisoned.lock().expect("poison flag") = Some(reason.clone());
+        Error::StorePoisoned(reason)
+    })
+}
+
+pub(super) fn run_txn(db: &Database, f: TxnFn, poisoned: &Mutex<Option<String>>) -> Result<Box<dyn Any + Send>> {
+    poison_check(poisoned)?;
+    let txn = db.begin_write().map_err(db_err)?;
+    match f(&txn) {
+        Ok(value) => {
+            commit(txn, poisoned)?;
+            Ok(value)
+        }
+        Err(e) => {
+            let _ = txn.abort();
+            Err(e)
+        }
+    }
+}
+
+pub(super) type AppendReply = mpsc::SyncSender<Result<AppendOutcome>>;
+
+pub(super) fn commit_appends(
+    db: &Database,
+    appends: Vec<(AppendBatch, AppendReply)>,
+    poisoned: &Mutex<Option<String>>,
+) {
+    if appends.is_empty() {
+        return;
+    }
+    let fail_all = |appends: Vec<(AppendBatch, AppendReply)>, error: &dyn Fn() -> Error| {
+        for (_, reply) in appends {
+            let _ = reply.send(Err(error()));
+        }
+    };
+    if let Err(e) = poison_check(poisoned) {
+        let message = e.to_string();
+        return fail_all(appends, &|| Error::StorePoisoned(message.clone()));
+    }
+    let txn = match db.begin_write() {
+        Ok(txn) => txn,
+        Err(e) => {
+            let message = e.to_string();
+            return fail_all(appends, &|| Error::Database(message.clone()));
+        }
+    };
+    let mut outcomes = Vec::with_capacity(appends.len());
+    for (batch, _) in &appends {
+        outcomes.push(apply_batch(&txn, batch));
+    }
+    // A database error while applying (or undoing) a batch leaves the transaction's contents
+    // uncertain: nothing of the group is committed, and every append in it is refused.
+    if let Some(Err(Error::Database(message))) = outcomes.iter().find(|o| matches!(o, Err(Error::Database(_)))) {
+        let message = format!("an append in the same commit failed in the database ({message}); nothing was written");
+        let _ = txn.abort();
+        return fail_all(appends, &|| Error::Database(message.clone()));
+    }
+    match commit(txn, poisoned) {
+        Ok(()) => {
+            for ((_, reply), outcome) in appends.into_iter().zip(outcomes) {
+                let _ = reply.send(outcome);
+            }
+        }
+        Err(e) => {
+            let message = e.to_string();
+            fail_all(appends, &|| Error::StorePoisoned(message.clone()));
+        }
+    }
+}
