@@ -11,6 +11,8 @@ use std::path::PathBuf;
 pub enum ErrorKind {
     /// The request or input is wrong; fix it and retry.
     InvalidInput,
+    /// What the request names (a hold, a table) does not exist.
+    NotFound,
     /// The request contradicts existing state (a different body for an existing identity,
     /// a fenced bucket); nothing was changed.
     Conflict,
@@ -32,6 +34,9 @@ pub enum Error {
 
     #[error("conflict: {0}")]
     Conflict(String),
+
+    #[error("not found: {0}")]
+    NotFound(String),
 
     #[error(
         "bucket is fenced: table=`{table}` bucket=`{bucket}` state={state}; appends are refused once archival has started"
@@ -78,8 +83,10 @@ pub enum Error {
     )]
     AlreadyOpen { path: PathBuf },
 
-    #[error("database error: {0}")]
-    Database(String),
+    /// redb failed; `context` says what was being done when it is not obvious from the caller.
+    /// Shared (`Arc`) so one failure can answer every append of a group commit.
+    #[error("database error{}: {source}", context_note(.context))]
+    Database { context: String, source: std::sync::Arc<redb::Error> },
 
     #[error("I/O error at {path}: {source}")]
     Io { path: PathBuf, source: std::io::Error },
@@ -110,17 +117,21 @@ impl Error {
             Error::PluginFault { .. } | Error::PluginInvalidAnswer { .. } | Error::PluginSuspended { .. } => {
                 ErrorKind::PluginFault
             }
+            Error::NotFound(_) => ErrorKind::NotFound,
             Error::Corruption(_) => ErrorKind::DataCorruption,
-            Error::Storage(_) | Error::Database(_) | Error::Io { .. } | Error::Internal(_) => ErrorKind::Internal,
+            Error::Storage(_) | Error::Database { .. } | Error::Io { .. } | Error::Internal(_) => ErrorKind::Internal,
             Error::Api { kind, .. } => *kind,
             Error::ApiUnreachable { .. } => ErrorKind::Unavailable,
         }
     }
 
-    /// Whether retrying the same operation later may succeed. The one place that decides.
+    /// Whether retrying the same operation later may succeed: an outage, a plugin fault, a
+    /// corrupt read, a local I/O error. The one place that decides; a store's refusal
+    /// (`Storage`: access denied, not supported, not found) is permanent, and so is an upload
+    /// it refused (its outcome is known: nothing was written).
     pub fn is_retryable(&self) -> bool {
         matches!(self.kind(), ErrorKind::Unavailable | ErrorKind::PluginFault | ErrorKind::DataCorruption)
-            || matches!(self, Error::Storage(_) | Error::Io { .. })
+            || matches!(self, Error::Io { .. })
     }
 
     pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
@@ -129,3 +140,36 @@ impl Error {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+fn context_note(context: &str) -> String {
+    if context.is_empty() { String::new() } else { format!(" ({context})") }
+}
+
+impl Error {
+    /// A redb failure, with what was being done.
+    pub fn database(context: impl Into<String>, source: impl Into<redb::Error>) -> Error {
+        Error::Database { context: context.into(), source: std::sync::Arc::new(source.into()) }
+    }
+}
+
+/// Every redb error converts, so store code uses `?` and keeps the error as the source.
+macro_rules! from_redb {
+    ($($error:ty),*) => {$(
+        impl From<$error> for Error {
+            fn from(e: $error) -> Error {
+                Error::database(String::new(), e)
+            }
+        }
+    )*};
+}
+from_redb!(
+    redb::Error,
+    redb::StorageError,
+    redb::TableError,
+    redb::DatabaseError,
+    redb::TransactionError,
+    redb::CommitError,
+    redb::CompactionError,
+    redb::SetDurabilityError,
+    redb::SavepointError
+);

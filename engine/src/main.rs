@@ -23,9 +23,10 @@ fn main() -> ExitCode {
         Ok(code) => code,
         Err(error) => {
             eprintln!("error: {error:#}");
-            // 2 for usage and input errors, 1 for everything else, like most Unix tools.
+            // 2 for usage and input errors (a name that does not exist included), 1 for everything
+            // else, like most Unix tools.
             match error.downcast_ref::<frostline::Error>().map(frostline::Error::kind) {
-                Some(frostline::ErrorKind::InvalidInput) => ExitCode::from(2),
+                Some(frostline::ErrorKind::InvalidInput | frostline::ErrorKind::NotFound) => ExitCode::from(2),
                 _ => ExitCode::from(1),
             }
         }

@@ -492,18 +492,11 @@ async fn place_hold(State(state): Shared, headers: HeaderMap, body: Body) -> Res
         ))
     })?;
     check_table(&state, &request.table)?;
-    if request.reason.trim().is_empty() {
-        return Err(unprocessable("`reason` must say why the data is held; nothing was placed"));
-    }
-    if request.placed_by.trim().is_empty() {
-        return Err(unprocessable("`placed_by` must say who places the hold; nothing was placed"));
-    }
-    let placed = blocking(move || crate::ops::holds::place_hold(&state.engine, request, "api")).await.map_err(
-        |mut refusal| {
-            if refusal.body.error.kind == "invalid_input" {
-                refusal.status = StatusCode::UNPROCESSABLE_ENTITY;
-            }
-            refusal
+    // A well-formed request whose hold is refused (no reason, no author) is 422.
+    let placed = blocking(move || Ok(crate::ops::holds::place_hold(&state.engine, request, "api"))).await?.map_err(
+        |refusal| match refusal.kind() {
+            crate::ErrorKind::InvalidInput => unprocessable(refusal.to_string()),
+            _ => ApiError::from(refusal),
         },
     )?;
     Ok((StatusCode::CREATED, Json(placed)).into_response())
@@ -523,24 +516,9 @@ async fn lift_hold(
     let Path(id) = path.map_err(|e| ApiError::bad_request(e.body_text()))?;
     let params = query_params(params)?;
     let by = params.by.map(|b| b.trim().to_string()).filter(|b| !b.is_empty()).unwrap_or_else(|| "api".into());
-    let wanted = id.clone();
-    let lifted = blocking(move || {
-        let lifecycle_id = wanted.clone();
-        // A policy hold is refused (409) by `lift_hold` whether or not it exists.
-        if !crate::ops::holds::is_policy_hold(&wanted) && !state.engine.store.holds()?.iter().any(|h| h.id == wanted) {
-            return Ok(None);
-        }
-        crate::ops::holds::lift_hold(&state.engine, lifecycle_id, by).map(Some)
-    })
-    .await?;
-    match lifted {
-        Some(hold) => Ok(Json(serde_json::json!({"lifted": hold.id, "hold": hold})).into_response()),
-        None => Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            "not_found",
-            format!("no hold with id `{id}`; GET /v1/holds lists them"),
-        )),
-    }
+    // One transaction decides: a policy hold is 409, an unknown id 404 (`ErrorKind::NotFound`).
+    let hold = blocking(move || crate::ops::holds::lift_hold(&state.engine, id, by)).await?;
+    Ok(Json(serde_json::json!({"lifted": hold.id, "hold": hold})).into_response())
 }
 
 #[derive(Debug, Deserialize)]

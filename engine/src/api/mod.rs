@@ -256,6 +256,7 @@ impl ApiError {
         let kind = error.kind();
         let status = match kind {
             ErrorKind::InvalidInput => StatusCode::BAD_REQUEST,
+            ErrorKind::NotFound => StatusCode::NOT_FOUND,
             ErrorKind::Conflict => StatusCode::CONFLICT,
             ErrorKind::Unavailable | ErrorKind::PluginFault => StatusCode::SERVICE_UNAVAILABLE,
             ErrorKind::DataCorruption | ErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,

@@ -128,14 +128,9 @@ impl Client {
         }
         let (kind, mut message) = match serde_json::from_str::<ErrorBody>(&text) {
             Ok(body) => {
-                let kind = match body.error.kind.as_str() {
-                    "conflict" => ErrorKind::Conflict,
-                    "unavailable" => ErrorKind::Unavailable,
-                    "plugin_fault" => ErrorKind::PluginFault,
-                    "data_corruption" => ErrorKind::DataCorruption,
-                    "internal" => ErrorKind::Internal,
-                    _ => ErrorKind::InvalidInput,
-                };
+                // The API's own kinds (`unauthorized`, `limit_exceeded`...) are the caller's to fix.
+                let kind = serde_json::from_value(serde_json::Value::String(body.error.kind.clone()))
+                    .unwrap_or(ErrorKind::InvalidInput);
                 let mut message = body.error.message;
                 for r in &body.records {
                     match (r.line, r.index) {

@@ -63,12 +63,7 @@ pub struct HoldPlaced {
 /// (`api`) build holds only through this.
 pub fn new_hold(engine: &Engine, request: HoldRequest, source: &str) -> Result<Hold> {
     engine.policies().table(&request.table)?;
-    if request.reason.trim().is_empty() {
-        return Err(Error::InvalidInput("a hold's reason must say why the data is held".into()));
-    }
-    if request.placed_by.trim().is_empty() {
-        return Err(Error::InvalidInput("a hold must say who placed it".into()));
-    }
+    Hold::check_declared(&request.reason, &request.placed_by).map_err(Error::InvalidInput)?;
     Ok(Hold {
         id: format!("h-{:012x}", rand::random::<u64>() >> 16),
         table: request.table,

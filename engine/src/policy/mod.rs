@@ -495,9 +495,9 @@ fn open_native_targets(
 
 fn validate_hold(file: &Path, raw: RawHold) -> Result<crate::store::schema::Hold> {
     model::validate_table_id(&raw.table).map_err(|e| invalid(file, format!("hold: {e}")))?;
-    if raw.reason.trim().is_empty() {
-        return Err(invalid(file, format!("hold on table `{}`: reason must not be empty", raw.table)));
-    }
+    let placed_by = raw.placed_by.unwrap_or_else(|| "policy".into());
+    crate::store::schema::Hold::check_declared(&raw.reason, &placed_by)
+        .map_err(|why| invalid(file, format!("hold on table `{}`: {why}", raw.table)))?;
     let name = file.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     // A stable id, so a reload that keeps the hold keeps its id.
     let fingerprint = crate::format::manifest::sha256_hex(
@@ -510,7 +510,7 @@ fn validate_hold(file: &Path, raw: RawHold) -> Result<crate::store::schema::Hold
         tenant: raw.tenant,
         bucket_key: raw.bucket,
         reason: raw.reason,
-        placed_by: raw.placed_by.unwrap_or_else(|| "policy".into()),
+        placed_by,
         placed_at: 0,
         source: format!("policy:{name}"),
     })

@@ -339,3 +339,25 @@ impl ArchiveBackend for ObjectStoreBackend {
         Ok(objects)
     }
 }
+
+#[cfg(test)]
+mod error_tests {
+    use super::*;
+
+    /// Access denied and unsupported operations are permanent wherever retryability is asked:
+    /// the archival step (`is_retryable`) and the plugin contract (`kind`, which the blob store
+    /// binding maps to transient only for `Unavailable`).
+    #[test]
+    fn a_stores_refusal_is_permanent_and_an_outage_is_not() {
+        let denied = classify(object_store::Error::PermissionDenied { path: "k".into(), source: "no".into() }, "k");
+        assert!(!denied.is_retryable(), "{denied}");
+        assert_ne!(denied.kind(), crate::ErrorKind::Unavailable);
+        let unsupported = classify(object_store::Error::NotImplemented, "k");
+        assert!(!unsupported.is_retryable(), "{unsupported}");
+        let outage = classify(object_store::Error::Generic { store: "S3", source: "connection reset".into() }, "k");
+        assert!(outage.is_retryable() && outage.kind() == crate::ErrorKind::Unavailable, "{outage}");
+        let db = crate::Error::database("reading", redb::StorageError::Corrupted("page".into()));
+        assert!(std::error::Error::source(&db).is_some(), "the redb error is kept as the source");
+        assert_eq!(crate::Error::NotFound("hold".into()).kind(), crate::ErrorKind::NotFound);
+    }
+}

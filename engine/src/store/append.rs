@@ -48,9 +48,9 @@ pub struct AppendOutcome {
 /// leaves no trace: its buckets are checked before any row is written, and a row that
 /// conflicts with a stored one undoes the rows written before it.
 pub(super) fn apply_batch(txn: &WriteTransaction, batch: &AppendBatch) -> Result<AppendOutcome> {
-    let mut records = txn.open_table(RECORDS).map_err(db_err)?;
-    let mut buckets = txn.open_table(BUCKETS).map_err(db_err)?;
-    let mut by_time = txn.open_table(BUCKETS_BY_TIME).map_err(db_err)?;
+    let mut records = txn.open_table(RECORDS)?;
+    let mut buckets = txn.open_table(BUCKETS)?;
+    let mut by_time = txn.open_table(BUCKETS_BY_TIME)?;
 
     // Phase 1: check the buckets (state, bounds, the ingest guard), touching nothing. Each
     // row's key and stored value are encoded once, and rows refer to their bucket by index:
@@ -81,7 +81,7 @@ pub(super) fn apply_batch(txn: &WriteTransaction, batch: &AppendBatch) -> Result
     let mut newest_start: HashMap<Vec<u8>, Option<Micros>> = HashMap::new();
     for ((id, prefix), first_row) in ids.iter().zip(&prefixes).zip(&first_rows) {
         let existing: Option<BucketMeta> =
-            buckets.get(prefix.as_slice()).map_err(db_err)?.map(|v| decode_value(v.value())).transpose()?;
+            buckets.get(prefix.as_slice())?.map(|v| decode_value(v.value())).transpose()?;
         let is_new = existing.is_none();
         let meta = existing.unwrap_or_else(|| new_bucket_meta(id.clone(), &first_row.descriptor, batch));
         if !meta.state.accepts_appends() {
@@ -110,9 +110,9 @@ pub(super) fn apply_batch(txn: &WriteTransaction, batch: &AppendBatch) -> Result
                 None => {
                     let prefix = BucketId::table_prefix(&id.table, Some(&id.partition_key));
                     let end = encoding::prefix_end(&prefix);
-                    let last = by_time.range(prefix.as_slice()..end.as_slice()).map_err(db_err)?.next_back();
+                    let last = by_time.range(prefix.as_slice()..end.as_slice())?.next_back();
                     let v = match last {
-                        Some(entry) => Some(decode_by_time_key(entry.map_err(db_err)?.0.value())?.1),
+                        Some(entry) => Some(decode_by_time_key(entry?.0.value())?.1),
                         None => None,
                     };
                     newest_start.insert(partition.clone(), v);
@@ -148,7 +148,7 @@ pub(super) fn apply_batch(txn: &WriteTransaction, batch: &AppendBatch) -> Result
         Ok(duplicates) => duplicates,
         Err(e) => {
             for &i in &inserted {
-                records.remove(rows[i].1.as_slice()).map_err(db_err)?;
+                records.remove(rows[i].1.as_slice())?;
             }
             return Err(e);
         }
@@ -161,16 +161,16 @@ pub(super) fn apply_batch(txn: &WriteTransaction, batch: &AppendBatch) -> Result
         meta.row_count += 1;
         meta.byte_count += row.record.body.len() as u64;
     }
-    let mut unplanned = txn.open_table(UNPLANNED).map_err(db_err)?;
+    let mut unplanned = txn.open_table(UNPLANNED)?;
     for ((id, prefix), (meta, is_new)) in ids.iter().zip(&prefixes).zip(&metas) {
-        buckets.insert(prefix.as_slice(), encode_value(meta)?.as_slice()).map_err(db_err)?;
+        buckets.insert(prefix.as_slice(), encode_value(meta)?.as_slice())?;
         if *is_new {
-            by_time.insert(by_time_key(id, meta.descriptor.start).as_slice(), ()).map_err(db_err)?;
-            unplanned.insert(prefix.as_slice(), ()).map_err(db_err)?;
+            by_time.insert(by_time_key(id, meta.descriptor.start).as_slice(), ())?;
+            unplanned.insert(prefix.as_slice(), ())?;
         } else if meta.plan_basis.as_ref().is_some_and(|b| b.facts != lifecycle::facts_digest(&meta.facts())) {
             // The policy would now see other facts (a new kind or tenant joined, the size
             // crossed a class): the plan is stale and never acts before it is made again.
-            unplanned.insert(prefix.as_slice(), ()).map_err(db_err)?;
+            unplanned.insert(prefix.as_slice(), ())?;
         }
     }
     Ok(AppendOutcome { appended: inserted.len() as u64, duplicates, already_archived: 0 })
@@ -188,7 +188,7 @@ pub(super) fn insert_rows(
 ) -> Result<u64> {
     let mut duplicates = 0;
     for (i, (index, key, value, row)) in rows.iter().enumerate() {
-        let previous = records.insert(key.as_slice(), value.as_slice()).map_err(db_err)?.map(|v| v.value().to_vec());
+        let previous = records.insert(key.as_slice(), value.as_slice())?.map(|v| v.value().to_vec());
         let Some(previous) = previous else {
             inserted.push(i);
             continue;
@@ -197,7 +197,7 @@ pub(super) fn insert_rows(
             duplicates += 1;
             continue;
         }
-        records.insert(key.as_slice(), previous.as_slice()).map_err(db_err)?;
+        records.insert(key.as_slice(), previous.as_slice())?;
         if decode_value::<StoredRow>(&previous)? != stored_row(row) {
             return Err(identity_conflict(&ids[*index], row));
         }

@@ -10,11 +10,11 @@ impl Store {
     pub fn place_hold(&self, hold: Hold, now: Micros) -> Result<HoldPlacement> {
         self.write(move |txn| {
             {
-                let mut holds = txn.open_table(HOLDS).map_err(db_err)?;
-                if holds.get(hold.id.as_str()).map_err(db_err)?.is_some() {
+                let mut holds = txn.open_table(HOLDS)?;
+                if holds.get(hold.id.as_str())?.is_some() {
                     return Err(Error::Conflict(format!("a hold with id `{}` already exists", hold.id)));
                 }
-                holds.insert(hold.id.as_str(), encode_value(&hold)?.as_slice()).map_err(db_err)?;
+                holds.insert(hold.id.as_str(), encode_value(&hold)?.as_slice())?;
             }
             let placement = apply_hold(txn, &hold, now)?;
             let mut detail = serde_json::to_value(&hold).unwrap_or_default();
@@ -28,13 +28,13 @@ impl Store {
     pub fn lift_hold(&self, id: String, lifted_by: String, now: Micros) -> Result<Hold> {
         self.write(move |txn| {
             let hold: Hold = {
-                let mut holds = txn.open_table(HOLDS).map_err(db_err)?;
-                let removed = holds.remove(id.as_str()).map_err(db_err)?;
+                let mut holds = txn.open_table(HOLDS)?;
+                let removed = holds.remove(id.as_str())?;
                 match removed {
                     Some(v) => decode_value(v.value())?,
                     None => {
-                        return Err(Error::InvalidInput(format!(
-                            "no hold with id `{id}`; `frostline hold list` shows them"
+                        return Err(Error::NotFound(format!(
+                            "no hold with id `{id}`; `frostline hold list` (GET /v1/holds) lists them"
                         )));
                     }
                 }
@@ -60,7 +60,7 @@ impl Store {
                 if active.iter().any(|a| a.id == hold.id) {
                     continue;
                 }
-                txn.open_table(HOLDS).map_err(db_err)?.remove(hold.id.as_str()).map_err(db_err)?;
+                txn.open_table(HOLDS)?.remove(hold.id.as_str())?;
                 release_hold(txn, hold, now)?;
                 push_outbox(txn, "hold_released", None, now, serde_json::to_value(hold).unwrap_or_default())?;
                 sync.released.push(hold.id.clone());
@@ -70,10 +70,7 @@ impl Store {
                     continue;
                 }
                 let hold = Hold { placed_at: now, ..hold };
-                txn.open_table(HOLDS)
-                    .map_err(db_err)?
-                    .insert(hold.id.as_str(), encode_value(&hold)?.as_slice())
-                    .map_err(db_err)?;
+                txn.open_table(HOLDS)?.insert(hold.id.as_str(), encode_value(&hold)?.as_slice())?;
                 let placement = apply_hold(txn, &hold, now)?;
                 let mut detail = serde_json::to_value(&hold).unwrap_or_default();
                 detail["too_late"] = serde_json::json!(placement.too_late);
@@ -87,20 +84,20 @@ impl Store {
 
     pub fn holds(&self) -> Result<Vec<Hold>> {
         let txn = self.read()?;
-        let t = txn.open_table(HOLDS).map_err(db_err)?;
+        let t = txn.open_table(HOLDS)?;
         let mut out = Vec::new();
-        for entry in t.iter().map_err(db_err)? {
-            out.push(decode_value(entry.map_err(db_err)?.1.value())?);
+        for entry in t.iter()? {
+            out.push(decode_value(entry?.1.value())?);
         }
         Ok(out)
     }
 }
 
 pub(super) fn all_holds(txn: &WriteTransaction) -> Result<Vec<Hold>> {
-    let t = txn.open_table(HOLDS).map_err(db_err)?;
+    let t = txn.open_table(HOLDS)?;
     let mut out = Vec::new();
-    for entry in t.iter().map_err(db_err)? {
-        out.push(decode_value(entry.map_err(db_err)?.1.value())?);
+    for entry in t.iter()? {
+        out.push(decode_value(entry?.1.value())?);
     }
     Ok(out)
 }
@@ -144,7 +141,7 @@ pub(super) fn call_off_expiry(
 ) -> Result<()> {
     let archived = BucketState::Archived { hot_deleted: true };
     invariants::transition_is_allowed(meta.state, archived).map_err(Error::Internal)?;
-    txn.open_table(TOMBSTONES).map_err(db_err)?.remove(meta.id.encode().as_slice()).map_err(db_err)?;
+    txn.open_table(TOMBSTONES)?.remove(meta.id.encode().as_slice())?;
     meta_touch(meta, now, Some(archived));
     meta.generation += 1;
     meta.lease_owner = None;

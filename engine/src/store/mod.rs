@@ -71,10 +71,6 @@ pub struct Store {
     inner: Arc<StoreInner>,
 }
 
-fn db_err(e: impl std::fmt::Display) -> Error {
-    Error::Database(e.to_string())
-}
-
 impl Store {
     /// Opens (or creates) the database at `path`. A database held by another process is
     /// refused with a message that says so.
@@ -92,7 +88,7 @@ impl Store {
             redb::DatabaseError::DatabaseAlreadyOpen => {
                 Error::AlreadyOpen { path: path.parent().unwrap_or(path).to_path_buf() }
             }
-            other => Error::Database(format!("cannot open {}: {other}", path.display())),
+            other => Error::database(format!("opening {}", path.display()), other),
         })?;
         let db = Arc::new(db);
         init_schema(&db)?;
@@ -145,7 +141,7 @@ impl Store {
     }
 
     pub fn read(&self) -> Result<redb::ReadTransaction> {
-        self.inner.db.begin_read().map_err(db_err)
+        Ok(self.inner.db.begin_read()?)
     }
 
     // ----- reads -----
@@ -154,18 +150,18 @@ impl Store {
 }
 
 fn load_tombstone(txn: &WriteTransaction, id: &BucketId) -> Result<Option<Tombstone>> {
-    let t = txn.open_table(TOMBSTONES).map_err(db_err)?;
-    t.get(id.encode().as_slice()).map_err(db_err)?.map(|v| decode_value(v.value())).transpose()
+    let t = txn.open_table(TOMBSTONES)?;
+    t.get(id.encode().as_slice())?.map(|v| decode_value(v.value())).transpose()
 }
 
 fn init_schema(db: &Database) -> Result<()> {
-    let txn = db.begin_write().map_err(db_err)?;
+    let txn = db.begin_write()?;
     {
-        let mut meta = txn.open_table(META).map_err(db_err)?;
-        let stored = meta.get(META_SCHEMA_VERSION).map_err(db_err)?.map(|v| v.value().to_vec());
+        let mut meta = txn.open_table(META)?;
+        let stored = meta.get(META_SCHEMA_VERSION)?.map(|v| v.value().to_vec());
         match stored {
             None => {
-                meta.insert(META_SCHEMA_VERSION, SCHEMA_VERSION.to_be_bytes().as_slice()).map_err(db_err)?;
+                meta.insert(META_SCHEMA_VERSION, SCHEMA_VERSION.to_be_bytes().as_slice())?;
             }
             Some(bytes) => {
                 let version = u32::from_be_bytes(
@@ -179,39 +175,38 @@ fn init_schema(db: &Database) -> Result<()> {
                 }
             }
         }
-        if meta.get(META_INSTALLATION_ID).map_err(db_err)?.is_none() {
+        if meta.get(META_INSTALLATION_ID)?.is_none() {
             // Made once, when the data directory is created (or first opened by a version
             // that knows installation ids); a copy of `hot.redb` carries it along.
             let id = format!("{:016x}", rand::random::<u64>());
-            meta.insert(META_INSTALLATION_ID, id.as_bytes()).map_err(db_err)?;
+            meta.insert(META_INSTALLATION_ID, id.as_bytes())?;
         }
         // Create every table so readers never meet a missing one.
-        txn.open_table(TABLES).map_err(db_err)?;
-        txn.open_table(RECORDS).map_err(db_err)?;
-        txn.open_table(BUCKETS).map_err(db_err)?;
-        txn.open_table(BUCKETS_BY_TIME).map_err(db_err)?;
-        txn.open_table(DUE).map_err(db_err)?;
-        txn.open_table(UNPLANNED).map_err(db_err)?;
-        txn.open_table(MANIFESTS).map_err(db_err)?;
-        txn.open_table(INTENTS).map_err(db_err)?;
-        txn.open_table(OUTBOX).map_err(db_err)?;
-        txn.open_table(DELIVERIES).map_err(db_err)?;
-        txn.open_table(HOLDS).map_err(db_err)?;
-        txn.open_table(TOMBSTONES).map_err(db_err)?;
+        txn.open_table(TABLES)?;
+        txn.open_table(RECORDS)?;
+        txn.open_table(BUCKETS)?;
+        txn.open_table(BUCKETS_BY_TIME)?;
+        txn.open_table(DUE)?;
+        txn.open_table(UNPLANNED)?;
+        txn.open_table(MANIFESTS)?;
+        txn.open_table(INTENTS)?;
+        txn.open_table(OUTBOX)?;
+        txn.open_table(DELIVERIES)?;
+        txn.open_table(HOLDS)?;
+        txn.open_table(TOMBSTONES)?;
     }
-    txn.commit().map_err(db_err)
+    Ok(txn.commit()?)
 }
 
 fn load_meta(txn: &WriteTransaction, id: &BucketId) -> Result<BucketMeta> {
-    let t = txn.open_table(BUCKETS).map_err(db_err)?;
-    let v =
-        t.get(id.encode().as_slice()).map_err(db_err)?.ok_or_else(|| Error::InvalidInput(format!("no bucket {id}")))?;
+    let t = txn.open_table(BUCKETS)?;
+    let v = t.get(id.encode().as_slice())?.ok_or_else(|| Error::InvalidInput(format!("no bucket {id}")))?;
     decode_value(v.value())
 }
 
 fn save_meta(txn: &WriteTransaction, meta: &BucketMeta) -> Result<()> {
-    let mut t = txn.open_table(BUCKETS).map_err(db_err)?;
-    t.insert(meta.id.encode().as_slice(), encode_value(meta)?.as_slice()).map_err(db_err)?;
+    let mut t = txn.open_table(BUCKETS)?;
+    t.insert(meta.id.encode().as_slice(), encode_value(meta)?.as_slice())?;
     Ok(())
 }
 
@@ -226,12 +221,12 @@ fn meta_touch(meta: &mut BucketMeta, now: Micros, state: Option<BucketState>) {
 
 /// Moves the bucket's due-index entry to `due_at` (or removes it).
 fn schedule(txn: &WriteTransaction, meta: &mut BucketMeta, due_at: Option<Micros>) -> Result<()> {
-    let mut due = txn.open_table(DUE).map_err(db_err)?;
+    let mut due = txn.open_table(DUE)?;
     if let Some(old) = meta.due_at {
-        due.remove(due_key(old, &meta.id).as_slice()).map_err(db_err)?;
+        due.remove(due_key(old, &meta.id).as_slice())?;
     }
     if let Some(at) = due_at {
-        due.insert(due_key(at, &meta.id).as_slice(), ()).map_err(db_err)?;
+        due.insert(due_key(at, &meta.id).as_slice(), ())?;
     }
     meta.due_at = due_at;
     Ok(())
@@ -250,15 +245,12 @@ fn check_lease(meta: &BucketMeta, owner: &str, generation: u64, now: Micros) -> 
 }
 
 fn load_table_state(txn: &WriteTransaction, table: &str) -> Result<Option<TableState>> {
-    let t = txn.open_table(TABLES).map_err(db_err)?;
-    t.get(table).map_err(db_err)?.map(|v| decode_value(v.value())).transpose()
+    let t = txn.open_table(TABLES)?;
+    t.get(table)?.map(|v| decode_value(v.value())).transpose()
 }
 
 fn save_table_state(txn: &WriteTransaction, state: &TableState) -> Result<()> {
-    txn.open_table(TABLES)
-        .map_err(db_err)?
-        .insert(state.id.as_str(), encode_value(state)?.as_slice())
-        .map_err(db_err)?;
+    txn.open_table(TABLES)?.insert(state.id.as_str(), encode_value(state)?.as_slice())?;
     Ok(())
 }
 
@@ -269,10 +261,7 @@ fn table_policy(txn: &WriteTransaction, table: &str) -> Result<Option<String>> {
 }
 
 fn save_tombstone(txn: &WriteTransaction, tombstone: &Tombstone) -> Result<()> {
-    txn.open_table(TOMBSTONES)
-        .map_err(db_err)?
-        .insert(tombstone.bucket.encode().as_slice(), encode_value(tombstone)?.as_slice())
-        .map_err(db_err)?;
+    txn.open_table(TOMBSTONES)?.insert(tombstone.bucket.encode().as_slice(), encode_value(tombstone)?.as_slice())?;
     Ok(())
 }
 
@@ -294,7 +283,7 @@ fn reconcile(txn: &WriteTransaction, meta: &mut BucketMeta, now: Micros) -> Resu
         && refresh
         && matches!(meta.state, BucketState::Hot | BucketState::Archived { hot_deleted: true })
     {
-        txn.open_table(UNPLANNED).map_err(db_err)?.insert(meta.id.encode().as_slice(), ()).map_err(db_err)?;
+        txn.open_table(UNPLANNED)?.insert(meta.id.encode().as_slice(), ())?;
     }
     if meta.state == (BucketState::Archived { hot_deleted: true }) {
         meta.held_by = covering.clone();

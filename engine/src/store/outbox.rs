@@ -6,10 +6,10 @@ use super::*;
 impl Store {
     pub fn outbox(&self, limit: usize) -> Result<Vec<OutboxEvent>> {
         let txn = self.read()?;
-        let t = txn.open_table(OUTBOX).map_err(db_err)?;
+        let t = txn.open_table(OUTBOX)?;
         let mut out = Vec::new();
-        for entry in t.iter().map_err(db_err)?.take(limit) {
-            let (_, v) = entry.map_err(db_err)?;
+        for entry in t.iter()?.take(limit) {
+            let (_, v) = entry?;
             out.push(decode_value(v.value())?);
         }
         Ok(out)
@@ -17,7 +17,7 @@ impl Store {
 
     pub fn outbox_len(&self) -> Result<u64> {
         let txn = self.read()?;
-        txn.open_table(OUTBOX).map_err(db_err)?.len().map_err(db_err)
+        Ok(txn.open_table(OUTBOX)?.len()?)
     }
 
     /// Records, for audits, that the orphan sweep deleted an object.
@@ -31,33 +31,33 @@ impl Store {
     pub fn record_delivery(&self, sink: String, sequence: u64, now: Micros) -> Result<()> {
         self.write(move |txn| {
             let key = delivery_key(&sink, sequence);
-            txn.open_table(DELIVERIES).map_err(db_err)?.insert(key.as_slice(), now).map_err(db_err)?;
+            txn.open_table(DELIVERIES)?.insert(key.as_slice(), now)?;
             Ok(())
         })
     }
 
     pub fn delivered(&self, sink: &str, sequence: u64) -> Result<bool> {
         let txn = self.read()?;
-        let t = txn.open_table(DELIVERIES).map_err(db_err)?;
-        Ok(t.get(delivery_key(sink, sequence).as_slice()).map_err(db_err)?.is_some())
+        let t = txn.open_table(DELIVERIES)?;
+        Ok(t.get(delivery_key(sink, sequence).as_slice())?.is_some())
     }
 
     /// Removes delivered outbox events and their delivery records.
     pub fn ack_outbox(&self, sequences: Vec<u64>) -> Result<()> {
         self.write(move |txn| {
-            let mut t = txn.open_table(OUTBOX).map_err(db_err)?;
-            let mut deliveries = txn.open_table(DELIVERIES).map_err(db_err)?;
+            let mut t = txn.open_table(OUTBOX)?;
+            let mut deliveries = txn.open_table(DELIVERIES)?;
             for s in sequences {
-                t.remove(s.to_be_bytes().as_slice()).map_err(db_err)?;
+                t.remove(s.to_be_bytes().as_slice())?;
                 let mut stale: Vec<Vec<u8>> = Vec::new();
-                for entry in deliveries.iter().map_err(db_err)? {
-                    let key = entry.map_err(db_err)?.0.value().to_vec();
+                for entry in deliveries.iter()? {
+                    let key = entry?.0.value().to_vec();
                     if key.ends_with(&s.to_be_bytes()) {
                         stale.push(key);
                     }
                 }
                 for k in stale {
-                    deliveries.remove(k.as_slice()).map_err(db_err)?;
+                    deliveries.remove(k.as_slice())?;
                 }
             }
             Ok(())
@@ -79,14 +79,14 @@ pub(super) fn push_outbox(
     now: Micros,
     detail: serde_json::Value,
 ) -> Result<()> {
-    let mut m = txn.open_table(META).map_err(db_err)?;
-    let sequence = match m.get(META_OUTBOX_SEQUENCE).map_err(db_err)? {
+    let mut m = txn.open_table(META)?;
+    let sequence = match m.get(META_OUTBOX_SEQUENCE)? {
         Some(v) => {
             u64::from_be_bytes(v.value().try_into().map_err(|_| Error::Corruption("outbox sequence".into()))?) + 1
         }
         None => 1,
     };
-    m.insert(META_OUTBOX_SEQUENCE, sequence.to_be_bytes().as_slice()).map_err(db_err)?;
+    m.insert(META_OUTBOX_SEQUENCE, sequence.to_be_bytes().as_slice())?;
     let event = OutboxEvent {
         sequence,
         kind: kind.to_string(),
@@ -95,18 +95,15 @@ pub(super) fn push_outbox(
         at: now,
         detail,
     };
-    txn.open_table(OUTBOX)
-        .map_err(db_err)?
-        .insert(sequence.to_be_bytes().as_slice(), encode_value(&event)?.as_slice())
-        .map_err(db_err)?;
+    txn.open_table(OUTBOX)?.insert(sequence.to_be_bytes().as_slice(), encode_value(&event)?.as_slice())?;
     Ok(())
 }
 
 /// Whether an event telling of the bucket's expiry still waits in the outbox for a sink.
 pub(super) fn expiry_events_pending(txn: &WriteTransaction, id: &BucketId) -> Result<bool> {
-    let t = txn.open_table(OUTBOX).map_err(db_err)?;
-    for entry in t.iter().map_err(db_err)? {
-        let event: OutboxEvent = decode_value(entry.map_err(db_err)?.1.value())?;
+    let t = txn.open_table(OUTBOX)?;
+    for entry in t.iter()? {
+        let event: OutboxEvent = decode_value(entry?.1.value())?;
         if event.bucket.as_ref() == Some(id) && matches!(event.kind.as_str(), "archive_expiring" | "archive_expired") {
             return Ok(true);
         }

@@ -57,9 +57,9 @@ impl Store {
         self.write(move |txn| {
             let mut states = Vec::new();
             {
-                let t = txn.open_table(TABLES).map_err(db_err)?;
-                for entry in t.iter().map_err(db_err)? {
-                    let state: TableState = decode_value(entry.map_err(db_err)?.1.value())?;
+                let t = txn.open_table(TABLES)?;
+                for entry in t.iter()? {
+                    let state: TableState = decode_value(entry?.1.value())?;
                     if !present.contains(&state.id) && state.unmanaged_since.is_none() {
                         states.push(state);
                     }
@@ -88,7 +88,7 @@ impl Store {
                 let mut meta = load_meta(txn, &id)?;
                 match outcome {
                     Ok((plan, basis)) => {
-                        txn.open_table(UNPLANNED).map_err(db_err)?.remove(id.encode().as_slice()).map_err(db_err)?;
+                        txn.open_table(UNPLANNED)?.remove(id.encode().as_slice())?;
                         meta.plan = Some(plan);
                         meta.plan_basis = Some(basis);
                         meta.last_error = meta.last_error.filter(|e| !e.starts_with("retention plan:"));
@@ -122,9 +122,9 @@ impl Store {
             let start = if from.is_empty() { prefix.clone() } else { from };
             let mut metas: Vec<BucketMeta> = Vec::new();
             {
-                let t = txn.open_table(BUCKETS).map_err(db_err)?;
-                for entry in t.range(start.as_slice()..end.as_slice()).map_err(db_err)?.take(limit + 1) {
-                    metas.push(decode_value(entry.map_err(db_err)?.1.value())?);
+                let t = txn.open_table(BUCKETS)?;
+                for entry in t.range(start.as_slice()..end.as_slice())?.take(limit + 1) {
+                    metas.push(decode_value(entry?.1.value())?);
                 }
             }
             state.reconcile_from = if metas.len() > limit { metas.pop().map(|m| m.id.encode()) } else { None };
@@ -154,9 +154,9 @@ impl Store {
     /// rescheduled by the reconciliation that starts when the table returns).
     pub fn drop_unplannable(&self, ids: Vec<BucketId>) -> Result<()> {
         self.write(move |txn| {
-            let mut unplanned = txn.open_table(UNPLANNED).map_err(db_err)?;
+            let mut unplanned = txn.open_table(UNPLANNED)?;
             for id in ids {
-                unplanned.remove(id.encode().as_slice()).map_err(db_err)?;
+                unplanned.remove(id.encode().as_slice())?;
             }
             Ok(())
         })
@@ -234,10 +234,7 @@ impl Store {
             let meta = load_meta(txn, &intent.bucket)?;
             check_lease(&meta, &owner, intent.generation, now)?;
             let key = generation_key(&intent.bucket, intent.generation);
-            txn.open_table(INTENTS)
-                .map_err(db_err)?
-                .insert(key.as_slice(), encode_value(&intent)?.as_slice())
-                .map_err(db_err)?;
+            txn.open_table(INTENTS)?.insert(key.as_slice(), encode_value(&intent)?.as_slice())?;
             Ok(())
         })
     }
@@ -258,10 +255,8 @@ impl Store {
             check_lease(&meta, &owner, generation, now)?;
             let next = BucketState::Archived { hot_deleted: false };
             invariants::transition_is_allowed(meta.state, next).map_err(Error::Internal)?;
-            txn.open_table(MANIFESTS)
-                .map_err(db_err)?
-                .insert(generation_key(&id, generation).as_slice(), encode_value(&manifest)?.as_slice())
-                .map_err(db_err)?;
+            txn.open_table(MANIFESTS)?
+                .insert(generation_key(&id, generation).as_slice(), encode_value(&manifest)?.as_slice())?;
             meta_touch(&mut meta, now, Some(next));
             meta.manifest_key = Some(manifest_key.clone());
             meta.archived_at = Some(now);
@@ -326,14 +321,13 @@ impl Store {
             let manifest_generation = published_generation(txn, &id)?
                 .ok_or_else(|| Error::Internal(format!("bucket {id} is published but has no manifest")))?;
             let manifest: crate::format::manifest::Manifest = {
-                let t = txn.open_table(MANIFESTS).map_err(db_err)?;
-                let v =
-                    t.get(generation_key(&id, manifest_generation).as_slice()).map_err(db_err)?.ok_or_else(|| {
-                        Error::Internal(format!("manifest of bucket {id} generation {manifest_generation} is missing"))
-                    })?;
+                let t = txn.open_table(MANIFESTS)?;
+                let v = t.get(generation_key(&id, manifest_generation).as_slice())?.ok_or_else(|| {
+                    Error::Internal(format!("manifest of bucket {id} generation {manifest_generation} is missing"))
+                })?;
                 decode_value(v.value())?
             };
-            let mut records = txn.open_table(RECORDS).map_err(db_err)?;
+            let mut records = txn.open_table(RECORDS)?;
             let prefix = id.encode();
             let end = encoding::prefix_end(&prefix);
             // One scan sums the rows and collects their keys; they are deleted only if the sum
@@ -341,8 +335,8 @@ impl Store {
             // four times slower than removing the collected keys.)
             let mut summer = RowSummer::default();
             let mut keys = Vec::with_capacity(meta.row_count as usize);
-            for entry in records.range(prefix.as_slice()..end.as_slice()).map_err(db_err)? {
-                let (k, v) = entry.map_err(db_err)?;
+            for entry in records.range(prefix.as_slice()..end.as_slice())? {
+                let (k, v) = entry?;
                 let (event_time, sort_key) = decode_record_suffix(bucket_suffix(&id, &prefix, k.value())?)?;
                 let row = decode_row_ref(v.value())?;
                 summer.push_fields(RowFields {
@@ -362,17 +356,14 @@ impl Store {
                 if i == keys.len() / 2 {
                     crate::failpoints::hit("mid_cleanup")?;
                 }
-                records.remove(key.as_slice()).map_err(db_err)?;
+                records.remove(key.as_slice())?;
             }
             drop(records);
             meta_touch(&mut meta, now, Some(next));
             meta.hot_deleted_at = Some(now);
             meta.lease_owner = None;
             meta.lease_expires_at = now;
-            txn.open_table(INTENTS)
-                .map_err(db_err)?
-                .retain_in(prefix.as_slice()..end.as_slice(), |_, _| false)
-                .map_err(db_err)?;
+            txn.open_table(INTENTS)?.retain_in(prefix.as_slice()..end.as_slice(), |_, _| false)?;
             // Next: the archive's expiry. Being archived is a fact the policy sees, so the
             // model queues the bucket for a plan made with it before anything is scheduled.
             reconcile(txn, &mut meta, now)?;
@@ -483,10 +474,7 @@ impl Store {
                 .ok_or_else(|| Error::Internal(format!("expired bucket {id} has no tombstone")))?;
             tombstone.completed_at = Some(now);
             tombstone.purge_at = Some(purge_at);
-            txn.open_table(TOMBSTONES)
-                .map_err(db_err)?
-                .insert(id.encode().as_slice(), encode_value(&tombstone)?.as_slice())
-                .map_err(db_err)?;
+            txn.open_table(TOMBSTONES)?.insert(id.encode().as_slice(), encode_value(&tombstone)?.as_slice())?;
             meta.lease_owner = None;
             meta.lease_expires_at = now;
             schedule(txn, &mut meta, Some(purge_at))?;
@@ -512,7 +500,7 @@ impl Store {
                 }
                 return Ok(false);
             }
-            txn.open_table(TOMBSTONES).map_err(db_err)?.remove(id.encode().as_slice()).map_err(db_err)?;
+            txn.open_table(TOMBSTONES)?.remove(id.encode().as_slice())?;
             schedule(txn, &mut meta, None)?;
             save_meta(txn, &meta)?;
             Ok(true)
@@ -527,7 +515,7 @@ pub(super) fn push_published(
     manifest: &[u8],
     out: &mut Vec<(BucketMeta, crate::format::manifest::Manifest)>,
 ) -> Result<()> {
-    let Some(meta) = buckets.get(id.encode().as_slice()).map_err(db_err)? else { return Ok(()) };
+    let Some(meta) = buckets.get(id.encode().as_slice())? else { return Ok(()) };
     let meta: BucketMeta = decode_value(meta.value())?;
     if matches!(meta.state, BucketState::Archived { .. }) && meta.manifest_key.is_some() {
         out.push((meta, decode_value(manifest)?));
@@ -537,14 +525,14 @@ pub(super) fn push_published(
 
 /// The generation of the bucket's published manifest: the newest one recorded.
 pub(super) fn published_generation(txn: &WriteTransaction, id: &BucketId) -> Result<Option<u64>> {
-    let t = txn.open_table(MANIFESTS).map_err(db_err)?;
+    let t = txn.open_table(MANIFESTS)?;
     let prefix = id.encode();
     let end = encoding::prefix_end(&prefix);
-    let last = t.range(prefix.as_slice()..end.as_slice()).map_err(db_err)?.next_back();
+    let last = t.range(prefix.as_slice()..end.as_slice())?.next_back();
     match last {
         None => Ok(None),
         Some(entry) => {
-            let (k, _) = entry.map_err(db_err)?;
+            let (k, _) = entry?;
             let mut r = encoding::Reader::new(&k.value()[prefix.len()..]);
             Ok(Some(r.u64()?))
         }

@@ -41,8 +41,8 @@ impl Store {
 
     pub fn table_state(&self, table: &str) -> Result<Option<TableState>> {
         let txn = self.read()?;
-        let t = txn.open_table(TABLES).map_err(db_err)?;
-        t.get(table).map_err(db_err)?.map(|v| decode_value(v.value())).transpose()
+        let t = txn.open_table(TABLES)?;
+        t.get(table)?.map(|v| decode_value(v.value())).transpose()
     }
 
     /// This data directory's installation id (made at its creation, never changed).
@@ -55,17 +55,17 @@ impl Store {
 
     pub fn bucket(&self, id: &BucketId) -> Result<Option<BucketMeta>> {
         let txn = self.read()?;
-        let t = txn.open_table(BUCKETS).map_err(db_err)?;
-        t.get(id.encode().as_slice()).map_err(db_err)?.map(|v| decode_value(v.value())).transpose()
+        let t = txn.open_table(BUCKETS)?;
+        t.get(id.encode().as_slice())?.map(|v| decode_value(v.value())).transpose()
     }
 
     /// Every bucket of every table.
     pub fn all_buckets(&self) -> Result<Vec<BucketMeta>> {
         let txn = self.read()?;
-        let t = txn.open_table(BUCKETS).map_err(db_err)?;
+        let t = txn.open_table(BUCKETS)?;
         let mut out = Vec::new();
-        for entry in t.iter().map_err(db_err)? {
-            let (_, v) = entry.map_err(db_err)?;
+        for entry in t.iter()? {
+            let (_, v) = entry?;
             out.push(decode_value(v.value())?);
         }
         Ok(out)
@@ -74,11 +74,11 @@ impl Store {
     /// Buckets whose action is due at or before `now`, soonest first, at most `limit`.
     pub fn due(&self, now: Micros, limit: usize) -> Result<Vec<(Micros, BucketId)>> {
         let txn = self.read()?;
-        let t = txn.open_table(DUE).map_err(db_err)?;
+        let t = txn.open_table(DUE)?;
         let end = due_key_bound(now);
         let mut out = Vec::new();
-        for entry in t.range(..end.as_slice()).map_err(db_err)?.take(limit) {
-            let (k, _) = entry.map_err(db_err)?;
+        for entry in t.range(..end.as_slice())?.take(limit) {
+            let (k, _) = entry?;
             out.push(decode_due_key(k.value())?);
         }
         Ok(out)
@@ -87,18 +87,18 @@ impl Store {
     /// The earliest due time in the index, for status (archival lag) and scheduling.
     pub fn earliest_due(&self) -> Result<Option<Micros>> {
         let txn = self.read()?;
-        let t = txn.open_table(DUE).map_err(db_err)?;
-        let first = t.first().map_err(db_err)?;
+        let t = txn.open_table(DUE)?;
+        let first = t.first()?;
         first.map(|(k, _)| decode_due_key(k.value()).map(|(at, _)| at)).transpose()
     }
 
     pub fn due_count(&self, now: Micros) -> Result<u64> {
         let txn = self.read()?;
-        let t = txn.open_table(DUE).map_err(db_err)?;
+        let t = txn.open_table(DUE)?;
         let end = due_key_bound(now);
         let mut n = 0;
-        for entry in t.range(..end.as_slice()).map_err(db_err)? {
-            entry.map_err(db_err)?;
+        for entry in t.range(..end.as_slice())? {
+            entry?;
             n += 1;
         }
         Ok(n)
@@ -107,10 +107,10 @@ impl Store {
     /// Buckets that have no retention plan yet, at most `limit`.
     pub fn unplanned(&self, limit: usize) -> Result<Vec<BucketId>> {
         let txn = self.read()?;
-        let t = txn.open_table(UNPLANNED).map_err(db_err)?;
+        let t = txn.open_table(UNPLANNED)?;
         let mut out = Vec::new();
-        for entry in t.iter().map_err(db_err)?.take(limit) {
-            let (k, _) = entry.map_err(db_err)?;
+        for entry in t.iter()?.take(limit) {
+            let (k, _) = entry?;
             out.push(BucketId::decode(&mut encoding::Reader::new(k.value()))?);
         }
         Ok(out)
@@ -118,23 +118,23 @@ impl Store {
 
     pub fn manifest(&self, id: &BucketId, generation: u64) -> Result<Option<crate::format::manifest::Manifest>> {
         let txn = self.read()?;
-        let t = txn.open_table(MANIFESTS).map_err(db_err)?;
-        t.get(generation_key(id, generation).as_slice()).map_err(db_err)?.map(|v| decode_value(v.value())).transpose()
+        let t = txn.open_table(MANIFESTS)?;
+        t.get(generation_key(id, generation).as_slice())?.map(|v| decode_value(v.value())).transpose()
     }
 
     /// The published buckets of a table with their newest manifest, in key order. Reads the
     /// manifests, not every bucket: its cost follows what is archived, not what is hot.
     pub fn published(&self, table: &str) -> Result<Vec<(BucketMeta, crate::format::manifest::Manifest)>> {
         let txn = self.read()?;
-        let manifests = txn.open_table(MANIFESTS).map_err(db_err)?;
-        let buckets = txn.open_table(BUCKETS).map_err(db_err)?;
+        let manifests = txn.open_table(MANIFESTS)?;
+        let buckets = txn.open_table(BUCKETS)?;
         let prefix = BucketId::table_prefix(table, None);
         let end = encoding::prefix_end(&prefix);
         let mut out: Vec<(BucketMeta, crate::format::manifest::Manifest)> = Vec::new();
         let mut newest: Option<(BucketId, Vec<u8>)> = None;
         // Generations of one bucket are adjacent and ascending: keep the last of each run.
-        for entry in manifests.range(prefix.as_slice()..end.as_slice()).map_err(db_err)? {
-            let (k, v) = entry.map_err(db_err)?;
+        for entry in manifests.range(prefix.as_slice()..end.as_slice())? {
+            let (k, v) = entry?;
             let id = BucketId::decode(&mut encoding::Reader::new(k.value()))?;
             if let Some((previous, bytes)) = newest.take()
                 && previous != id
@@ -151,13 +151,13 @@ impl Store {
 
     pub fn meta_value(&self, name: &str) -> Result<Option<Vec<u8>>> {
         let txn = self.read()?;
-        let t = txn.open_table(META).map_err(db_err)?;
-        Ok(t.get(name).map_err(db_err)?.map(|v| v.value().to_vec()))
+        let t = txn.open_table(META)?;
+        Ok(t.get(name)?.map(|v| v.value().to_vec()))
     }
 
     pub fn set_meta_value(&self, name: &'static str, value: Vec<u8>) -> Result<()> {
         self.write(move |txn| {
-            txn.open_table(META).map_err(db_err)?.insert(name, value.as_slice()).map_err(db_err)?;
+            txn.open_table(META)?.insert(name, value.as_slice())?;
             Ok(())
         })
     }
@@ -165,28 +165,28 @@ impl Store {
     /// Every recorded table, in id order.
     pub fn table_states(&self) -> Result<Vec<TableState>> {
         let txn = self.read()?;
-        let t = txn.open_table(TABLES).map_err(db_err)?;
+        let t = txn.open_table(TABLES)?;
         let mut out = Vec::new();
-        for entry in t.iter().map_err(db_err)? {
-            out.push(decode_value(entry.map_err(db_err)?.1.value())?);
+        for entry in t.iter()? {
+            out.push(decode_value(entry?.1.value())?);
         }
         Ok(out)
     }
 
     pub fn tombstone(&self, id: &BucketId) -> Result<Option<Tombstone>> {
         let txn = self.read()?;
-        let t = txn.open_table(TOMBSTONES).map_err(db_err)?;
-        t.get(id.encode().as_slice()).map_err(db_err)?.map(|v| decode_value(v.value())).transpose()
+        let t = txn.open_table(TOMBSTONES)?;
+        t.get(id.encode().as_slice())?.map(|v| decode_value(v.value())).transpose()
     }
 }
 
 pub(super) fn table_buckets(txn: &WriteTransaction, table: &str) -> Result<Vec<BucketMeta>> {
-    let t = txn.open_table(BUCKETS).map_err(db_err)?;
+    let t = txn.open_table(BUCKETS)?;
     let prefix = BucketId::table_prefix(table, None);
     let end = encoding::prefix_end(&prefix);
     let mut out = Vec::new();
-    for entry in t.range(prefix.as_slice()..end.as_slice()).map_err(db_err)? {
-        out.push(decode_value(entry.map_err(db_err)?.1.value())?);
+    for entry in t.range(prefix.as_slice()..end.as_slice())? {
+        out.push(decode_value(entry?.1.value())?);
     }
     Ok(out)
 }
@@ -215,8 +215,8 @@ pub(super) fn scan_rows(
         None => prefix.clone(),
     };
     let mut out = Vec::new();
-    for entry in table.range(start.as_slice()..end.as_slice()).map_err(db_err)?.take(limit) {
-        let (k, v) = entry.map_err(db_err)?;
+    for entry in table.range(start.as_slice()..end.as_slice())?.take(limit) {
+        let (k, v) = entry?;
         out.push(bucket_row(id, &prefix, k.value(), v.value())?);
     }
     Ok(out)
@@ -250,18 +250,18 @@ pub struct Snapshot {
 
 impl Snapshot {
     pub fn bucket(&self, id: &BucketId) -> Result<Option<BucketMeta>> {
-        let t = self.txn.open_table(BUCKETS).map_err(db_err)?;
-        t.get(id.encode().as_slice()).map_err(db_err)?.map(|v| decode_value(v.value())).transpose()
+        let t = self.txn.open_table(BUCKETS)?;
+        t.get(id.encode().as_slice())?.map(|v| decode_value(v.value())).transpose()
     }
 
     /// Every bucket of a table (or of one partition), in key order.
     pub fn buckets(&self, table: &str, partition_key: Option<&[u8]>) -> Result<Vec<BucketMeta>> {
-        let t = self.txn.open_table(BUCKETS).map_err(db_err)?;
+        let t = self.txn.open_table(BUCKETS)?;
         let prefix = BucketId::table_prefix(table, partition_key);
         let end = encoding::prefix_end(&prefix);
         let mut out = Vec::new();
-        for entry in t.range(prefix.as_slice()..end.as_slice()).map_err(db_err)? {
-            let (_, v) = entry.map_err(db_err)?;
+        for entry in t.range(prefix.as_slice()..end.as_slice())? {
+            let (_, v) = entry?;
             out.push(decode_value(v.value())?);
         }
         Ok(out)
@@ -269,9 +269,9 @@ impl Snapshot {
 
     /// Calls `visit` with every bucket of every table in key order, one at a time.
     pub fn visit_buckets(&self, mut visit: impl FnMut(BucketMeta) -> Result<()>) -> Result<()> {
-        let t = self.txn.open_table(BUCKETS).map_err(db_err)?;
-        for entry in t.iter().map_err(db_err)? {
-            let (_, v) = entry.map_err(db_err)?;
+        let t = self.txn.open_table(BUCKETS)?;
+        for entry in t.iter()? {
+            let (_, v) = entry?;
             visit(decode_value(v.value())?)?;
         }
         Ok(())
@@ -279,17 +279,17 @@ impl Snapshot {
 
     /// The hot rows of a bucket in clustering order, from `after` (exclusive) when given.
     pub fn rows(&self, id: &BucketId, after: Option<(Micros, &[u8])>, limit: usize) -> Result<Vec<Record>> {
-        scan_rows(&self.txn.open_table(RECORDS).map_err(db_err)?, id, after, limit)
+        scan_rows(&self.txn.open_table(RECORDS)?, id, after, limit)
     }
 
     /// The newest recorded (that is, published) manifest of a bucket.
     pub fn latest_manifest(&self, id: &BucketId) -> Result<Option<crate::format::manifest::Manifest>> {
-        let t = self.txn.open_table(MANIFESTS).map_err(db_err)?;
+        let t = self.txn.open_table(MANIFESTS)?;
         let prefix = id.encode();
         let end = encoding::prefix_end(&prefix);
-        let last = t.range(prefix.as_slice()..end.as_slice()).map_err(db_err)?.next_back();
+        let last = t.range(prefix.as_slice()..end.as_slice())?.next_back();
         match last {
-            Some(entry) => Ok(Some(decode_value(entry.map_err(db_err)?.1.value())?)),
+            Some(entry) => Ok(Some(decode_value(entry?.1.value())?)),
             None => Ok(None),
         }
     }
@@ -320,27 +320,27 @@ impl Snapshot {
         &self,
         mut visit: impl FnMut(crate::format::manifest::Manifest) -> Result<()>,
     ) -> Result<()> {
-        let t = self.txn.open_table(MANIFESTS).map_err(db_err)?;
-        for entry in t.iter().map_err(db_err)? {
-            visit(decode_value(entry.map_err(db_err)?.1.value())?)?;
+        let t = self.txn.open_table(MANIFESTS)?;
+        for entry in t.iter()? {
+            visit(decode_value(entry?.1.value())?)?;
         }
         Ok(())
     }
 
     pub fn intents(&self) -> Result<Vec<UploadIntent>> {
-        let t = self.txn.open_table(INTENTS).map_err(db_err)?;
+        let t = self.txn.open_table(INTENTS)?;
         let mut out = Vec::new();
-        for entry in t.iter().map_err(db_err)? {
-            out.push(decode_value(entry.map_err(db_err)?.1.value())?);
+        for entry in t.iter()? {
+            out.push(decode_value(entry?.1.value())?);
         }
         Ok(out)
     }
 
     pub fn tombstones(&self) -> Result<Vec<Tombstone>> {
-        let t = self.txn.open_table(TOMBSTONES).map_err(db_err)?;
+        let t = self.txn.open_table(TOMBSTONES)?;
         let mut out = Vec::new();
-        for entry in t.iter().map_err(db_err)? {
-            out.push(decode_value(entry.map_err(db_err)?.1.value())?);
+        for entry in t.iter()? {
+            out.push(decode_value(entry?.1.value())?);
         }
         Ok(out)
     }

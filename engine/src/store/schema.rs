@@ -425,6 +425,20 @@ pub struct Hold {
 }
 
 impl Hold {
+    /// What every hold must carry, however it is placed (CLI, API, policy directory): why the
+    /// data is held, and who placed it. The refusal names the missing field.
+    pub fn check_declared(reason: &str, placed_by: &str) -> std::result::Result<(), String> {
+        if reason.trim().is_empty() {
+            return Err("a hold's `reason` must say why the data is held; nothing was placed".into());
+        }
+        if placed_by.trim().is_empty() {
+            return Err("a hold's `placed_by` must say who places it; nothing was placed".into());
+        }
+        Ok(())
+    }
+}
+
+impl Hold {
     /// Whether the hold covers a bucket. A tenant hold covers buckets whose records are all of
     /// that tenant and, conservatively, buckets that mix tenants.
     pub fn covers(&self, meta: &BucketMeta) -> bool {

@@ -56,7 +56,7 @@ pub(super) fn commit(txn: WriteTransaction, poisoned: &Mutex<Option<String>>) ->
 
 pub(super) fn run_txn(db: &Database, f: TxnFn, poisoned: &Mutex<Option<String>>) -> Result<Box<dyn Any + Send>> {
     poison_check(poisoned)?;
-    let txn = db.begin_write().map_err(db_err)?;
+    let txn = db.begin_write()?;
     match f(&txn) {
         Ok(value) => {
             commit(txn, poisoned)?;
@@ -91,8 +91,11 @@ pub(super) fn commit_appends(
     let txn = match db.begin_write() {
         Ok(txn) => txn,
         Err(e) => {
-            let message = e.to_string();
-            return fail_all(appends, &|| Error::Database(message.clone()));
+            let source = std::sync::Arc::new(redb::Error::from(e));
+            return fail_all(appends, &|| Error::Database {
+                context: "starting the group commit".into(),
+                source: source.clone(),
+            });
         }
     };
     let mut outcomes = Vec::with_capacity(appends.len());
@@ -101,10 +104,15 @@ pub(super) fn commit_appends(
     }
     // A database error while applying (or undoing) a batch leaves the transaction's contents
     // uncertain: nothing of the group is committed, and every append in it is refused.
-    if let Some(Err(Error::Database(message))) = outcomes.iter().find(|o| matches!(o, Err(Error::Database(_)))) {
-        let message = format!("an append in the same commit failed in the database ({message}); nothing was written");
+    if let Some(Err(Error::Database { source, .. })) =
+        outcomes.iter().find(|o| matches!(o, Err(Error::Database { .. })))
+    {
+        let source = source.clone();
         let _ = txn.abort();
-        return fail_all(appends, &|| Error::Database(message.clone()));
+        return fail_all(appends, &|| Error::Database {
+            context: "an append in the same commit failed in the database; nothing was written".into(),
+            source: source.clone(),
+        });
     }
     match commit(txn, poisoned) {
         Ok(()) => {
