@@ -6,10 +6,10 @@ use std::process::ExitCode;
 
 use clap::Subcommand;
 
-use super::{EngineArgs, progress_bar, remote, runtime};
+use super::{EngineArgs, remote, runtime};
 use crate::archive::verify::BucketVerdict;
 
-use crate::ops::holds::{HoldListing, HoldRequest, is_policy_hold, lift_hold, list_holds, place_hold};
+use crate::ops::holds::{HoldListing, HoldRequest, is_policy_hold};
 
 #[derive(Debug, Subcommand)]
 pub enum HoldCommand {
@@ -78,10 +78,7 @@ pub fn run_hold(command: HoldCommand) -> anyhow::Result<ExitCode> {
                 anyhow::bail!("--reason must say why the data is held");
             }
             let request = HoldRequest { table, partition, tenant, bucket, reason, placed_by: by };
-            let placed = match remote::open(&engine)? {
-                remote::Opened::Local(engine) => place_hold(&engine, request, "cli")?,
-                remote::Opened::Remote(client) => client.place_hold(&request)?,
-            };
+            let placed = remote::open(&engine)?.place_hold(request)?;
             println!("{}", serde_json::to_string(&placed)?);
             Ok(ExitCode::SUCCESS)
         }
@@ -89,18 +86,12 @@ pub fn run_hold(command: HoldCommand) -> anyhow::Result<ExitCode> {
             if is_policy_hold(&id) {
                 anyhow::bail!("hold `{id}` is declared in the policy directory: remove it there to lift it");
             }
-            let lifted = match remote::open(&engine)? {
-                remote::Opened::Local(engine) => lift_hold(&engine, id, by)?.id,
-                remote::Opened::Remote(client) => client.lift_hold(&id, &by)?,
-            };
+            let lifted = remote::open(&engine)?.lift_hold(id, by)?;
             println!("{}", serde_json::json!({"lifted": lifted}));
             Ok(ExitCode::SUCCESS)
         }
         HoldCommand::List { engine, json } => {
-            let holds = match remote::open(&engine)? {
-                remote::Opened::Local(engine) => list_holds(&engine)?,
-                remote::Opened::Remote(client) => client.holds()?,
-            };
+            let holds = remote::open(&engine)?.holds()?;
             print_holds(&holds, json)?;
             Ok(ExitCode::SUCCESS)
         }
@@ -113,24 +104,7 @@ pub fn run_verify(
     sample: Option<usize>,
     json: bool,
 ) -> anyhow::Result<ExitCode> {
-    let verdicts = match remote::open(&engine)? {
-        remote::Opened::Local(engine) => {
-            let total = engine
-                .store
-                .all_buckets()?
-                .iter()
-                .filter(|b| matches!(b.state, crate::model::BucketState::Archived { .. }))
-                .filter(|b| table.as_ref().is_none_or(|t| &b.id.table == t))
-                .count();
-            let bar = progress_bar(sample.map_or(total, |n| n.min(total)) as u64, "verify");
-            let verdicts = runtime()?.block_on(crate::archive::verify::verify(&engine, table, sample, |done| {
-                bar.set_position(done as u64)
-            }))?;
-            bar.finish_and_clear();
-            verdicts
-        }
-        remote::Opened::Remote(client) => client.verify(table.as_deref(), sample)?.verdicts,
-    };
+    let verdicts = remote::open(&engine)?.verify(table, sample)?;
     let failed = print_verdicts(&verdicts, json)?;
     Ok(if failed == 0 { ExitCode::SUCCESS } else { ExitCode::from(1) })
 }

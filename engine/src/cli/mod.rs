@@ -210,53 +210,26 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     .into());
                 }
             };
-            let outcome = match remote::open(&engine)? {
-                remote::Opened::Local(engine) => serde_json::to_string(&ingest::append_all(&engine, &table, records)?)?,
-                remote::Opened::Remote(client) => serde_json::to_string(&remote::ingest(&client, &table, &text)?)?,
-            };
-            println!("{outcome}");
+            let outcome = remote::open(&engine)?.ingest(&table, records, &text)?;
+            println!("{}", serde_json::to_string(&outcome)?);
             Ok(ExitCode::SUCCESS)
         }
         Command::Query { engine, table, partition, from, to, limit, cursor } => {
-            let engine = match remote::open(&engine)? {
-                remote::Opened::Local(engine) => engine,
-                remote::Opened::Remote(client) => {
-                    let request = crate::cli::client::PageRequest {
-                        partition: partition.as_deref(),
-                        from: from.as_deref(),
-                        to: to.as_deref(),
-                        limit,
-                        cursor: cursor.as_deref(),
-                    };
-                    remote::query(&client, &table, &request)?;
-                    return Ok(ExitCode::SUCCESS);
-                }
-            };
-            let request = crate::query::QueryRequest {
-                table,
-                partition_key: partition.map(String::into_bytes),
-                from: from.as_deref().map(crate::model::time::parse_time_arg).transpose()?,
-                to: to.as_deref().map(crate::model::time::parse_time_arg).transpose()?,
+            let request = crate::cli::client::PageRequest {
+                partition: partition.as_deref(),
+                from: from.as_deref(),
+                to: to.as_deref(),
                 limit,
-                cursor,
+                cursor: cursor.as_deref(),
             };
-            let page = runtime()?.block_on(crate::query::query(&engine, request))?;
+            let page = remote::open(&engine)?.query(&table, &request)?;
             let mut out = std::io::stdout().lock();
-            for r in &page.records {
+            for line in &page.lines {
                 use std::io::Write;
-                writeln!(out, "{}", crate::ops::records::record_json(r))?;
+                writeln!(out, "{line}")?;
             }
             for gone in &page.expired {
-                // Expired on purpose, not missing: say when and why.
-                eprintln!(
-                    "expired: partition {} bucket {} [{}, {}) at {}: {}",
-                    gone.partition_key,
-                    gone.bucket_key,
-                    crate::model::time::format_rfc3339(gone.start),
-                    crate::model::time::format_rfc3339(gone.end),
-                    crate::model::time::format_rfc3339(gone.expired_at),
-                    gone.reason
-                );
+                eprintln!("{gone}");
             }
             if let Some(c) = page.next_cursor {
                 eprintln!("next cursor: {c}");
@@ -316,15 +289,9 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             if !once {
                 anyhow::bail!("`archive` runs one pass with --once; use `frostline run` for continuous passes");
             }
-            let engine = match remote::open(&engine)? {
-                remote::Opened::Local(engine) => engine,
-                remote::Opened::Remote(client) => return remote::archive(&client),
-            };
-            let owner = crate::archive::new_owner_token();
-            let passes = crate::ops::passes::run_until_idle(&engine, &owner, None, &|_| {});
-            let report = runtime()?.block_on(passes)?;
-            println!("{}", serde_json::to_string(&report)?);
-            Ok(if report.deferred == 0 && report.errors.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(1) })
+            let (report, clean) = remote::open(&engine)?.archive_once()?;
+            println!("{report}");
+            Ok(if clean { ExitCode::SUCCESS } else { ExitCode::from(1) })
         }
         Command::Run { engine, api } => {
             let serve = api.validate()?;

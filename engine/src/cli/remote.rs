@@ -3,21 +3,156 @@
 //! engine's HTTP API (the address is in `<data>/frostline.addr`, tokens in FROSTLINE_TOKEN and
 //! FROSTLINE_ADMIN_TOKEN); otherwise they open the directory themselves.
 
-use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::Context;
 
 use super::EngineArgs;
+use crate::archive::verify::BucketVerdict;
 use crate::cli::client::{Client, PageRequest};
 use crate::engine::Engine;
-use crate::ops::wire::AppendCounts;
-use crate::ops::wire::{HTTP_BODY_BYTES_MAX, HTTP_RECORDS_PER_REQUEST_MAX};
+use crate::model::Record;
+use crate::ops::holds::{HoldListing, HoldPlaced, HoldRequest};
+use crate::ops::wire::{AppendCounts, HTTP_BODY_BYTES_MAX, HTTP_RECORDS_PER_REQUEST_MAX};
 
-/// The data directory opened here, or the API of the engine that holds it.
-pub enum Opened {
-    Local(Arc<Engine>),
-    Remote(Client),
+/// The engine a command works on: the data directory opened here (`Arc<Engine>`), or the
+/// running engine that holds it, through its API (`Client`). Each command is written once
+/// against this; the two implementations below are the only place the paths differ.
+pub trait EngineHandle {
+    /// Appends validated records (`text` is their JSON lines, for the API).
+    fn ingest(&self, table: &str, records: Vec<Record>, text: &str) -> anyhow::Result<AppendCounts>;
+    /// One page of a query, as JSON lines, with the expired ranges it met (described) and the
+    /// cursor of the next page.
+    fn query(&self, table: &str, request: &PageRequest<'_>) -> anyhow::Result<QueryPage>;
+    /// Passes until nothing more is claimable now: the report, and whether it was clean.
+    fn archive_once(&self) -> anyhow::Result<(serde_json::Value, bool)>;
+    fn place_hold(&self, request: HoldRequest) -> anyhow::Result<HoldPlaced>;
+    /// Lifts a hold; the id of the hold lifted.
+    fn lift_hold(&self, id: String, by: String) -> anyhow::Result<String>;
+    fn holds(&self) -> anyhow::Result<Vec<HoldListing>>;
+    fn verify(&self, table: Option<String>, sample: Option<usize>) -> anyhow::Result<Vec<BucketVerdict>>;
+}
+
+/// One page of a query as a command prints it.
+pub struct QueryPage {
+    pub lines: Vec<String>,
+    pub expired: Vec<String>,
+    pub next_cursor: Option<String>,
+}
+
+impl EngineHandle for Arc<Engine> {
+    fn ingest(&self, table: &str, records: Vec<Record>, _text: &str) -> anyhow::Result<AppendCounts> {
+        let outcome = super::ingest::append_all(self, table, records)?;
+        Ok(AppendCounts {
+            appended: outcome.appended,
+            duplicates: outcome.duplicates,
+            already_archived: outcome.already_archived,
+        })
+    }
+
+    fn query(&self, table: &str, request: &PageRequest<'_>) -> anyhow::Result<QueryPage> {
+        let request = crate::query::QueryRequest {
+            table: table.to_string(),
+            partition_key: request.partition.map(|p| p.as_bytes().to_vec()),
+            from: request.from.map(crate::model::time::parse_time_arg).transpose()?,
+            to: request.to.map(crate::model::time::parse_time_arg).transpose()?,
+            limit: request.limit,
+            cursor: request.cursor.map(str::to_string),
+        };
+        let page = super::runtime()?.block_on(crate::query::query(self, request))?;
+        let format = crate::model::time::format_rfc3339;
+        Ok(QueryPage {
+            lines: page.records.iter().map(crate::ops::records::record_json).collect(),
+            // Expired on purpose, not missing: say when and why.
+            expired: page
+                .expired
+                .iter()
+                .map(|gone| {
+                    format!(
+                        "expired: partition {} bucket {} [{}, {}) at {}: {}",
+                        gone.partition_key,
+                        gone.bucket_key,
+                        format(gone.start),
+                        format(gone.end),
+                        format(gone.expired_at),
+                        gone.reason
+                    )
+                })
+                .collect(),
+            next_cursor: page.next_cursor,
+        })
+    }
+
+    fn archive_once(&self) -> anyhow::Result<(serde_json::Value, bool)> {
+        let owner = crate::archive::new_owner_token();
+        let report = super::runtime()?.block_on(crate::ops::passes::run_until_idle(self, &owner, None, &|_| {}))?;
+        let clean = report.deferred == 0 && report.errors.is_empty();
+        Ok((serde_json::to_value(&report)?, clean))
+    }
+
+    fn place_hold(&self, request: HoldRequest) -> anyhow::Result<HoldPlaced> {
+        Ok(crate::ops::holds::place_hold(self, request, "cli")?)
+    }
+
+    fn lift_hold(&self, id: String, by: String) -> anyhow::Result<String> {
+        Ok(crate::ops::holds::lift_hold(self, id, by)?.id)
+    }
+
+    fn holds(&self) -> anyhow::Result<Vec<HoldListing>> {
+        Ok(crate::ops::holds::list_holds(self)?)
+    }
+
+    fn verify(&self, table: Option<String>, sample: Option<usize>) -> anyhow::Result<Vec<BucketVerdict>> {
+        let total = self
+            .store
+            .all_buckets()?
+            .iter()
+            .filter(|b| matches!(b.state, crate::model::BucketState::Archived { .. }))
+            .filter(|b| table.as_ref().is_none_or(|t| &b.id.table == t))
+            .count();
+        let bar = super::progress_bar(sample.map_or(total, |n| n.min(total)) as u64, "verify");
+        let verdicts = super::runtime()?
+            .block_on(crate::archive::verify::verify(self, table, sample, |done| bar.set_position(done as u64)))?;
+        bar.finish_and_clear();
+        Ok(verdicts)
+    }
+}
+
+impl EngineHandle for Client {
+    fn ingest(&self, table: &str, _records: Vec<Record>, text: &str) -> anyhow::Result<AppendCounts> {
+        ingest(self, table, text)
+    }
+
+    fn query(&self, table: &str, request: &PageRequest<'_>) -> anyhow::Result<QueryPage> {
+        let page = Client::query(self, table, request)?;
+        Ok(QueryPage {
+            lines: page.records.iter().map(|r| r.get().to_string()).collect(),
+            expired: Vec::new(),
+            next_cursor: page.next_cursor,
+        })
+    }
+
+    fn archive_once(&self) -> anyhow::Result<(serde_json::Value, bool)> {
+        let report = self.archive()?;
+        let clean = report["deferred"].as_u64() == Some(0) && report["errors"].as_array().is_some_and(|e| e.is_empty());
+        Ok((report, clean))
+    }
+
+    fn place_hold(&self, request: HoldRequest) -> anyhow::Result<HoldPlaced> {
+        Ok(Client::place_hold(self, &request)?)
+    }
+
+    fn lift_hold(&self, id: String, by: String) -> anyhow::Result<String> {
+        Ok(Client::lift_hold(self, &id, &by)?)
+    }
+
+    fn holds(&self) -> anyhow::Result<Vec<HoldListing>> {
+        Ok(Client::holds(self)?)
+    }
+
+    fn verify(&self, table: Option<String>, sample: Option<usize>) -> anyhow::Result<Vec<BucketVerdict>> {
+        Ok(Client::verify(self, table.as_deref(), sample)?.verdicts)
+    }
 }
 
 fn is_already_open(e: &anyhow::Error) -> bool {
@@ -26,13 +161,13 @@ fn is_already_open(e: &anyhow::Error) -> bool {
 
 /// Opens the data directory; when another process holds it and has published an API
 /// address, connects to that instead.
-pub fn open(args: &EngineArgs) -> anyhow::Result<Opened> {
+pub fn open(args: &EngineArgs) -> anyhow::Result<Box<dyn EngineHandle>> {
     match args.open() {
-        Ok(engine) => Ok(Opened::Local(engine)),
+        Ok(engine) => Ok(Box::new(engine)),
         Err(e) if is_already_open(&e) => match crate::ops::wire::read_addr_file(&args.data)? {
             Some(addr) => {
                 tracing::debug!(%addr, "the data directory is held by a running engine; using its API");
-                Ok(Opened::Remote(Client::from_env(addr)))
+                Ok(Box::new(Client::from_env(addr)))
             }
             None => Err(e.context(format!(
                 "the process holding it publishes no API address ({}); if it is `frostline run`, wait until it \
@@ -80,21 +215,6 @@ pub fn ingest(client: &Client, table: &str, text: &str) -> anyhow::Result<Append
     Ok(total)
 }
 
-/// Prints one page of records as JSON lines (and the next cursor on stderr), like the local
-/// query.
-pub fn query(client: &Client, table: &str, request: &PageRequest<'_>) -> anyhow::Result<()> {
-    use std::io::Write;
-    let page = client.query(table, request)?;
-    let mut out = std::io::stdout().lock();
-    for record in &page.records {
-        writeln!(out, "{}", record.get())?;
-    }
-    if let Some(c) = page.next_cursor {
-        eprintln!("next cursor: {c}");
-    }
-    Ok(())
-}
-
 /// Prints the running engine's status; when its API cannot be reached, the status file it
 /// last wrote.
 pub fn status(client: &Client, args: &EngineArgs, json: bool) -> anyhow::Result<()> {
@@ -117,12 +237,4 @@ pub fn status(client: &Client, args: &EngineArgs, json: bool) -> anyhow::Result<
         }
         Err(e) => Err(e.into()),
     }
-}
-
-/// Asks the running engine for passes until idle now, and prints its report.
-pub fn archive(client: &Client) -> anyhow::Result<ExitCode> {
-    let report = client.archive()?;
-    println!("{report}");
-    let clean = report["deferred"].as_u64() == Some(0) && report["errors"].as_array().is_some_and(|e| e.is_empty());
-    Ok(if clean { ExitCode::SUCCESS } else { ExitCode::from(1) })
 }
