@@ -51,8 +51,7 @@ pub async fn run(engine: Arc<Engine>, serve: ServeSettings) -> Result<()> {
         .map_err(|e| Error::Internal(format!("cannot listen for SIGTERM: {e}")))?;
     let metrics = Arc::new(Metrics::new()?);
     let observed = metrics.clone();
-    let passes =
-        Arc::new(Passes::new(crate::archive::new_owner_token(), Box::new(move |result| observed.record_pass(result))));
+    let passes = Arc::new(Passes::new(engine.new_owner_token(), Box::new(move |result| observed.record_pass(result))));
     let (stop, stopping) = tokio::sync::watch::channel(false);
     let state = Arc::new(ApiState {
         engine: engine.clone(),

@@ -35,6 +35,8 @@ pub struct Engine {
     last_reload: std::sync::Mutex<Option<crate::policy::ReloadOutcome>>,
     /// Reload attempts since start: accepted, refused (for metrics).
     reloads: [std::sync::atomic::AtomicU64; 2],
+    /// Every random choice the engine makes comes from here (`Settings::random_seed`).
+    rng: std::sync::Mutex<rand::rngs::StdRng>,
 }
 
 /// File in the data directory where a running engine publishes its status (read by
@@ -69,6 +71,7 @@ impl Engine {
         let mut policies = crate::policy::load_with(policies_dir, data_dir, &host, &settings, &load_options)?;
         crate::policy::retired::restore_recorded(&mut policies, &store, &host, data_dir)?;
         let installation_id = store.installation_id()?;
+        let settings_seed = settings.random_seed;
         let engine = Engine {
             installation_id,
             store,
@@ -80,6 +83,10 @@ impl Engine {
             policies: RwLock::new(Arc::new(policies)),
             last_reload: std::sync::Mutex::new(None),
             reloads: Default::default(),
+            rng: std::sync::Mutex::new(match settings_seed {
+                Some(seed) => rand::SeedableRng::seed_from_u64(seed),
+                None => rand::SeedableRng::from_os_rng(),
+            }),
         };
         engine.register_tables()?;
         Ok(Arc::new(engine))
@@ -137,6 +144,16 @@ impl Engine {
     pub fn reload_counts(&self) -> (u64, u64) {
         let [accepted, refused] = &self.reloads;
         (accepted.load(std::sync::atomic::Ordering::Relaxed), refused.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
+    /// A random number from the engine's source (`Settings::random_seed`).
+    pub fn random_u64(&self) -> u64 {
+        rand::Rng::random(&mut *self.rng.lock().expect("rng lock"))
+    }
+
+    /// A fresh owner token for this process's passes: the process id and a random part.
+    pub fn new_owner_token(&self) -> String {
+        format!("{}-{:016x}", std::process::id(), self.random_u64())
     }
 
     /// The active policy set; work started under it finishes under it.

@@ -1,4 +1,4 @@
-//! Process settings (DESIGN.md section 6), as flags and environment variables, validated once
+//! Process settings (README.md, "Using it", lists them), as flags and environment variables, validated once
 //! at start into typed values.
 
 use crate::error::{Error, Result};
@@ -99,6 +99,10 @@ pub struct Settings {
     pub orphan_grace_us: Micros,
     pub sweep_interval_us: Micros,
     pub store_cache_bytes: usize,
+    /// Seeds the engine's random choices (owner tokens, hold ids, verify samples). `None` (the
+    /// binary's setting) draws the seed from the operating system; tests and the simulation
+    /// set it so a seed replays the same choices.
+    pub random_seed: Option<u64>,
 }
 
 impl Default for Settings {
@@ -163,6 +167,7 @@ impl ArchiverArgs {
         }
         Ok(Settings {
             store_cache_bytes: (self.store_cache_mib * 1024 * 1024) as usize,
+            random_seed: None,
             tombstone_retention_us: positive("ARCHIVER_TOMBSTONE_RETENTION_SECONDS", self.tombstone_retention_seconds)?,
             orphan_grace_us: self.orphan_grace_seconds as i64 * MICROS_PER_SECOND,
             sweep_interval_us: positive("ARCHIVER_SWEEP_INTERVAL_SECONDS", self.sweep_interval_seconds)?,

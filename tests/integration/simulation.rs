@@ -168,7 +168,9 @@ fn check_reads(e: &TestEngine, model: &BTreeMap<Identity, String>, faults_active
 fn run_seed(seed: u64, ops: usize) {
     let mut rng = StdRng::seed_from_u64(seed);
     let base = t("2024-01-01T00:00:00Z");
-    let e = TestEngine::new(POLICY, "2024-01-01T00:00:00Z");
+    let settings = frostline::settings::Settings { random_seed: Some(seed), ..Default::default() };
+    let e = TestEngine::open_with_settings(POLICY, "2024-01-01T00:00:00Z", &[], Default::default(), settings)
+        .unwrap_or_else(|err| panic!("seed {seed}: {err}"));
     let faulty = FaultyBackend::new(e.backend("r"));
     e.with_backend("r", faulty.clone());
     let mut model: BTreeMap<Identity, String> = BTreeMap::new();
@@ -358,6 +360,8 @@ struct LifecycleCounts {
     target_moves: u64,
     restarts: u64,
     faults: u64,
+    stalls: u64,
+    leases_lost: u64,
     reads_checked: u64,
     archived: u64,
     expired: u64,
@@ -376,6 +380,8 @@ impl LifecycleCounts {
         self.refused_retired += other.refused_retired;
         self.target_moves += other.target_moves;
         self.restarts += other.restarts;
+        self.stalls += other.stalls;
+        self.leases_lost += other.leases_lost;
         self.faults += other.faults;
         self.reads_checked += other.reads_checked;
         self.archived += other.archived;
@@ -407,7 +413,9 @@ fn run_lifecycle_seed(seed: u64, ops: usize) -> LifecycleCounts {
         })),
     };
     let clear_faults = || faulty.lock().unwrap().values().for_each(|f| f.clear());
-    let mut e = TestEngine::open(&retention.policy(), "2024-01-01T00:00:00Z", &[], options)
+    // The engine's own random choices (owner tokens, hold ids) replay with the seed too.
+    let settings = frostline::settings::Settings { random_seed: Some(seed), ..Default::default() };
+    let mut e = TestEngine::open_with_settings(&retention.policy(), "2024-01-01T00:00:00Z", &[], options, settings)
         .unwrap_or_else(|err| panic!("seed {seed}: {err}"));
     // The table removed from the directory (retired: archived and expired under the last
     // retention, refusing appends), and the target it is on.
@@ -472,9 +480,19 @@ fn run_lifecycle_seed(seed: u64, ops: usize) -> LifecycleCounts {
                 let report = runtime()
                     .block_on(frostline::archive::run_pass(&e.engine, &format!("w{}", rng.random_range(0..2))))
                     .unwrap_or_else(|err| panic!("seed {seed} op {op}: pass failed: {err}"));
+                // A stalled store moved the clock during the pass: what was due by its end
+                // may have expired in it.
+                let after = e.engine.clock.now();
+                for ((partition, day), bucket) in buckets.iter_mut() {
+                    let held = holds.values().any(|p| p == partition);
+                    if !held && retention.expire_at((day + 1) * DAY_US, &bucket.kinds) <= after {
+                        bucket.expirable = true;
+                    }
+                }
                 counts.passes += 1;
                 counts.archived += report.archived;
                 counts.expired += report.expired;
+                counts.leases_lost += report.errors.iter().filter(|e| e.contains("lease")).count() as u64;
                 e.clock.advance(20_000_000); // past ARCHIVER_RETRY_SECONDS
             }
             65..70 => {
@@ -555,10 +573,16 @@ fn run_lifecycle_seed(seed: u64, ops: usize) -> LifecycleCounts {
             }
             80..86 => {
                 let op_kind = [Op::Put, Op::Get, Op::List, Op::Delete][rng.random_range(0..4)];
-                let fault = match rng.random_range(0..3) {
+                let fault = match rng.random_range(0..5) {
                     0 => Fault::Error,
                     1 if op_kind == Op::Put => Fault::LandThenError,
                     2 if op_kind == Op::Get => Fault::CorruptRead,
+                    // A slow store: the clock moves in the middle of a step, so the lease is
+                    // renewed (a third or more of it passed) or lost (all of it passed).
+                    3 | 4 if op_kind != Op::List => {
+                        counts.stalls += 1;
+                        Fault::Stall([15, 25, 45, 90][rng.random_range(0..4)] * 1_000_000)
+                    }
                     _ => Fault::Error,
                 };
                 // Outages of list and delete last longer: an expiry then waits between its
@@ -571,6 +595,7 @@ fn run_lifecycle_seed(seed: u64, ops: usize) -> LifecycleCounts {
                 // On the table's target, or on the other one (an old archive's).
                 let slots = faulty.lock().unwrap();
                 if let Some(store) = slots.values().nth(rng.random_range(0..slots.len())) {
+                    store.set_clock(e.clock.clone());
                     store.add(op_kind, "", fault, Some(times));
                     faults_active = true;
                     counts.faults += 1;

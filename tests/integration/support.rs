@@ -66,6 +66,7 @@ pub struct TestEngine {
     /// Kept so the directories live as long as the engine.
     _dir: tempfile::TempDir,
     options: frostline::policy::LoadOptions,
+    settings: frostline::settings::Settings,
 }
 
 pub fn t(text: &str) -> i64 {
@@ -87,6 +88,17 @@ impl TestEngine {
         files: &[(&str, &str)],
         options: frostline::policy::LoadOptions,
     ) -> Result<TestEngine, frostline::error::Error> {
+        Self::open_with_settings(policy, now, files, options, frostline::settings::Settings::default())
+    }
+
+    /// `open` with settings (the simulations seed the engine's random choices with their own).
+    pub fn open_with_settings(
+        policy: &str,
+        now: &str,
+        files: &[(&str, &str)],
+        options: frostline::policy::LoadOptions,
+        settings: frostline::settings::Settings,
+    ) -> Result<TestEngine, frostline::error::Error> {
         let dir = tempfile::tempdir().unwrap();
         let policies = dir.path().join("policies");
         std::fs::create_dir_all(&policies).unwrap();
@@ -100,28 +112,23 @@ impl TestEngine {
         let engine = frostline::engine::Engine::open_with(
             &dir.path().join("data"),
             &policies,
-            frostline::settings::Settings::default(),
+            settings.clone(),
             clock.clone(),
             options.clone(),
         )?;
-        Ok(TestEngine { engine, clock, _dir: dir, options })
+        Ok(TestEngine { engine, clock, _dir: dir, options, settings })
     }
 
     /// Closes the engine and opens its directories again (a clean restart; the clock goes on).
     pub fn restart(self) -> Result<TestEngine, frostline::error::Error> {
-        let TestEngine { engine, clock, _dir: dir, options } = self;
+        let TestEngine { engine, clock, _dir: dir, options, settings } = self;
         let policies = engine.policies().dir.clone();
         let data = engine.data_dir.clone();
         assert_eq!(std::sync::Arc::strong_count(&engine), 1, "the engine is still shared: it cannot close");
         drop(engine);
-        let engine = frostline::engine::Engine::open_with(
-            &data,
-            &policies,
-            frostline::settings::Settings::default(),
-            clock.clone(),
-            options.clone(),
-        )?;
-        Ok(TestEngine { engine, clock, _dir: dir, options })
+        let engine =
+            frostline::engine::Engine::open_with(&data, &policies, settings.clone(), clock.clone(), options.clone())?;
+        Ok(TestEngine { engine, clock, _dir: dir, options, settings })
     }
 
     /// The policy directory.

@@ -137,7 +137,7 @@ pub fn splitmix64(state: &mut u64) -> u64 {
 
 /// Passes until one makes no progress, as `frostline archive --once` runs them.
 pub async fn passes_until_idle(engine: &Arc<Engine>) -> Result<PassReport> {
-    let owner = archive::new_owner_token();
+    let owner = engine.new_owner_token();
     let mut total = PassReport::default();
     for _ in 0..ARCHIVE_PASSES_MAX {
         let report = archive::run_pass(engine, &owner).await?;

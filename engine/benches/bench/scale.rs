@@ -183,7 +183,7 @@ impl ScaleStore {
     /// checks it archived exactly the 64 buckets due. Milliseconds.
     fn timed_pass(&self, runtime: &tokio::runtime::Runtime, pass: usize) -> Result<f64> {
         let engine = self.open(self.clock_for_pass(pass))?;
-        let owner = archive::new_owner_token();
+        let owner = engine.new_owner_token();
         let start = Instant::now();
         let report = runtime.block_on(archive::run_pass(&engine, &owner))?;
         let ms = start.elapsed().as_secs_f64() * 1e3;

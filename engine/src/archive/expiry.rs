@@ -40,7 +40,7 @@ pub(super) async fn expire(
     // The manifest goes first: once it is gone no reader can be sent to a missing segment.
     let keys: Vec<String> =
         std::iter::once(manifest_key).chain(manifest.segments.iter().map(|s| s.key.clone())).collect();
-    heartbeat.check("expiry")?;
+    heartbeat.check("expiry").await?;
     let (store, id, owner_s, now) = (engine.store.clone(), meta.id.clone(), owner.to_string(), engine.clock.now());
     let generation = meta.generation;
     let target = manifest.archive_target();

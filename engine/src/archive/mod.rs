@@ -1,10 +1,11 @@
-//! The archival coordinator: DESIGN.md section 3, one due bucket at a time.
+//! The archival coordinator (ARCHITECTURE.md, "The protocol"), one due bucket at a time.
 //!
 //! claim (fenced lease, generation + 1) → snapshot (owner- and generation-checked) → encode
 //! segments → record the upload intent → create each segment conditionally, read it back and
 //! verify it → create the manifest the same way, last → publish (the read cut-over) → cleanup
-//! (the fenced hot delete, checked against the manifest). A supervised heartbeat renews the
-//! lease throughout; once a renewal fails no further destructive step starts. A failure before
+//! (the fenced hot delete, checked against the manifest). The lease is renewed on the engine's
+//! clock before each step (and by a timer while one step runs long); once a renewal fails no
+//! further destructive step starts. A failure before
 //! publication defers the bucket; a failure after it leaves cleanup pending for a retry or a
 //! takeover. Each pass plans new buckets and runs due cleanups before it discovers new work.
 
@@ -27,7 +28,7 @@ use crate::error::{Error, Result};
 use crate::format::manifest::{MANIFEST_VERSION, Manifest, SegmentInfo, sha256_hex};
 use crate::model::lifecycle::{self, PlanBasis};
 use crate::model::rows::summarize;
-use crate::model::{BucketFacts, BucketState, Record};
+use crate::model::{BucketFacts, BucketState, Micros, Record};
 use crate::policy::{PolicySet, TablePolicy};
 use crate::storage::{ArchiveBackend, PutOutcome, keys};
 use crate::store::PlanOutcome;
@@ -206,11 +207,6 @@ impl PassReport {
     }
 }
 
-/// A unique owner token for this worker.
-pub fn new_owner_token() -> String {
-    format!("{}-{:016x}", std::process::id(), rand::random::<u64>())
-}
-
 /// Runs one pass: plan, then due work (cleanups first), at most `scan_limit` buckets.
 pub async fn run_pass(engine: &Arc<Engine>, owner: &str) -> Result<PassReport> {
     let mut report = PassReport::default();
@@ -385,9 +381,17 @@ enum Outcome {
     NotClaimed,
 }
 
-/// A running lease renewal; stopping it returns whether the lease was held throughout.
+/// The lease renewal of one claim, driven by the injected clock: before each step, `check`
+/// renews the lease when a renewal period has passed on the engine's clock since the last one
+/// (so a simulation that advances the clock in the middle of a step renews, or loses, the
+/// lease deterministically), and a background task does the same on a timer while one step
+/// runs long in real time. Once a renewal fails, no further destructive step starts.
 struct Heartbeat {
     lost: Arc<AtomicBool>,
+    /// When the lease was last taken or renewed (engine clock).
+    renewed_at: Arc<std::sync::atomic::AtomicI64>,
+    renew: Arc<dyn Fn(Micros) -> Result<()> + Send + Sync>,
+    engine: Arc<Engine>,
     stop: tokio::sync::watch::Sender<bool>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -395,38 +399,59 @@ struct Heartbeat {
 impl Heartbeat {
     fn start(engine: &Arc<Engine>, id: BucketId, owner: String, generation: u64) -> Heartbeat {
         let lost = Arc::new(AtomicBool::new(false));
+        let renewed_at = Arc::new(std::sync::atomic::AtomicI64::new(engine.clock.now()));
+        let store = engine.store.clone();
+        let lease_us = engine.settings.lease_us;
+        let renew: Arc<dyn Fn(Micros) -> Result<()> + Send + Sync> = Arc::new(move |now| {
+            crate::failpoints::hit("heartbeat")?;
+            store.renew(id.clone(), owner.clone(), generation, now, lease_us).map(|_| ())
+        });
         let (stop, mut stopped) = tokio::sync::watch::channel(false);
         let period = std::time::Duration::from_micros(engine.settings.lease_renewal_us as u64);
-        let engine = engine.clone();
-        let flag = lost.clone();
-        let task = tokio::spawn(async move {
-            loop {
-                tokio::select! {
-                    _ = stopped.changed() => return,
-                    _ = tokio::time::sleep(period) => {}
-                }
-                let store = engine.store.clone();
-                let (id, owner) = (id.clone(), owner.clone());
-                let now = engine.clock.now();
-                let lease_us = engine.settings.lease_us;
-                let renewed = match crate::failpoints::hit("heartbeat") {
-                    Ok(()) => blocking(move || store.renew(id, owner, generation, now, lease_us)).await.map(|_| ()),
-                    Err(e) => Err(e),
-                };
-                match renewed {
-                    Ok(_) => {}
-                    Err(e) => {
-                        tracing::warn!(error = %e, "lease renewal failed; no further destructive step will start");
-                        flag.store(true, Ordering::SeqCst);
-                        return;
+        let task = {
+            let (engine, lost, renewed_at, renew) = (engine.clone(), lost.clone(), renewed_at.clone(), renew.clone());
+            tokio::spawn(async move {
+                loop {
+                    tokio::select! {
+                        _ = stopped.changed() => return,
+                        _ = tokio::time::sleep(period) => {}
+                    }
+                    let now = engine.clock.now();
+                    let renew = renew.clone();
+                    match blocking(move || renew(now)).await {
+                        Ok(()) => renewed_at.store(now, Ordering::SeqCst),
+                        Err(e) => {
+                            tracing::warn!(error = %e, "lease renewal failed; no further destructive step will start");
+                            lost.store(true, Ordering::SeqCst);
+                            return;
+                        }
                     }
                 }
-            }
-        });
-        Heartbeat { lost, stop, task }
+            })
+        };
+        Heartbeat { lost, renewed_at, renew, engine: engine.clone(), stop, task }
     }
 
-    fn check(&self, step: &str) -> Result<()> {
+    /// Before `step`: fails when a renewal has failed, and renews the lease first when it is
+    /// due on the engine's clock.
+    async fn check(&self, step: &str) -> Result<()> {
+        let now = self.engine.clock.now();
+        if !self.lost.load(Ordering::SeqCst)
+            && now - self.renewed_at.load(Ordering::SeqCst) >= self.engine.settings.lease_renewal_us
+        {
+            let renew = self.renew.clone();
+            match blocking(move || renew(now)).await {
+                Ok(()) => self.renewed_at.store(now, Ordering::SeqCst),
+                Err(e) => {
+                    tracing::warn!(error = %e, step, "lease renewal failed; no further destructive step will start");
+                    self.lost.store(true, Ordering::SeqCst);
+                }
+            }
+        }
+        self.check_held(step)
+    }
+
+    fn check_held(&self, step: &str) -> Result<()> {
         if self.lost.load(Ordering::SeqCst) {
             return Err(Error::LeaseLost {
                 bucket: String::new(),
@@ -593,7 +618,7 @@ async fn upload_and_publish(
     seconds.add(Phase::RecordIntent, lap.lap());
 
     for (info, payload) in manifest.segments.iter().zip(payloads) {
-        heartbeat.check("a segment upload")?;
+        heartbeat.check("a segment upload").await?;
         create_verified(backend.as_ref(), &info.key, payload, Some(&mut *seconds), |bytes| {
             crate::failpoints::hit("after_segment_upload")?;
             // create_verified has compared the bytes with the payload and checked their hash
@@ -604,7 +629,7 @@ async fn upload_and_publish(
         crate::failpoints::hit("after_read_back")?;
     }
     lap.lap();
-    heartbeat.check("the manifest upload")?;
+    heartbeat.check("the manifest upload").await?;
     let expected = manifest.clone();
     create_verified(backend.as_ref(), &manifest_key, manifest_bytes, None, |bytes| {
         let read = Manifest::from_bytes(bytes)?;
@@ -619,7 +644,7 @@ async fn upload_and_publish(
     .await?;
     crate::failpoints::hit("after_manifest")?;
     seconds.add(Phase::Manifest, lap.lap());
-    heartbeat.check("publication")?;
+    heartbeat.check("publication").await?;
     crate::failpoints::hit("before_publish")?;
     let (rows_n, bytes_n) = (manifest.summary.rows, manifest.bytes);
     let (store, publish_owner, now) = (engine.store.clone(), owner.to_string(), engine.clock.now());
@@ -723,7 +748,7 @@ async fn cleanup(
     heartbeat: &Heartbeat,
     seconds: &mut PhaseSeconds,
 ) -> Result<u64> {
-    heartbeat.check("cleanup")?;
+    heartbeat.check("cleanup").await?;
     let (store, id, owner, now) = (engine.store.clone(), id.clone(), owner.to_string(), engine.clock.now());
     let mut lap = Lap::start();
     let deleted = blocking(move || store.cleanup(id, owner, generation, now)).await?;

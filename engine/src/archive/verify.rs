@@ -33,7 +33,7 @@ pub async fn verify(
     buckets
         .retain(|b| matches!(b.state, BucketState::Archived { .. }) && table.as_ref().is_none_or(|t| &b.id.table == t));
     if let Some(n) = sample {
-        buckets.shuffle(&mut rand::rng());
+        buckets.shuffle(&mut <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(engine.random_u64()));
         buckets.truncate(n);
     }
     let total = buckets.len();

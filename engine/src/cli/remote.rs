@@ -84,7 +84,7 @@ impl EngineHandle for Arc<Engine> {
     }
 
     fn archive_once(&self) -> anyhow::Result<(serde_json::Value, bool)> {
-        let owner = crate::archive::new_owner_token();
+        let owner = self.new_owner_token();
         let report = super::runtime()?.block_on(crate::ops::passes::run_until_idle(self, &owner, None, &|_| {}))?;
         let clean = report.deferred == 0 && report.errors.is_empty();
         Ok((serde_json::to_value(&report)?, clean))

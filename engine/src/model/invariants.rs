@@ -1,4 +1,4 @@
-//! Named invariants, checked before a write and after a read-back (DESIGN.md section 2).
+//! Named invariants, checked before a write and after a read-back (numbered as in docs/RELIABILITY.md, which maps each to the tests that attack it).
 //! Each returns a message that names what was violated, so a refusal explains itself.
 
 use super::{BucketState, Micros};

@@ -320,7 +320,7 @@ mod tests {
 }
 
 /// Identifies a strategy exactly: the plugin's content hash and its effective configuration.
-/// A table's strategy identity never changes (DESIGN.md section 1).
+/// A table's strategy identity never changes (ARCHITECTURE.md, "Policy sets and hot reload").
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct StrategyIdentity {
     /// The name the strategy was loaded under (`builtin:calendar-year-utc` or a path).

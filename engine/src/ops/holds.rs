@@ -65,7 +65,7 @@ pub fn new_hold(engine: &Engine, request: HoldRequest, source: &str) -> Result<H
     engine.policies().table(&request.table)?;
     Hold::check_declared(&request.reason, &request.placed_by).map_err(Error::InvalidInput)?;
     Ok(Hold {
-        id: format!("h-{:012x}", rand::random::<u64>() >> 16),
+        id: format!("h-{:012x}", engine.random_u64() >> 16),
         table: request.table,
         partition_key: request.partition,
         tenant: request.tenant,

@@ -32,6 +32,10 @@ pub enum Fault {
     CorruptRead,
     /// Wait, then do the operation.
     Delay(Duration),
+    /// The operation takes this long on the injected clock (`FaultyBackend::set_clock`): the
+    /// clock advances, then the operation runs. Leases expire and heartbeats fall due in the
+    /// middle of a step, deterministically.
+    Stall(crate::model::Micros),
 }
 
 #[derive(Debug, Clone)]
@@ -50,6 +54,7 @@ pub struct FaultyBackend {
     rules: Mutex<Vec<FaultRule>>,
     fired: Mutex<Vec<(Op, String, Fault)>>,
     reads: Mutex<Vec<String>>,
+    clock: Mutex<Option<Arc<crate::clock::ManualClock>>>,
 }
 
 impl FaultyBackend {
@@ -59,7 +64,19 @@ impl FaultyBackend {
             rules: Mutex::new(Vec::new()),
             fired: Mutex::new(Vec::new()),
             reads: Mutex::new(Vec::new()),
+            clock: Mutex::new(None),
         })
+    }
+
+    /// The clock that `Fault::Stall` advances.
+    pub fn set_clock(&self, clock: Arc<crate::clock::ManualClock>) {
+        *self.clock.lock().expect("clock") = Some(clock);
+    }
+
+    fn stall(&self, by: crate::model::Micros) {
+        if let Some(clock) = self.clock.lock().expect("clock").as_ref() {
+            clock.advance(by);
+        }
     }
 
     pub fn add(&self, op: Op, key_contains: &str, fault: Fault, times: Option<u32>) {
@@ -114,6 +131,10 @@ impl FaultyBackend {
             }
             Some(Fault::Delay(d)) => {
                 tokio::time::sleep(d).await;
+                self.inner_put(key, bytes, staged).await
+            }
+            Some(Fault::Stall(by)) => {
+                self.stall(by);
                 self.inner_put(key, bytes, staged).await
             }
             _ => self.inner_put(key, bytes, staged).await,
@@ -225,6 +246,10 @@ impl ArchiveBackend for FaultyBackend {
                 tokio::time::sleep(d).await;
                 self.inner.get(key).await
             }
+            Some(Fault::Stall(by)) => {
+                self.stall(by);
+                self.inner.get(key).await
+            }
             None => self.inner.get(key).await,
         }
     }
@@ -235,6 +260,10 @@ impl ArchiveBackend for FaultyBackend {
             Some(Fault::LandThenError) => {
                 self.inner.delete(key).await?;
                 Err(Self::injected(Op::Delete, key))
+            }
+            Some(Fault::Stall(by)) => {
+                self.stall(by);
+                self.inner.delete(key).await
             }
             _ => self.inner.delete(key).await,
         }
