@@ -93,14 +93,6 @@ pub enum Error {
 
     #[error("internal error: {0}")]
     Internal(String),
-
-    /// A running engine's HTTP API refused a request (the CLI talking to it).
-    #[error("the running engine at {addr} answered {status}: {message}")]
-    Api { addr: String, status: u16, kind: ErrorKind, message: String },
-
-    /// The running engine's HTTP API could not be reached.
-    #[error("cannot reach the running engine's API at {addr}: {reason}")]
-    ApiUnreachable { addr: String, reason: String },
 }
 
 impl Error {
@@ -120,8 +112,6 @@ impl Error {
             Error::NotFound(_) => ErrorKind::NotFound,
             Error::Corruption(_) => ErrorKind::DataCorruption,
             Error::Storage(_) | Error::Database { .. } | Error::Io { .. } | Error::Internal(_) => ErrorKind::Internal,
-            Error::Api { kind, .. } => *kind,
-            Error::ApiUnreachable { .. } => ErrorKind::Unavailable,
         }
     }
 

@@ -25,7 +25,11 @@ fn main() -> ExitCode {
             eprintln!("error: {error:#}");
             // 2 for usage and input errors (a name that does not exist included), 1 for everything
             // else, like most Unix tools.
-            match error.downcast_ref::<frostline::Error>().map(frostline::Error::kind) {
+            let kind = error
+                .downcast_ref::<frostline::Error>()
+                .map(frostline::Error::kind)
+                .or_else(|| error.downcast_ref::<frostline::cli::client::ClientError>().map(|e| e.kind()));
+            match kind {
                 Some(frostline::ErrorKind::InvalidInput | frostline::ErrorKind::NotFound) => ExitCode::from(2),
                 _ => ExitCode::from(1),
             }

@@ -8,7 +8,36 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::ErrorKind;
+
+/// What can go wrong talking to a running engine.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The running engine refused the request.
+    #[error("the running engine at {addr} answered {status}: {message}")]
+    Refused { addr: String, status: u16, kind: ErrorKind, message: String },
+
+    /// The running engine's API could not be reached.
+    #[error("cannot reach the running engine's API at {addr}: {reason}")]
+    Unreachable { addr: String, reason: String },
+
+    /// The engine answered something this client cannot read (another version?).
+    #[error("unexpected answer from {addr}: {reason}")]
+    Unexpected { addr: String, reason: String },
+}
+
+impl ClientError {
+    /// The public kind, as for the engine's own errors (exit codes follow it).
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            ClientError::Refused { kind, .. } => *kind,
+            ClientError::Unreachable { .. } => ErrorKind::Unavailable,
+            ClientError::Unexpected { .. } => ErrorKind::Internal,
+        }
+    }
+}
+
+type Result<T> = std::result::Result<T, ClientError>;
 use crate::ops::wire::{AppendCounts, ErrorBody, HoldsPage, VerifyReport};
 
 /// How long connecting to the running engine may take.
@@ -75,8 +104,12 @@ impl Client {
         self.addr
     }
 
-    fn unreachable(&self, e: impl std::fmt::Display) -> Error {
-        Error::ApiUnreachable { addr: self.addr.to_string(), reason: e.to_string() }
+    fn unexpected(&self, e: impl std::fmt::Display) -> ClientError {
+        ClientError::Unexpected { addr: self.addr.to_string(), reason: e.to_string() }
+    }
+
+    fn unreachable(&self, e: impl std::fmt::Display) -> ClientError {
+        ClientError::Unreachable { addr: self.addr.to_string(), reason: e.to_string() }
     }
 
     /// Sends a request; a 2xx answer's body is returned, anything else becomes an error with
@@ -150,11 +183,11 @@ impl Client {
                 "; set FROSTLINE_TOKEN to a token of the running engine"
             });
         }
-        Err(Error::Api { addr: self.addr.to_string(), status, kind, message })
+        Err(ClientError::Refused { addr: self.addr.to_string(), status, kind, message })
     }
 
     fn json<T: serde::de::DeserializeOwned>(&self, text: &str) -> Result<T> {
-        serde_json::from_str(text).map_err(|e| Error::Internal(format!("unexpected answer from {}: {e}", self.addr)))
+        serde_json::from_str(text).map_err(|e| self.unexpected(e))
     }
 
     /// Appends JSON lines (at most `HTTP_RECORDS_PER_REQUEST_MAX` records and
@@ -198,14 +231,14 @@ impl Client {
     /// A dry-run reload of `dir` (admin): what a reload would say, and what it would re-plan.
     pub fn check_policies(&self, dir: &std::path::Path) -> Result<crate::policy::check::CheckReport> {
         let body = serde_json::to_vec(&serde_json::json!({"dir": dir}))
-            .map_err(|e| Error::Internal(format!("encoding the request: {e}")))?;
+            .map_err(|e| self.unexpected(format!("encoding the request: {e}")))?;
         let text = self.send("POST", "/v1/policy/check", Some(("application/json", &body)), true)?;
         self.json(&text)
     }
 
     /// Places a hold (admin).
     pub fn place_hold(&self, request: &crate::ops::holds::HoldRequest) -> Result<crate::ops::holds::HoldPlaced> {
-        let body = serde_json::to_vec(request).map_err(|e| Error::Internal(format!("encoding the hold: {e}")))?;
+        let body = serde_json::to_vec(request).map_err(|e| self.unexpected(format!("encoding the hold: {e}")))?;
         let text = self.send("POST", "/v1/holds", Some(("application/json", &body)), true)?;
         self.json(&text)
     }

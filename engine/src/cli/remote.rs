@@ -227,7 +227,7 @@ pub fn status(client: &Client, args: &EngineArgs, json: bool) -> anyhow::Result<
             }
             Ok(())
         }
-        Err(e @ crate::Error::ApiUnreachable { .. }) => {
+        Err(e @ crate::cli::client::ClientError::Unreachable { .. }) => {
             let path = args.data.join(crate::engine::STATUS_FILE);
             let text = std::fs::read_to_string(&path)
                 .with_context(|| format!("{e}; and its status file {} is unreadable", path.display()))?;
