@@ -554,3 +554,58 @@ fn a_policy_directory_moved_elsewhere_keeps_its_file_strategies() {
     engine.append("gone", vec![record("p", &day(2023, 2), None)]).unwrap();
     assert_eq!(query_engine(&engine, "gone").len(), 2);
 }
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), target).unwrap();
+        }
+    }
+}
+
+/// Regression: a data directory restored from a backup shares its installation id with the
+/// copy that went on archiving after the backup; its orphan sweep took that copy's later
+/// archives for its own orphans and deleted them. The sweep now finds a manifest generation
+/// its database never issued, and stops before deleting anything.
+#[test]
+fn a_data_directory_restored_from_a_backup_never_sweeps_the_archives_of_the_copy_that_went_on() {
+    let shared = tempfile::tempdir().unwrap();
+    let policy = format!(
+        "[[table]]\nid = \"r\"\nstrategy = {{ plugin = \"builtin:calendar-day-utc\" }}\n\
+         retention = {{ plugin = \"builtin:eligible-before\", config = {{ archive_after = \"1d\" }} }}\n\
+         target = \"shared\"\n\n[[target]]\nname = \"shared\"\nurl = \"file://{}\"\n",
+        shared.path().display()
+    );
+    let site = Site::new(&policy, "2024-03-01T12:00:00Z");
+    let engine = site.open(Settings::default());
+    engine.append("r", vec![record("p", "2024-03-01T01:00:00Z", None)]).unwrap();
+    drop(engine);
+    // The backup: a copy of the data directory while the bucket is still hot.
+    let backup = site.root.path().join("backup");
+    copy_dir(&site.data(), &backup);
+    let engine = site.open(Settings::default());
+    site.clock.set(t("2024-03-03T00:00:00Z"));
+    assert_eq!(run_pass(&engine).archived, 1);
+    drop(engine);
+    let archived = files_under(shared.path());
+    assert_eq!(archived.len(), 2, "a segment and its manifest: {archived:?}");
+
+    // The restored copy, years later (every object is past the grace period).
+    site.clock.set(t("2030-01-01T00:00:00Z"));
+    let restored = Engine::open(&backup, &site.policies(), Settings::default(), site.clock.clone())
+        .unwrap_or_else(|e| panic!("{e}"));
+    let refused = runtime().block_on(frostline::archive::sweep::sweep(&restored, false)).unwrap_err().to_string();
+    assert!(
+        refused.contains("another copy of this data directory") && refused.contains("nothing deleted"),
+        "{refused}"
+    );
+    assert_eq!(files_under(shared.path()), archived, "nothing was deleted");
+    drop(restored);
+    let engine = site.open(Settings::default());
+    assert_eq!(query_engine(&engine, "r").len(), 1);
+}

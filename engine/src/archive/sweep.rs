@@ -8,15 +8,22 @@
 //! cleanup cannot slip between its parts); if it cannot be read the sweep stops before
 //! deleting anything. A dry run counts without deleting. Each deletion writes an
 //! `orphan_deleted` event.
+//!
+//! A data directory restored from a backup (or copied) shares its installation id with the
+//! copy that went on running, but not its later archives: to it they look like orphans. So
+//! before deleting anything the sweep looks for a manifest of its own installation with a
+//! generation its database never issued (a later claim of the bucket than the database
+//! records, or a bucket it does not know); one is proof of another copy, and the sweep stops,
+//! deleting nothing, until an operator resolves it.
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use super::blocking;
 use crate::engine::Engine;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::model::ArchiveTarget;
-use crate::storage::{ArchiveBackend, keys};
+use crate::storage::{ArchiveBackend, ObjectInfo, keys};
 
 /// Objects deleted per sweep at most.
 pub const SWEEP_DELETES_PER_RUN_MAX: usize = 1_000;
@@ -38,18 +45,32 @@ pub struct SweepReport {
 
 /// Keys that must never be swept, and the targets (beyond the tables' current ones) that
 /// hold archives, all read from one snapshot of the store.
-async fn references(engine: &Arc<Engine>) -> Result<(HashSet<String>, BTreeSet<(String, ArchiveTarget)>)> {
+struct References {
+    keys: HashSet<String>,
+    targets: BTreeSet<(String, ArchiveTarget)>,
+    /// The generation the database last issued for each bucket, by the bucket's folder.
+    generations: HashMap<String, u64>,
+}
+
+async fn references(engine: &Arc<Engine>) -> Result<References> {
     let store = engine.store.clone();
     blocking(move || {
         let snapshot = store.snapshot()?;
         let mut keys = HashSet::new();
         let mut targets = BTreeSet::new();
+        let mut generations = HashMap::new();
         snapshot.visit_manifests(|manifest| {
             targets.insert((manifest.table.clone(), manifest.archive_target()));
             keys.extend(manifest.segments.into_iter().map(|s| s.key));
             Ok(())
         })?;
         snapshot.visit_buckets(|meta| {
+            let folder = keys::bucket_prefix(&meta.id.table, &meta.id.bucket_key, &meta.id.partition_key);
+            generations.insert(folder, meta.generation);
+            if let Some(key) = &meta.manifest_key {
+                // Written where today's layout may no longer say (longer keys changed form).
+                generations.insert(keys::folder_of(key).to_string(), meta.generation);
+            }
             keys.extend(meta.manifest_key);
             Ok(())
         })?;
@@ -61,13 +82,32 @@ async fn references(engine: &Arc<Engine>) -> Result<(HashSet<String>, BTreeSet<(
                 keys.extend(tombstone.keys);
             }
         }
-        Ok((keys, targets))
+        Ok(References { keys, targets, generations })
     })
     .await
 }
 
+/// The first manifest of this installation that its database never issued, if any.
+fn later_copy_evidence(
+    listed: &[ObjectInfo],
+    installation: &str,
+    generations: &HashMap<String, u64>,
+) -> Option<String> {
+    listed.iter().find_map(|object| {
+        let generation = keys::manifest_generation(&object.key, installation)?;
+        match generations.get(keys::folder_of(&object.key)) {
+            Some(known) if *known >= generation => None,
+            known => Some(format!(
+                "`{}` (generation {generation}; the database {})",
+                object.key,
+                known.map_or("does not know the bucket".to_string(), |g| format!("issued up to {g}"))
+            )),
+        }
+    })
+}
+
 pub async fn sweep(engine: &Arc<Engine>, dry_run: bool) -> Result<SweepReport> {
-    let (referenced, archive_targets) = references(engine).await?;
+    let References { keys: referenced, targets: archive_targets, generations } = references(engine).await?;
     let now = engine.clock.now();
     let grace = engine.settings.orphan_grace_us;
     let mut report = SweepReport { dry_run, ..Default::default() };
@@ -91,8 +131,22 @@ pub async fn sweep(engine: &Arc<Engine>, dry_run: bool) -> Result<SweepReport> {
     for backend in policies.targets.values() {
         folders.extend(keys::SCRATCH_PREFIXES.iter().map(|scratch| (backend.clone(), scratch.to_string(), true)));
     }
+    // Everything is listed, and checked for a later copy, before anything is deleted.
+    let mut listings = Vec::with_capacity(folders.len());
     for (backend, prefix, scratch) in &folders {
         let listed = backend.list(prefix).await?;
+        if !scratch && let Some(evidence) = later_copy_evidence(&listed, &engine.installation_id, &generations) {
+            return Err(Error::Conflict(format!(
+                "orphan sweep stopped, nothing deleted: {} holds {evidence}, written by another copy of this data \
+                 directory (installation {}): a copy restored from a backup, or one copied elsewhere, that kept \
+                 archiving. Run only one copy of a data directory; archives of the other are not orphans",
+                backend.target(),
+                engine.installation_id
+            )));
+        }
+        listings.push((backend, listed, *scratch));
+    }
+    for (backend, listed, scratch) in listings {
         for object in listed {
             if object.key.ends_with(super::catalog::CATALOG_FILE) {
                 continue; // derived, rewritten by every pass that changes archives

@@ -9,7 +9,7 @@ use clap::Subcommand;
 use super::{EngineArgs, remote, runtime};
 use crate::archive::verify::BucketVerdict;
 
-use crate::ops::holds::{HoldListing, HoldRequest, is_policy_hold};
+use crate::ops::holds::{HoldListing, HoldRequest};
 
 #[derive(Debug, Subcommand)]
 pub enum HoldCommand {
@@ -74,18 +74,12 @@ fn print_holds(holds: &[HoldListing], json: bool) -> anyhow::Result<()> {
 pub fn run_hold(command: HoldCommand) -> anyhow::Result<ExitCode> {
     match command {
         HoldCommand::Place { engine, table, partition, tenant, bucket, reason, by } => {
-            if reason.trim().is_empty() {
-                anyhow::bail!("--reason must say why the data is held");
-            }
             let request = HoldRequest { table, partition, tenant, bucket, reason, placed_by: by };
             let placed = remote::open(&engine)?.place_hold(request)?;
             println!("{}", serde_json::to_string(&placed)?);
             Ok(ExitCode::SUCCESS)
         }
         HoldCommand::Lift { engine, id, by } => {
-            if is_policy_hold(&id) {
-                anyhow::bail!("hold `{id}` is declared in the policy directory: remove it there to lift it");
-            }
             let lifted = remote::open(&engine)?.lift_hold(id, by)?;
             println!("{}", serde_json::json!({"lifted": lifted}));
             Ok(ExitCode::SUCCESS)

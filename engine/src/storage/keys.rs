@@ -90,6 +90,13 @@ pub fn written_by(key: &str, installation: &str) -> bool {
     })
 }
 
+/// The generation of a manifest `installation` wrote, from its key (`None` for any other key).
+pub fn manifest_generation(key: &str, installation: &str) -> Option<u64> {
+    let name = key.rsplit('/').next().unwrap_or(key);
+    let rest = name.strip_prefix("manifest-")?.strip_prefix(installation)?.strip_prefix("-g")?;
+    rest.get(..10)?.parse().ok()
+}
+
 /// The folder an object key sits in (with its trailing `/`), for listing an archive's
 /// objects where they were written, whatever today's layout would say.
 pub fn folder_of(key: &str) -> &str {
@@ -201,6 +208,16 @@ mod tests {
         // Keys of earlier versions carry no installation: nobody can prove they own them.
         assert!(!written_by(&format!("{prefix}seg-00000-{}.jsonl", &sha[..16]), "aa11"));
         assert!(!written_by(&format!("{prefix}_catalog.json"), "aa11"));
+    }
+
+    #[test]
+    fn a_manifests_generation_is_read_back_from_its_key() {
+        let prefix = bucket_prefix("t", "b", b"p");
+        let sha = &"0".repeat(64);
+        assert_eq!(manifest_generation(&manifest_key(&prefix, "aa11", 42, sha), "aa11"), Some(42));
+        assert_eq!(manifest_generation(&manifest_key(&prefix, "aa11", 42, sha), "aa1"), None);
+        assert_eq!(manifest_generation(&manifest_key(&prefix, "bb22", 42, sha), "aa11"), None);
+        assert_eq!(manifest_generation(&segment_key(&prefix, "aa11", 0, sha, "jsonl"), "aa11"), None);
     }
 
     #[test]
