@@ -609,3 +609,21 @@ fn a_data_directory_restored_from_a_backup_never_sweeps_the_archives_of_the_copy
     let engine = site.open(Settings::default());
     assert_eq!(query_engine(&engine, "r").len(), 1);
 }
+
+/// The re-plan preview of `frostline policy check --data` streams a table's buckets in batches
+/// from one read transaction; every bucket is counted once across batch boundaries.
+#[test]
+fn the_replan_preview_counts_every_bucket_across_batches() {
+    let site = Site::new(&expiring_policy("1000d"), "2024-01-01T00:00:00Z");
+    let engine = site.open(Settings::default());
+    // 1,201 daily buckets: two full batches of the preview and a partial one.
+    let records: Vec<Record> = (0..1_201).map(|d| record("p", &day(2020, d), None)).collect();
+    engine.append("r", records).unwrap();
+    run_pass(&engine); // plans them all
+    site.write_policy(&expiring_policy("3650d"));
+    let set = frostline::policy::load(&site.policies(), &site.data(), &engine.host, &engine.settings).unwrap();
+    let preview = frostline::policy::check::preview(&set, &engine.store, site.clock.now()).unwrap();
+    let table = &preview.tables[0];
+    assert_eq!(table.buckets_checked, 1_201, "{table:?}");
+    assert_eq!(table.expire_later, 1_201, "{table:?}");
+}

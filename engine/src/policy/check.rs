@@ -109,15 +109,24 @@ pub fn preview(set: &PolicySet, store: &Store, now: Micros) -> Result<ReplanPrev
     let mut holds: Vec<Hold> = store.holds()?.into_iter().filter(|h| !h.source.starts_with("policy:")).collect();
     holds.extend(set.holds.iter().cloned());
     let mut out = ReplanPreview::default();
+    // One read transaction, streamed a batch at a time: a table of millions of buckets is
+    // previewed in the memory of one batch.
+    let snapshot = store.snapshot()?;
     for (id, table) in &set.tables {
         let mut summary = TablePreview { table: id.clone(), ..Default::default() };
-        let buckets: Vec<BucketMeta> = store
-            .buckets(id, None)?
-            .into_iter()
-            .filter(|b| matches!(b.state, BucketState::Hot | BucketState::Archived { hot_deleted: true }))
-            .collect();
-        for batch in buckets.chunks(PREVIEW_BATCH_BUCKETS) {
-            compare_batch(table, batch, &holds, now, &mut summary, &mut out)?;
+        let mut batch: Vec<BucketMeta> = Vec::with_capacity(PREVIEW_BATCH_BUCKETS);
+        snapshot.visit_table_buckets(id, |meta| {
+            if matches!(meta.state, BucketState::Hot | BucketState::Archived { hot_deleted: true }) {
+                batch.push(meta);
+            }
+            if batch.len() == PREVIEW_BATCH_BUCKETS {
+                compare_batch(table, &batch, &holds, now, &mut summary, &mut out)?;
+                batch.clear();
+            }
+            Ok(())
+        })?;
+        if !batch.is_empty() {
+            compare_batch(table, &batch, &holds, now, &mut summary, &mut out)?;
         }
         out.tables.push(summary);
     }

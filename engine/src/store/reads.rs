@@ -267,6 +267,18 @@ impl Snapshot {
         Ok(out)
     }
 
+    /// Calls `visit` with every bucket of `table` in key order, one at a time.
+    pub fn visit_table_buckets(&self, table: &str, mut visit: impl FnMut(BucketMeta) -> Result<()>) -> Result<()> {
+        let t = self.txn.open_table(BUCKETS)?;
+        let prefix = BucketId::table_prefix(table, None);
+        let end = encoding::prefix_end(&prefix);
+        for entry in t.range(prefix.as_slice()..end.as_slice())? {
+            let (_, v) = entry?;
+            visit(decode_value(v.value())?)?;
+        }
+        Ok(())
+    }
+
     /// Calls `visit` with every bucket of every table in key order, one at a time.
     pub fn visit_buckets(&self, mut visit: impl FnMut(BucketMeta) -> Result<()>) -> Result<()> {
         let t = self.txn.open_table(BUCKETS)?;
