@@ -222,14 +222,15 @@ pub async fn run_pass(engine: &Arc<Engine>, owner: &str) -> Result<PassReport> {
     let now = engine.clock.now();
     let store = engine.store.clone();
     let limit = engine.settings.scan_limit;
-    let due = blocking(move || store.due(now, limit)).await?;
-    let mut metas = Vec::new();
-    for (_, id) in due {
-        let store = engine.store.clone();
-        if let Some(meta) = blocking(move || store.bucket(&id)).await? {
-            metas.push(meta);
+    let mut metas = blocking(move || {
+        let snapshot = store.snapshot()?;
+        let mut metas = Vec::new();
+        for (_, id) in store.due(now, limit)? {
+            metas.extend(snapshot.bucket(&id)?);
         }
-    }
+        Ok(metas)
+    })
+    .await?;
     // Pending cleanups first: a failing discovery or upload must not starve them.
     metas.sort_by_key(|m| !matches!(m.state, BucketState::Archived { hot_deleted: false }));
     report.seconds.add(Phase::Discover, lap.lap());
@@ -323,9 +324,10 @@ async fn plan_buckets(engine: &Arc<Engine>, report: &mut PassReport) -> Result<(
     for batch in ids.chunks(PLAN_BATCH_BUCKETS_MAX) {
         let (store, lookup) = (engine.store.clone(), batch.to_vec());
         let metas = blocking(move || {
+            let snapshot = store.snapshot()?;
             let mut metas = Vec::with_capacity(lookup.len());
             for id in &lookup {
-                metas.extend(store.bucket(id)?);
+                metas.extend(snapshot.bucket(id)?);
             }
             Ok(metas)
         })
