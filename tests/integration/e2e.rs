@@ -360,6 +360,10 @@ fn the_readmes_using_it_commands_work_as_written_in_an_empty_directory() {
     let data = dir.path().join("frostline-data").canonicalize().unwrap();
     assert_eq!(std::path::Path::new(status["data_dir"].as_str().unwrap()).canonicalize().unwrap(), data);
     run("status");
+    // Every archive on the target is this directory's own: nothing to adopt, exit 0.
+    let adopt: serde_json::Value = serde_json::from_str(&run("adopt --dry-run")).unwrap();
+    assert_eq!(adopt["adopted"], 0, "{adopt}");
+    assert!(adopt["known"].as_u64().unwrap() > 0, "{adopt}");
     // Without a running engine, a policy check reads the store itself.
     let check: serde_json::Value =
         serde_json::from_str(&run("policy check policies --data frostline-data --json")).unwrap();

@@ -1,6 +1,7 @@
 //! frostline's one integration-test binary: shared helpers in `support`, one module per
 //! capability. End-to-end tests drive the real `frostline` binary.
 
+mod adopt;
 mod api;
 mod archival;
 mod archivers;

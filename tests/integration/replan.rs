@@ -21,32 +21,32 @@ const DAY_US: i64 = 86_400_000_000;
 
 /// A data directory and a policy directory that outlive the engines opened on them, so a
 /// test can restart with other settings or another policy directory.
-struct Site {
-    root: tempfile::TempDir,
-    clock: Arc<ManualClock>,
+pub(crate) struct Site {
+    pub(crate) root: tempfile::TempDir,
+    pub(crate) clock: Arc<ManualClock>,
 }
 
 impl Site {
-    fn new(policy: &str, now: &str) -> Site {
+    pub(crate) fn new(policy: &str, now: &str) -> Site {
         let root = tempfile::tempdir().unwrap();
         std::fs::create_dir_all(root.path().join("policies")).unwrap();
         std::fs::write(root.path().join("policies/tables.toml"), policy).unwrap();
         Site { root, clock: ManualClock::new(t(now)) }
     }
 
-    fn data(&self) -> PathBuf {
+    pub(crate) fn data(&self) -> PathBuf {
         self.root.path().join("data")
     }
 
-    fn policies(&self) -> PathBuf {
+    pub(crate) fn policies(&self) -> PathBuf {
         self.root.path().join("policies")
     }
 
-    fn write_policy(&self, text: &str) {
+    pub(crate) fn write_policy(&self, text: &str) {
         std::fs::write(self.policies().join("tables.toml"), text).unwrap();
     }
 
-    fn open(&self, settings: Settings) -> Arc<Engine> {
+    pub(crate) fn open(&self, settings: Settings) -> Arc<Engine> {
         Engine::open(&self.data(), &self.policies(), settings, self.clock.clone()).unwrap_or_else(|e| panic!("{e}"))
     }
 }
@@ -55,7 +55,7 @@ fn states(engine: &Engine, table: &str) -> Vec<BucketState> {
     engine.store.buckets(table, None).unwrap().into_iter().map(|b| b.state).collect()
 }
 
-fn record(partition: &str, time: &str, kind: Option<&str>) -> Record {
+pub(crate) fn record(partition: &str, time: &str, kind: Option<&str>) -> Record {
     Record {
         partition_key: partition.as_bytes().to_vec(),
         event_time: t(time),
@@ -263,7 +263,7 @@ fn day(year: i32, d: i64) -> String {
     frostline::model::time::format_rfc3339(t(&format!("{year}-01-01T00:00:00Z")) + d * DAY_US + 3_600_000_000)
 }
 
-fn moved_policy(dirs: &[&Path], table_target: &str) -> String {
+pub(crate) fn moved_policy(dirs: &[&Path], table_target: &str) -> String {
     let mut text = format!(
         r#"
 [[table]]
@@ -279,7 +279,7 @@ target = "{table_target}"
     text
 }
 
-fn files_under(dir: &Path) -> Vec<PathBuf> {
+pub(crate) fn files_under(dir: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
@@ -568,6 +568,22 @@ fn copy_dir(from: &Path, to: &Path) {
     }
 }
 
+/// A data directory backed up while its one bucket was hot, and the copy that went on and
+/// archived it: returns the site (the copy that went on) and the backup's data directory.
+pub(crate) fn restored_copy(shared: &Path) -> (Site, PathBuf) {
+    let site = Site::new(&moved_policy(&[shared], "t0"), "2024-03-01T12:00:00Z");
+    let engine = site.open(Settings::default());
+    engine.append("r", vec![record("p", "2024-03-01T01:00:00Z", None)]).unwrap();
+    drop(engine);
+    let backup = site.root.path().join("backup");
+    copy_dir(&site.data(), &backup);
+    let engine = site.open(Settings::default());
+    site.clock.set(t("2024-03-03T00:00:00Z"));
+    assert_eq!(run_pass(&engine).archived, 1);
+    drop(engine);
+    (site, backup)
+}
+
 /// Regression: a data directory restored from a backup shares its installation id with the
 /// copy that went on archiving after the backup; its orphan sweep took that copy's later
 /// archives for its own orphans and deleted them. The sweep now finds a manifest generation
@@ -575,23 +591,7 @@ fn copy_dir(from: &Path, to: &Path) {
 #[test]
 fn a_data_directory_restored_from_a_backup_never_sweeps_the_archives_of_the_copy_that_went_on() {
     let shared = tempfile::tempdir().unwrap();
-    let policy = format!(
-        "[[table]]\nid = \"r\"\nstrategy = {{ plugin = \"builtin:calendar-day-utc\" }}\n\
-         retention = {{ plugin = \"builtin:eligible-before\", config = {{ archive_after = \"1d\" }} }}\n\
-         target = \"shared\"\n\n[[target]]\nname = \"shared\"\nurl = \"file://{}\"\n",
-        shared.path().display()
-    );
-    let site = Site::new(&policy, "2024-03-01T12:00:00Z");
-    let engine = site.open(Settings::default());
-    engine.append("r", vec![record("p", "2024-03-01T01:00:00Z", None)]).unwrap();
-    drop(engine);
-    // The backup: a copy of the data directory while the bucket is still hot.
-    let backup = site.root.path().join("backup");
-    copy_dir(&site.data(), &backup);
-    let engine = site.open(Settings::default());
-    site.clock.set(t("2024-03-03T00:00:00Z"));
-    assert_eq!(run_pass(&engine).archived, 1);
-    drop(engine);
+    let (site, backup) = restored_copy(shared.path());
     let archived = files_under(shared.path());
     assert_eq!(archived.len(), 2, "a segment and its manifest: {archived:?}");
 

@@ -9,6 +9,7 @@
 //! publication defers the bucket; a failure after it leaves cleanup pending for a retry or a
 //! takeover. Each pass plans new buckets and runs due cleanups before it discovers new work.
 
+pub mod adopt;
 pub mod catalog;
 pub mod expiry;
 pub mod outbox;

@@ -14,7 +14,7 @@
 //! before deleting anything the sweep looks for a manifest of its own installation with a
 //! generation its database never issued (a later claim of the bucket than the database
 //! records, or a bucket it does not know); one is proof of another copy, and the sweep stops,
-//! deleting nothing, until an operator resolves it.
+//! deleting nothing, until an operator resolves it (`frostline adopt`, `archive::adopt`).
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
@@ -139,7 +139,8 @@ pub async fn sweep(engine: &Arc<Engine>, dry_run: bool) -> Result<SweepReport> {
             return Err(Error::Conflict(format!(
                 "orphan sweep stopped, nothing deleted: {} holds {evidence}, written by another copy of this data \
                  directory (installation {}): a copy restored from a backup, or one copied elsewhere, that kept \
-                 archiving. Run only one copy of a data directory; archives of the other are not orphans",
+                 archiving. Run only one copy of a data directory; archives of the other are not orphans: \
+                 `frostline adopt` (with the engine stopped) takes them in",
                 backend.target(),
                 engine.installation_id
             )));

@@ -1,6 +1,6 @@
-//! `frostline hold`, `frostline verify` and `frostline sweep`: the retention lifecycle's
-//! operator commands. While `frostline run` holds the data directory, `hold` and `verify` go
-//! through its API (`cli::remote`); `sweep` needs the directory itself.
+//! `frostline hold`, `frostline verify`, `frostline sweep` and `frostline adopt`: the retention
+//! lifecycle's operator commands. While `frostline run` holds the data directory, `hold` and
+//! `verify` go through its API (`cli::remote`); `sweep` and `adopt` need the directory itself.
 
 use std::process::ExitCode;
 
@@ -125,4 +125,11 @@ pub fn run_sweep(engine: EngineArgs, dry_run: bool) -> anyhow::Result<ExitCode> 
     let report = runtime()?.block_on(crate::archive::sweep::sweep(&engine, dry_run))?;
     println!("{}", serde_json::to_string_pretty(&report)?);
     Ok(ExitCode::SUCCESS)
+}
+
+pub fn run_adopt(engine: EngineArgs, dry_run: bool) -> anyhow::Result<ExitCode> {
+    let engine = engine.open()?;
+    let report = runtime()?.block_on(crate::archive::adopt::adopt(&engine, dry_run))?;
+    println!("{}", serde_json::to_string_pretty(&report)?);
+    Ok(if report.conflicts.is_empty() && report.failures.is_empty() { ExitCode::SUCCESS } else { ExitCode::FAILURE })
 }

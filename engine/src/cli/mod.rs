@@ -148,6 +148,17 @@ pub enum Command {
         #[arg(long)]
         dry_run: bool,
     },
+    /// Take in the archives on the tables' targets that this data directory does not record
+    /// (after rebuilding it, or restoring it from a backup while another copy went on): each is
+    /// verified whole, then read, verified and expired like the engine's own. Run it with the
+    /// engine stopped. Exit 0 when every archive found is recorded, 1 when some were left alone.
+    Adopt {
+        #[command(flatten)]
+        engine: EngineArgs,
+        /// Verify and count what would be adopted without recording anything.
+        #[arg(long)]
+        dry_run: bool,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -192,6 +203,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Hold(command) => lifecycle::run_hold(command),
         Command::Verify { engine, table, sample, json } => lifecycle::run_verify(engine, table, sample, json),
         Command::Sweep { engine, dry_run } => lifecycle::run_sweep(engine, dry_run),
+        Command::Adopt { engine, dry_run } => lifecycle::run_adopt(engine, dry_run),
         Command::Ingest { engine, table, file } => {
             let text = ingest::read_input(file.as_deref())?;
             let records = match ingest::parse_lines(&text) {

@@ -165,6 +165,9 @@ pub mod serde_bytes_string {
 ///                                                                                               |
 ///                      a hold placed before the expiry's first delete call, calls it off:  <----+
 ///                      Expired --> Archived{hot_deleted:true} (held)
+///
+/// Hot, Archiving --adopt--> Archived{hot_deleted:true}   (`frostline adopt`: a verified archive
+///                      another copy of the data directory published holds every hot row)
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -197,6 +200,9 @@ impl BucketState {
             (Archived { hot_deleted: true }, Expired) => true,
             // A hold placed after the tombstone but before the first delete call.
             (Expired, Archived { hot_deleted: true }) => true,
+            // Adoption of an archive another copy of the data directory published, once every
+            // hot row is proven to be in it (`store::adopt`).
+            (Hot | Archiving, Archived { hot_deleted: true }) => true,
             _ => false,
         }
     }
@@ -276,8 +282,10 @@ mod tests {
             allowed,
             vec![
                 (Hot, Archiving),
+                (Hot, Archived { hot_deleted: true }),
                 (Archiving, Archiving),
                 (Archiving, Archived { hot_deleted: false }),
+                (Archiving, Archived { hot_deleted: true }),
                 (Archived { hot_deleted: false }, Archived { hot_deleted: true }),
                 (Archived { hot_deleted: true }, Expired),
                 (Expired, Archived { hot_deleted: true }),

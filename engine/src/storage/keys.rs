@@ -92,9 +92,22 @@ pub fn written_by(key: &str, installation: &str) -> bool {
 
 /// The generation of a manifest `installation` wrote, from its key (`None` for any other key).
 pub fn manifest_generation(key: &str, installation: &str) -> Option<u64> {
+    manifest_origin(key).filter(|(writer, _)| *writer == installation).map(|(_, generation)| generation)
+}
+
+/// Who wrote a manifest and under which generation, from its key: the installation id (empty
+/// for archives written before ids) and the generation. `None` when `key` is not a manifest.
+pub fn manifest_origin(key: &str) -> Option<(&str, u64)> {
     let name = key.rsplit('/').next().unwrap_or(key);
-    let rest = name.strip_prefix("manifest-")?.strip_prefix(installation)?.strip_prefix("-g")?;
-    rest.get(..10)?.parse().ok()
+    let (rest, _sha) = name.strip_prefix("manifest-")?.strip_suffix(".json")?.rsplit_once('-')?;
+    let (installation, generation) = match rest.rsplit_once("-g") {
+        Some((installation, generation)) => (installation, generation),
+        None => ("", rest.strip_prefix('g')?),
+    };
+    if generation.is_empty() || !generation.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    Some((installation, generation.parse().ok()?))
 }
 
 /// The folder an object key sits in (with its trailing `/`), for listing an archive's
@@ -218,6 +231,11 @@ mod tests {
         assert_eq!(manifest_generation(&manifest_key(&prefix, "aa11", 42, sha), "aa1"), None);
         assert_eq!(manifest_generation(&manifest_key(&prefix, "bb22", 42, sha), "aa11"), None);
         assert_eq!(manifest_generation(&segment_key(&prefix, "aa11", 0, sha, "jsonl"), "aa11"), None);
+        // Installation ids may carry dashes; archives written before ids carry none.
+        assert_eq!(manifest_origin(&manifest_key(&prefix, "a-b-c", 7, sha)), Some(("a-b-c", 7)));
+        assert_eq!(manifest_origin(&format!("{prefix}manifest-g0000000003-0123456789abcdef.json")), Some(("", 3)));
+        assert_eq!(manifest_origin(&format!("{prefix}manifest-aa11-gx-0123456789abcdef.json")), None);
+        assert_eq!(manifest_origin(&format!("{prefix}{}", PROBE_PREFIX)), None);
     }
 
     #[test]

@@ -17,6 +17,7 @@
 //! Imports the core (`model`, `error`) and `format`'s manifest type; knows nothing of plugins,
 //! object storage or the API.
 
+mod adopt;
 mod append;
 pub mod encoding;
 mod holds;
@@ -26,6 +27,7 @@ mod reads;
 pub mod schema;
 mod writer;
 
+pub use self::adopt::{Adoption, VerifiedArchive};
 pub use self::append::{AppendBatch, AppendOutcome, PreparedRow};
 pub use self::holds::{HoldPlacement, PolicyHoldSync};
 pub use self::protocol::{PlanOutcome, TOMBSTONE_PURGE_RETRY_US};

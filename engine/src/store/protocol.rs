@@ -317,7 +317,11 @@ impl Store {
             let mut meta = load_meta(txn, &id)?;
             check_lease(&meta, &owner, generation, now)?;
             let next = BucketState::Archived { hot_deleted: true };
-            invariants::transition_is_allowed(meta.state, next).map_err(Error::Internal)?;
+            // Only a published bucket is cleaned up (the state machine's other edges into
+            // `archived` are adoption's and a called-off expiry's).
+            if meta.state != (BucketState::Archived { hot_deleted: false }) {
+                return Err(Error::Internal(format!("bucket {id} is {}, not published: no cleanup", meta.state)));
+            }
             let manifest_generation = published_generation(txn, &id)?
                 .ok_or_else(|| Error::Internal(format!("bucket {id} is published but has no manifest")))?;
             let manifest: crate::format::manifest::Manifest = {

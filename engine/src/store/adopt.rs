@@ -1,0 +1,190 @@
+//! Adoption: a verified archive found on a target, which this database does not record, is
+//! taken in as the bucket's published archive (`frostline adopt`). It serves a data directory
+//! rebuilt from nothing (the archives of the lost one) and one restored from a backup (the
+//! archives the copy that went on running published after the backup was taken).
+
+use std::collections::HashSet;
+
+use super::*;
+use crate::format::manifest::Manifest;
+
+/// What adopting one archive did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Adoption {
+    /// The bucket was unknown; it is now archived (its hot rows deleted) under the manifest.
+    Adopted,
+    /// The bucket was hot or being archived and every one of its hot rows is in the archive:
+    /// the rows were released and the bucket is archived under the manifest.
+    Replaced { hot_rows: u64 },
+    /// The database already records this manifest.
+    Known,
+    /// The database records something the archive cannot stand in for; nothing changed.
+    Conflict(String),
+}
+
+/// One archive to adopt, read back and verified: its manifest and every row it holds.
+pub struct VerifiedArchive {
+    pub id: BucketId,
+    pub manifest_key: String,
+    pub manifest: Manifest,
+    pub rows: Vec<Record>,
+}
+
+impl Store {
+    /// Adopts one verified archive, in one transaction. An unknown bucket is recorded as
+    /// archived; a hot or fenced bucket only when every hot row is in the archive byte for
+    /// byte (its rows are then deleted, as a cleanup would); anything else is a conflict that
+    /// changes nothing. Adopted buckets are queued for a retention plan made with their facts.
+    pub fn adopt(&self, archive: VerifiedArchive, now: Micros) -> Result<Adoption> {
+        self.write(move |txn| {
+            let VerifiedArchive { id, manifest_key, manifest, rows } = archive;
+            let existing: Option<BucketMeta> =
+                txn.open_table(BUCKETS)?.get(id.encode().as_slice())?.map(|v| decode_value(v.value())).transpose()?;
+            let mut released = 0;
+            let mut meta = match existing {
+                None => {
+                    let mut meta = adopted_meta(&id, &manifest_key, &manifest, &rows, now);
+                    txn.open_table(BUCKETS_BY_TIME)?.insert(by_time_key(&id, meta.descriptor.start).as_slice(), ())?;
+                    meta.hot_deleted_at = Some(now);
+                    meta
+                }
+                Some(meta) if meta.manifest_key.as_deref() == Some(manifest_key.as_str()) => return Ok(Adoption::Known),
+                Some(meta) if matches!(meta.state, BucketState::Hot | BucketState::Archiving) => {
+                    if meta.descriptor != manifest.bucket {
+                        return Ok(Adoption::Conflict(format!(
+                            "bucket {id} is recorded as [{}, {}) but the archive covers [{}, {})",
+                            meta.descriptor.start, meta.descriptor.end, manifest.bucket.start, manifest.bucket.end
+                        )));
+                    }
+                    match release_hot_rows_held_by(txn, &id, &rows)? {
+                        Err(why) => return Ok(Adoption::Conflict(why)),
+                        Ok(count) => released = count,
+                    }
+                    let next = BucketState::Archived { hot_deleted: true };
+                    invariants::transition_is_allowed(meta.state, next).map_err(Error::Internal)?;
+                    let prefix = id.encode();
+                    let end = encoding::prefix_end(&prefix);
+                    txn.open_table(INTENTS)?.retain_in(prefix.as_slice()..end.as_slice(), |_, _| false)?;
+                    let adopted = adopted_meta(&id, &manifest_key, &manifest, &rows, now);
+                    let mut meta = meta;
+                    meta_touch(&mut meta, now, Some(next));
+                    // Later claims must not reuse a generation either copy has used.
+                    meta.generation = meta.generation.max(manifest.generation);
+                    meta.lease_owner = None;
+                    meta.lease_expires_at = now;
+                    meta.next_retry_at = None;
+                    meta.attempts = 0;
+                    meta.last_error = None;
+                    meta.manifest_key = adopted.manifest_key;
+                    meta.row_count = adopted.row_count;
+                    meta.byte_count = adopted.byte_count;
+                    meta.tenant = adopted.tenant;
+                    meta.kind = adopted.kind;
+                    meta.archived_at = adopted.archived_at;
+                    meta.hot_deleted_at = Some(now);
+                    meta.plan = None;
+                    meta.plan_basis = None;
+                    meta
+                }
+                Some(meta) => {
+                    return Ok(Adoption::Conflict(format!(
+                        "bucket {id} is {} under {} (generation {}); the archive `{manifest_key}` (generation {}) \
+                         cannot replace it",
+                        meta.state,
+                        meta.manifest_key.as_deref().unwrap_or("no manifest"),
+                        meta.generation,
+                        manifest.generation
+                    )));
+                }
+            };
+            txn.open_table(MANIFESTS)?
+                .insert(generation_key(&id, meta.generation).as_slice(), encode_value(&manifest)?.as_slice())?;
+            // A stale plan never acts: the policy is asked again with the archive's facts.
+            txn.open_table(UNPLANNED)?.insert(id.encode().as_slice(), ())?;
+            reconcile(txn, &mut meta, now)?;
+            save_meta(txn, &meta)?;
+            push_outbox(
+                txn,
+                "bucket_adopted",
+                Some(&meta),
+                now,
+                serde_json::json!({"manifest_key": manifest_key, "rows": manifest.summary.rows, "hot_rows_released": released}),
+            )?;
+            Ok(if released > 0 { Adoption::Replaced { hot_rows: released } } else { Adoption::Adopted })
+        })
+    }
+}
+
+/// The bucket an archive describes, archived and queued for a plan.
+fn adopted_meta(id: &BucketId, manifest_key: &str, manifest: &Manifest, rows: &[Record], now: Micros) -> BucketMeta {
+    let mut tenant = Shared::Unset;
+    let mut kind = Shared::Unset;
+    for (seen, row) in rows.iter().enumerate() {
+        tenant.observe(row.tenant.as_deref(), seen as u64);
+        kind.observe(row.kind.as_deref(), seen as u64);
+    }
+    // The manifest names the strategy as "<name> <fingerprint>".
+    let strategy = manifest.strategy.rsplit_once(' ').map_or(manifest.strategy.as_str(), |(_, f)| f);
+    BucketMeta {
+        id: id.clone(),
+        descriptor: manifest.bucket.clone(),
+        strategy: strategy.to_string(),
+        state: BucketState::Archived { hot_deleted: true },
+        generation: manifest.generation,
+        lease_owner: None,
+        lease_expires_at: 0,
+        attempts: 0,
+        next_retry_at: None,
+        last_error: None,
+        manifest_key: Some(manifest_key.to_string()),
+        row_count: rows.len() as u64,
+        byte_count: rows.iter().map(|r| r.body.len() as u64).sum(),
+        tenant,
+        kind,
+        plan: None,
+        due_at: None,
+        created_at: now,
+        state_since: now,
+        archived_at: Some(manifest.created_at),
+        hot_deleted_at: None,
+        held_by: Vec::new(),
+        plan_basis: None,
+    }
+}
+
+/// A row of one bucket, whole: event time, sort key, tenant, kind, body.
+type RowContent<'a> = (Micros, &'a [u8], Option<&'a str>, Option<&'a str>, &'a str);
+
+/// Deletes the bucket's hot rows if every one of them is in `archived` exactly; otherwise
+/// says which row the archive lacks and deletes nothing.
+fn release_hot_rows_held_by(
+    txn: &WriteTransaction,
+    id: &BucketId,
+    archived: &[Record],
+) -> Result<std::result::Result<u64, String>> {
+    let archived: HashSet<RowContent> = archived
+        .iter()
+        .map(|r| (r.event_time, r.sort_key.as_slice(), r.tenant.as_deref(), r.kind.as_deref(), r.body.as_str()))
+        .collect();
+    let mut records = txn.open_table(RECORDS)?;
+    let prefix = id.encode();
+    let end = encoding::prefix_end(&prefix);
+    let mut keys = Vec::new();
+    for entry in records.range(prefix.as_slice()..end.as_slice())? {
+        let (k, v) = entry?;
+        let (event_time, sort_key) = decode_record_suffix(bucket_suffix(id, &prefix, k.value())?)?;
+        let row = decode_row_ref(v.value())?;
+        if !archived.contains(&(event_time, sort_key.as_slice(), row.tenant, row.kind, row.body)) {
+            return Ok(Err(format!(
+                "bucket {id} holds hot rows the archive lacks (the first at {event_time}, sort key `{}`): records \
+                 appended after the copies parted; the bucket is left as it is",
+                String::from_utf8_lossy(&sort_key)
+            )));
+        }
+        keys.push(k.value().to_vec());
+    }
+    for key in &keys {
+        records.remove(key.as_slice())?;
+    }
+    Ok(Ok(keys.len() as u64))
+}

@@ -1,0 +1,149 @@
+//! `frostline adopt`: a data directory rebuilt from nothing, or restored from a backup while
+//! its other copy went on archiving, takes in the archives on its tables' targets, verified
+//! whole, and reads, verifies and expires them as its own; an archive it cannot stand behind
+//! is left alone and named.
+
+use std::sync::Arc;
+
+use frostline::archive::adopt::{AdoptReport, adopt};
+use frostline::engine::Engine;
+use frostline::ops::reload::reload;
+use frostline::settings::Settings;
+
+use crate::replan::{Site, files_under, moved_policy, record, restored_copy};
+use crate::support::*;
+
+fn adopt_now(engine: &Arc<Engine>, dry_run: bool) -> AdoptReport {
+    runtime().block_on(adopt(engine, dry_run)).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn sweep(engine: &Arc<Engine>) -> frostline::Result<frostline::archive::sweep::SweepReport> {
+    runtime().block_on(frostline::archive::sweep::sweep(engine, false))
+}
+
+/// Regression: a data directory rebuilt from nothing never read its tables' archives again
+/// (there was no way to take them in), so they could be neither queried nor expired.
+#[test]
+fn a_rebuilt_data_directory_adopts_the_archives_of_the_lost_one_on_every_target() {
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let site = Site::new(&moved_policy(&[a.path(), b.path()], "t0"), "2024-03-01T12:00:00Z");
+    let engine = site.open(Settings::default());
+    let written = vec![
+        record("p", "2024-03-01T01:00:00Z", Some("invoice")),
+        record("q", "2024-03-01T02:00:00Z", None),
+        record("p", "2024-03-02T01:00:00Z", None),
+    ];
+    engine.append("r", written[..2].to_vec()).unwrap();
+    site.clock.set(t("2024-03-03T00:00:00Z"));
+    assert_eq!(run_pass(&engine).archived, 2);
+    // The table moves; its next archive lies on the other target.
+    site.write_policy(&moved_policy(&[a.path(), b.path()], "t1"));
+    assert!(reload(&engine, "test").accepted);
+    engine.append("r", written[2..].to_vec()).unwrap();
+    site.clock.set(t("2024-03-04T00:00:00Z"));
+    assert_eq!(run_pass(&engine).archived, 1);
+    drop(engine);
+    let archived = (files_under(a.path()), files_under(b.path()));
+    assert_eq!((archived.0.len(), archived.1.len()), (4, 2));
+
+    // The data directory is lost; a new one starts on the same policy directory.
+    std::fs::remove_dir_all(site.data()).unwrap();
+    let engine = site.open(Settings::default());
+    assert!(query_engine(&engine, "r").is_empty());
+    let preview = adopt_now(&engine, true);
+    assert_eq!((preview.adopted, preview.rows), (3, 3), "{preview:?}");
+    assert!(query_engine(&engine, "r").is_empty(), "a dry run records nothing");
+
+    let report = adopt_now(&engine, false);
+    assert_eq!((report.adopted, report.rows, report.known), (3, 3, 0), "{report:?}");
+    assert!(report.conflicts.is_empty() && report.failures.is_empty(), "{report:?}");
+    let mut read = query_engine(&engine, "r");
+    read.sort_by_key(|r| r.event_time);
+    assert_eq!(read, written);
+    let verdicts = runtime().block_on(frostline::archive::verify::verify(&engine, None, None, |_| {})).unwrap();
+    assert_eq!(verdicts.len(), 3);
+    assert!(verdicts.iter().all(|v| v.ok), "{verdicts:?}");
+    let again = adopt_now(&engine, false);
+    assert_eq!((again.adopted, again.known), (0, 3), "adoption is idempotent: {again:?}");
+
+    // The new installation never sweeps what another wrote ...
+    let swept = sweep(&engine).unwrap();
+    assert_eq!(swept.deleted, 0, "{swept:?}");
+    assert_eq!((files_under(a.path()), files_under(b.path())), archived);
+    // ... but adopted archives are its own to expire, each on the target it lies on.
+    site.clock.set(t("2024-04-01T00:00:00Z"));
+    let expired = run_pass(&engine).expired + run_pass(&engine).expired;
+    assert_eq!(expired, 3);
+    assert!(files_under(a.path()).is_empty() && files_under(b.path()).is_empty());
+}
+
+/// An archive whose segment no longer matches its manifest is never adopted; the report names
+/// it and the command fails.
+#[test]
+fn an_archive_that_fails_verification_is_never_adopted() {
+    let shared = tempfile::tempdir().unwrap();
+    let site = Site::new(&moved_policy(&[shared.path()], "t0"), "2024-03-01T12:00:00Z");
+    let engine = site.open(Settings::default());
+    engine.append("r", vec![record("p", "2024-03-01T01:00:00Z", None)]).unwrap();
+    site.clock.set(t("2024-03-03T00:00:00Z"));
+    assert_eq!(run_pass(&engine).archived, 1);
+    drop(engine);
+    let segment = files_under(shared.path()).into_iter().find(|f| f.to_string_lossy().contains("/seg-")).unwrap();
+    let mut bytes = std::fs::read(&segment).unwrap();
+    bytes[0] ^= 1;
+    std::fs::write(&segment, bytes).unwrap();
+
+    std::fs::remove_dir_all(site.data()).unwrap();
+    let engine = site.open(Settings::default());
+    let report = adopt_now(&engine, false);
+    assert_eq!(report.adopted, 0, "{report:?}");
+    assert_eq!(report.failures.len(), 1, "{report:?}");
+    assert!(report.failures[0].contains("manifest-") && report.failures[0].contains("sha256"), "{report:?}");
+    assert!(engine.store.buckets("r", None).unwrap().is_empty());
+}
+
+/// Regression: a data directory restored from a backup could only stop its sweep (another
+/// copy's archives look like its own orphans); nothing resolved it. Adoption takes the later
+/// archive in, releasing the hot rows it holds, and the sweep runs again.
+#[test]
+fn a_restored_data_directory_adopts_what_its_other_copy_archived_and_sweeps_again() {
+    let shared = tempfile::tempdir().unwrap();
+    let (site, backup) = restored_copy(shared.path());
+    let archived = files_under(shared.path());
+    site.clock.set(t("2024-03-05T00:00:00Z"));
+    let restored = Engine::open(&backup, &site.policies(), Settings::default(), site.clock.clone())
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(sweep(&restored).is_err(), "the sweep's guard stops it first");
+
+    let report = adopt_now(&restored, false);
+    assert_eq!((report.adopted, report.hot_rows_released), (1, 1), "{report:?}");
+    assert!(report.conflicts.is_empty(), "{report:?}");
+    assert_eq!(
+        restored.store.buckets("r", None).unwrap()[0].state,
+        frostline::model::BucketState::Archived { hot_deleted: true }
+    );
+    assert_eq!(query_engine(&restored, "r"), vec![record("p", "2024-03-01T01:00:00Z", None)]);
+    let swept = sweep(&restored).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(swept.deleted, 0, "{swept:?}");
+    assert_eq!(files_under(shared.path()), archived);
+}
+
+/// A restored copy that took appends after the copies parted holds rows the other copy's
+/// archive lacks: adoption leaves that bucket as it is, names it, and loses nothing.
+#[test]
+fn adoption_never_releases_a_hot_row_the_archive_lacks() {
+    let shared = tempfile::tempdir().unwrap();
+    let (site, backup) = restored_copy(shared.path());
+    let restored = Engine::open(&backup, &site.policies(), Settings::default(), site.clock.clone())
+        .unwrap_or_else(|e| panic!("{e}"));
+    let late = record("p", "2024-03-01T05:00:00Z", None);
+    restored.append("r", vec![late.clone()]).unwrap();
+
+    let report = adopt_now(&restored, false);
+    assert_eq!(report.adopted, 0, "{report:?}");
+    assert_eq!(report.conflicts.len(), 1, "{report:?}");
+    assert!(report.conflicts[0].contains("r/p/day:2024-03-01") && report.conflicts[0].contains("lacks"), "{report:?}");
+    let mut read = query_engine(&restored, "r");
+    read.sort_by_key(|r| r.event_time);
+    assert_eq!(read, vec![record("p", "2024-03-01T01:00:00Z", None), late]);
+}
