@@ -366,6 +366,9 @@ struct LifecycleCounts {
     archived: u64,
     expired: u64,
     records_checked: u64,
+    /// Databases lost and made anew, and the archives the new installations adopted.
+    rebuilds: u64,
+    adopted: u64,
 }
 
 impl LifecycleCounts {
@@ -387,6 +390,8 @@ impl LifecycleCounts {
         self.archived += other.archived;
         self.expired += other.expired;
         self.records_checked += other.records_checked;
+        self.rebuilds += other.rebuilds;
+        self.adopted += other.adopted;
     }
 }
 
@@ -605,8 +610,54 @@ fn run_lifecycle_seed(seed: u64, ops: usize) -> LifecycleCounts {
                 clear_faults();
                 faults_active = false;
             }
+            92 if !removed => {
+                // The database is lost and made anew; the new installation adopts the archives.
+                clear_faults();
+                faults_active = false;
+                let served = check_lifecycle_reads(&e, &model, &buckets, false, seed, op).expect("no faults are armed");
+                let before: BTreeMap<BucketKey, BucketState> = e
+                    .engine
+                    .store
+                    .buckets("r", None)
+                    .unwrap()
+                    .into_iter()
+                    .map(|m| ((m.id.partition_key, m.descriptor.start.div_euclid(DAY_US)), m.state))
+                    .collect();
+                e = e.rebuild().unwrap_or_else(|err| panic!("seed {seed} op {op}: rebuild refused: {err}"));
+                let report = runtime()
+                    .block_on(frostline::archive::adopt::adopt(&e.engine, false))
+                    .unwrap_or_else(|err| panic!("seed {seed} op {op}: adoption failed: {err}"));
+                assert!(report.conflicts.is_empty() && report.failures.is_empty(), "seed {seed} op {op}: {report:?}");
+                let (adopted, _) =
+                    read_everything(&e, seed, op).unwrap_or_else(|err| panic!("seed {seed} op {op}: {err}"));
+                // Every record an archive held comes back unchanged; only those of buckets not
+                // yet published (hot rows, gone with the database) or being expired (whose
+                // manifest may or may not have been deleted) may be missing.
+                for (id, body) in &served {
+                    let state = before[&bucket_of(id)];
+                    match adopted.get(id) {
+                        Some(read) => assert_eq!(read, body, "seed {seed} op {op}: {id:?} changed"),
+                        None => assert!(
+                            matches!(state, BucketState::Hot | BucketState::Archiving | BucketState::Expired),
+                            "seed {seed} op {op}: {id:?} of an archived bucket not adopted: {report:?}"
+                        ),
+                    }
+                }
+                for (id, body) in &adopted {
+                    assert_eq!(model.get(id), Some(body), "seed {seed} op {op}: {id:?} adopted but never appended");
+                }
+                // The model follows the new installation: what it holds, no holds (they lived in
+                // the lost database), and no memory of buckets it no longer has.
+                model = adopted;
+                kinds.retain(|id, _| model.contains_key(id));
+                let kept: std::collections::BTreeSet<BucketKey> = model.keys().map(bucket_of).collect();
+                buckets.retain(|key, _| kept.contains(key));
+                holds.clear();
+                counts.rebuilds += 1;
+                counts.adopted += report.adopted;
+            }
             _ => {
-                if check_lifecycle_reads(&e, &model, &buckets, faults_active, seed, op) {
+                if check_lifecycle_reads(&e, &model, &buckets, faults_active, seed, op).is_some() {
                     counts.reads_checked += 1;
                 }
             }
@@ -633,7 +684,7 @@ fn run_lifecycle_seed(seed: u64, ops: usize) -> LifecycleCounts {
             bucket.expirable = true;
         }
     }
-    check_lifecycle_reads(&e, &model, &buckets, false, seed, ops);
+    check_lifecycle_reads(&e, &model, &buckets, false, seed, ops).expect("no faults are armed");
     for meta in e.engine.store.buckets("r", None).unwrap() {
         let settled = matches!(meta.state, BucketState::Archived { hot_deleted: true } | BucketState::Expired);
         assert!(settled, "seed {seed}: {} not settled: {:?}", meta.id, meta.state);
@@ -644,18 +695,14 @@ fn run_lifecycle_seed(seed: u64, ops: usize) -> LifecycleCounts {
         assert!(e.engine.store.rows(&meta.id, None, usize::MAX).unwrap().is_empty(), "seed {seed}: hot rows left");
     }
     counts.records_checked += model.len() as u64;
+
     counts
 }
 
-/// Checks a full read against the model; returns false when a fault made the read fail.
-fn check_lifecycle_reads(
-    e: &TestEngine,
-    model: &BTreeMap<Identity, String>,
-    buckets: &BTreeMap<BucketKey, ModelBucket>,
-    faults_active: bool,
-    seed: u64,
-    op: usize,
-) -> bool {
+/// Every record of table `r` and the expired ranges a full read reports, page by page.
+type FullRead = (BTreeMap<Identity, String>, std::collections::BTreeSet<BucketKey>);
+
+fn read_everything(e: &TestEngine, seed: u64, op: usize) -> frostline::Result<FullRead> {
     let mut got: BTreeMap<Identity, String> = BTreeMap::new();
     let mut expired: std::collections::BTreeSet<BucketKey> = Default::default();
     let mut cursor = None;
@@ -668,12 +715,7 @@ fn check_lifecycle_reads(
                 cursor: cursor.clone(),
                 ..Default::default()
             },
-        ));
-        let page = match page {
-            Ok(page) => page,
-            Err(_) if faults_active => return false,
-            Err(err) => panic!("seed {seed} op {op}: query failed without faults: {err}"),
-        };
+        ))?;
         for range in page.expired {
             expired.insert((range.partition_key.into_bytes(), range.start.div_euclid(DAY_US)));
         }
@@ -683,9 +725,26 @@ fn check_lifecycle_reads(
         }
         match page.next_cursor {
             Some(c) => cursor = Some(c),
-            None => break,
+            None => return Ok((got, expired)),
         }
     }
+}
+
+/// Checks a full read against the model and returns what it read; `None` when a fault made
+/// the read fail.
+fn check_lifecycle_reads(
+    e: &TestEngine,
+    model: &BTreeMap<Identity, String>,
+    buckets: &BTreeMap<BucketKey, ModelBucket>,
+    faults_active: bool,
+    seed: u64,
+    op: usize,
+) -> Option<BTreeMap<Identity, String>> {
+    let (got, expired) = match read_everything(e, seed, op) {
+        Ok(read) => read,
+        Err(_) if faults_active => return None,
+        Err(err) => panic!("seed {seed} op {op}: query failed without faults: {err}"),
+    };
     for (id, body) in model {
         let bucket = bucket_of(id);
         match got.get(id) {
@@ -702,5 +761,5 @@ fn check_lifecycle_reads(
     for id in got.keys() {
         assert!(model.contains_key(id), "seed {seed} op {op}: {id:?} was never appended");
     }
-    true
+    Some(got)
 }

@@ -121,11 +121,34 @@ impl TestEngine {
 
     /// Closes the engine and opens its directories again (a clean restart; the clock goes on).
     pub fn restart(self) -> Result<TestEngine, frostline::error::Error> {
+        self.reopen(false)
+    }
+
+    /// A restart on a data directory whose database was lost and made anew (a new installation
+    /// id): the policy directory and the targets remain (the default target's `archive/`
+    /// folder inside the data directory too), everything else the directory held is gone.
+    pub fn rebuild(self) -> Result<TestEngine, frostline::error::Error> {
+        self.reopen(true)
+    }
+
+    fn reopen(self, lose_data: bool) -> Result<TestEngine, frostline::error::Error> {
         let TestEngine { engine, clock, _dir: dir, options, settings } = self;
         let policies = engine.policies().dir.clone();
         let data = engine.data_dir.clone();
         assert_eq!(std::sync::Arc::strong_count(&engine), 1, "the engine is still shared: it cannot close");
         drop(engine);
+        if lose_data {
+            for entry in std::fs::read_dir(&data).unwrap() {
+                let path = entry.unwrap().path();
+                if path.file_name() == Some(std::ffi::OsStr::new("archive")) {
+                    continue;
+                } else if path.is_dir() {
+                    std::fs::remove_dir_all(path).unwrap();
+                } else {
+                    std::fs::remove_file(path).unwrap();
+                }
+            }
+        }
         let engine =
             frostline::engine::Engine::open_with(&data, &policies, settings.clone(), clock.clone(), options.clone())?;
         Ok(TestEngine { engine, clock, _dir: dir, options, settings })
