@@ -194,6 +194,60 @@ fn a_malformed_file_is_refused_whole_with_line_numbers() {
     assert!(status["tables"][0]["states"].as_object().unwrap().is_empty(), "{status}");
 }
 
+/// `ingest` reads its input in two streaming passes (validate, then append in batches of at
+/// most 10,000 records); standard input is spooled between them. Every record of a
+/// multi-batch input lands, from a pipe and from a file alike.
+#[test]
+fn ingest_streams_an_input_of_several_batches_from_stdin_and_from_a_file() {
+    let d = dirs(POLICY);
+    let start = t("2024-01-01T00:00:00Z");
+    let input: String = (0..25_001i64)
+        .map(|i| {
+            format!(
+                "{{\"partition_key\":\"p{}\",\"event_time\":{},\"body\":{{\"i\":{i}}}}}\r\n\n",
+                i % 3,
+                start + i * 1_000_000
+            )
+        })
+        .collect();
+    let out = frostline(&d, &["ingest", "--table", "events", "-"], Some(&input));
+    assert!(out.status.success(), "{}", text_of(&out));
+    let counts: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(counts["appended"], 25_001, "{counts}");
+    let file = Path::new(&d.data).parent().unwrap().join("records.jsonl");
+    std::fs::write(&file, &input).unwrap();
+    let out = frostline(&d, &["ingest", "--table", "events", file.to_str().unwrap()], None);
+    assert!(out.status.success(), "{}", text_of(&out));
+    let counts: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!((counts["appended"].as_u64(), counts["duplicates"].as_u64()), (Some(0), Some(25_001)), "{counts}");
+}
+
+/// Every malformed line is counted (the first 20 reported with their numbers), a line longer
+/// than the limit is refused without being read whole, and nothing is written.
+#[test]
+fn every_malformed_line_is_counted_and_an_overlong_one_is_refused() {
+    let d = dirs(POLICY);
+    let good = "{\"partition_key\":\"a\",\"event_time\":1,\"body\":{}}\n";
+    let mut input = good.repeat(3);
+    input.push_str(&"not json\n".repeat(24));
+    let long = format!("{{\"partition_key\":\"a\",\"event_time\":2,\"body\":\"{}\"}}\n", "x".repeat(16 << 20));
+    input.push_str(&long);
+    input.push_str(good);
+    let out = frostline(&d, &["ingest", "--table", "events", "-"], Some(&input));
+    assert_eq!(out.status.code(), Some(2), "{}", text_of(&out));
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains("line 4:") && stderr.contains("line 23:") && !stderr.contains("line 24:"), "{stderr}");
+    assert!(stderr.contains("... and 5 more"), "{stderr}");
+    assert!(stderr.contains("25 malformed line(s); nothing was written"), "{stderr}");
+    // The overlong line is not among the first 20 reported; alone, it is named.
+    let out = frostline(&d, &["ingest", "--table", "events", "-"], Some(&format!("{good}{long}{good}")));
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains("line 2: longer than 16777215 bytes") && !stderr.contains("line 3"), "{stderr}");
+    let status = frostline(&d, &["status", "--json"], None);
+    let status: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    assert!(status["tables"][0]["states"].as_object().unwrap().is_empty(), "{status}");
+}
+
 #[test]
 fn obsolete_settings_and_bad_lease_settings_are_refused_at_start() {
     let d = dirs(POLICY);

@@ -6,7 +6,8 @@
 //! Idle memory is the resident set two seconds after a start, once a pass has run. Then 1 GiB
 //! of records (as JSON lines) is appended over HTTP while the engine's pass loop archives
 //! them, `POST /v1/archive` finishes what is left, and the resident set is read again, with
-//! its peak.
+//! its peak. Last, `frostline ingest` of a 2 GiB file of JSON lines into a fresh data
+//! directory, with the peak resident set of the process (from `wait4`).
 
 use std::io::Read as _;
 use std::net::SocketAddr;
@@ -38,6 +39,10 @@ const PARTITIONS: usize = 16;
 /// Readings per partition per day: 20,000 lines of ~300 bytes make a 6 MB bucket.
 const PER_PARTITION_DAY: usize = 20_000;
 const MIB: f64 = 1024.0 * 1024.0;
+/// Bytes of JSON lines in the file `frostline ingest` reads.
+const INGEST_BYTES: u64 = 2 << 30;
+/// `frostline ingest` of a 2 GiB file should peak under 256 MiB resident.
+const INGEST_PEAK_MIB_MAX: f64 = 256.0;
 
 pub fn footprint(bench: &mut Bench) -> Result<()> {
     let binary = match release_binary() {
@@ -124,7 +129,89 @@ pub fn footprint(bench: &mut Bench) -> Result<()> {
         vec![memory.peak_mib],
         1,
     ));
+    ingest_peak(bench, &binary, &policies)
+}
+
+/// `frostline ingest` of `INGEST_BYTES` of JSON lines into a fresh data directory: its peak
+/// resident set and its rate.
+fn ingest_peak(bench: &mut Bench, binary: &Path, policies: &Path) -> Result<()> {
+    let scratch = tempfile::tempdir()?;
+    let input = scratch.path().join("readings.jsonl");
+    let mut file = std::io::BufWriter::new(std::fs::File::create(&input)?);
+    let (mut records, mut bytes) = (0u64, 0u64);
+    let mut state = TIMES_SEED ^ 5;
+    while bytes < INGEST_BYTES {
+        let line = reading_line(records as usize, &mut state)?;
+        std::io::Write::write_all(&mut file, &line)?;
+        bytes += line.len() as u64;
+        records += 1;
+    }
+    std::io::Write::flush(&mut file)?;
+    drop(file);
+    let data = scratch.path().join("data");
+    let started = Instant::now();
+    let child = Command::new(binary)
+        .args(["ingest", "--table", "readings"])
+        .arg(&input)
+        .arg("--data")
+        .arg(&data)
+        .arg("--policies")
+        .arg(policies)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("cannot start {}", binary.display()))?;
+    let (status, peak_mib) = wait_with_peak(child.id())?;
+    let seconds = started.elapsed().as_secs_f64();
+    ensure!(status == 0, "`frostline ingest` exited with status {status}");
+    let label = format!("{:.2} GiB of JSON lines ({records} records)", bytes as f64 / GIB);
+    bench.push(
+        Figure::new(
+            bench.scenario,
+            format!("peak resident memory of `frostline ingest` of a file of {label}"),
+            Unit::Mebibytes,
+            vec![peak_mib],
+            1,
+        )
+        .with_limit(INGEST_PEAK_MIB_MAX, "`frostline ingest` of a 2 GiB file peaks under 256 MiB resident"),
+    );
+    bench.push(Figure::new(
+        bench.scenario,
+        format!("`frostline ingest` of a file of {label}"),
+        Unit::RecordsPerSecond,
+        vec![records as f64 / seconds],
+        records,
+    ));
     Ok(())
+}
+
+/// One reading as a JSON line (the shape `append_readings` posts).
+fn reading_line(n: usize, state: &mut u64) -> Result<Vec<u8>> {
+    let start = days_from_civil(2025, 1, 1) * MICROS_PER_DAY;
+    let step = MICROS_PER_DAY / PER_PARTITION_DAY as i64;
+    let (partition, slot) = (n % PARTITIONS, n / PARTITIONS);
+    let sensor = format!("sensor-{partition:03}");
+    let line = serde_json::json!({
+        "partition_key": sensor,
+        "event_time": format_rfc3339(start + slot as i64 * step),
+        "sort_key": format!("evt-{n:012}"),
+        "body": serde_json::from_str::<serde_json::Value>(&reading_body(&sensor, n, splitmix64(state)))?,
+    });
+    let mut out = serde_json::to_vec(&line)?;
+    out.push(b'\n');
+    Ok(out)
+}
+
+/// Waits for a child and returns its exit status and peak resident set (`ru_maxrss`).
+fn wait_with_peak(pid: u32) -> Result<(i32, f64)> {
+    let mut status = 0;
+    // SAFETY: a zeroed rusage is a valid value for wait4 to fill.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: wait4 on the pid of a child this process spawned and has not reaped.
+    let reaped = unsafe { libc::wait4(pid as libc::pid_t, &mut status, 0, &mut usage) };
+    ensure!(reaped == pid as libc::pid_t, "wait4 failed: {}", std::io::Error::last_os_error());
+    let code = if libc::WIFEXITED(status) { libc::WEXITSTATUS(status) } else { -1 };
+    Ok((code, usage.ru_maxrss as f64 * 1024.0 / MIB))
 }
 
 /// Rows of the `readings` table in archived buckets, once no bucket of it is left to archive.
@@ -140,8 +227,6 @@ fn archived_rows(client: &Client) -> Result<u64> {
 /// Appends readings to the example `readings` table until `bytes` of JSON lines are sent.
 /// They fall in 2025, so the example policy (archive 7 days after the day ends) has them due.
 fn append_readings(client: &Client, bytes: u64) -> Result<(u64, u64)> {
-    let start = days_from_civil(2025, 1, 1) * MICROS_PER_DAY;
-    let step = MICROS_PER_DAY / PER_PARTITION_DAY as i64;
     let mut state = TIMES_SEED ^ 3;
     let (mut records, mut sent) = (0u64, 0u64);
     let mut body = Vec::with_capacity(POST_LINES * 320);
@@ -149,17 +234,7 @@ fn append_readings(client: &Client, bytes: u64) -> Result<(u64, u64)> {
     while sent < bytes {
         body.clear();
         for _ in 0..POST_LINES {
-            let partition = n % PARTITIONS;
-            let slot = n / PARTITIONS;
-            let sensor = format!("sensor-{partition:03}");
-            let line = serde_json::json!({
-                "partition_key": sensor,
-                "event_time": format_rfc3339(start + slot as i64 * step),
-                "sort_key": format!("evt-{n:012}"),
-                "body": serde_json::from_str::<serde_json::Value>(&reading_body(&sensor, n, splitmix64(&mut state)))?,
-            });
-            serde_json::to_writer(&mut body, &line)?;
-            body.push(b'\n');
+            body.extend_from_slice(&reading_line(n, &mut state)?);
             n += 1;
         }
         let counts = client.append("readings", &body)?;

@@ -205,24 +205,28 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Sweep { engine, dry_run } => lifecycle::run_sweep(engine, dry_run),
         Command::Adopt { engine, dry_run } => lifecycle::run_adopt(engine, dry_run),
         Command::Ingest { engine, table, file } => {
-            let text = ingest::read_input(file.as_deref())?;
-            let records = match ingest::parse_lines(&text) {
-                Ok(records) => records,
-                Err(errors) => {
-                    for e in errors.iter().take(ingest::REPORTED_BAD_LINES_MAX) {
+            let validated = match ingest::validate(file.as_deref())? {
+                ingest::Validation::Valid(validated) => validated,
+                ingest::Validation::Malformed { reported, total } => {
+                    for e in &reported {
                         eprintln!("{e}");
                     }
-                    if errors.len() > ingest::REPORTED_BAD_LINES_MAX {
-                        eprintln!("... and {} more", errors.len() - ingest::REPORTED_BAD_LINES_MAX);
+                    if total > reported.len() as u64 {
+                        eprintln!("... and {} more", total - reported.len() as u64);
                     }
-                    return Err(crate::Error::InvalidInput(format!(
-                        "{} malformed line(s); nothing was written",
-                        errors.len()
-                    ))
-                    .into());
+                    return Err(
+                        crate::Error::InvalidInput(format!("{total} malformed line(s); nothing was written")).into()
+                    );
                 }
             };
-            let outcome = remote::open(&engine)?.ingest(&table, records, &text)?;
+            let handle = remote::open(&engine)?;
+            let bar = progress_bar(validated.records, "ingest");
+            let outcome = ingest::append_batches(
+                validated,
+                |records, lines| handle.append_batch(&table, records, lines),
+                |count| bar.inc(count as u64),
+            )?;
+            bar.finish_and_clear();
             println!("{}", serde_json::to_string(&outcome)?);
             Ok(ExitCode::SUCCESS)
         }

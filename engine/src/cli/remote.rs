@@ -13,14 +13,16 @@ use crate::cli::client::{Client, PageRequest};
 use crate::engine::Engine;
 use crate::model::Record;
 use crate::ops::holds::{HoldListing, HoldPlaced, HoldRequest};
-use crate::ops::wire::{AppendCounts, HTTP_BODY_BYTES_MAX, HTTP_RECORDS_PER_REQUEST_MAX};
+use crate::ops::wire::AppendCounts;
 
 /// The engine a command works on: the data directory opened here (`Arc<Engine>`), or the
 /// running engine that holds it, through its API (`Client`). Each command is written once
 /// against this; the two implementations below are the only place the paths differ.
 pub trait EngineHandle {
-    /// Appends validated records (`text` is their JSON lines, for the API).
-    fn ingest(&self, table: &str, records: Vec<Record>, text: &str) -> anyhow::Result<AppendCounts>;
+    /// Appends one batch of validated records atomically (`lines` are their JSON lines, as the
+    /// API takes them; at most `HTTP_RECORDS_PER_REQUEST_MAX` records and `HTTP_BODY_BYTES_MAX`
+    /// bytes).
+    fn append_batch(&self, table: &str, records: Vec<Record>, lines: &[u8]) -> anyhow::Result<AppendCounts>;
     /// One page of a query, as JSON lines, with the expired ranges it met (described) and the
     /// cursor of the next page.
     fn query(&self, table: &str, request: &PageRequest<'_>) -> anyhow::Result<QueryPage>;
@@ -41,8 +43,8 @@ pub struct QueryPage {
 }
 
 impl EngineHandle for Arc<Engine> {
-    fn ingest(&self, table: &str, records: Vec<Record>, _text: &str) -> anyhow::Result<AppendCounts> {
-        let outcome = super::ingest::append_all(self, table, records)?;
+    fn append_batch(&self, table: &str, records: Vec<Record>, _lines: &[u8]) -> anyhow::Result<AppendCounts> {
+        let outcome = self.append(table, records)?;
         Ok(AppendCounts {
             appended: outcome.appended,
             duplicates: outcome.duplicates,
@@ -119,8 +121,8 @@ impl EngineHandle for Arc<Engine> {
 }
 
 impl EngineHandle for Client {
-    fn ingest(&self, table: &str, _records: Vec<Record>, text: &str) -> anyhow::Result<AppendCounts> {
-        ingest(self, table, text)
+    fn append_batch(&self, table: &str, _records: Vec<Record>, lines: &[u8]) -> anyhow::Result<AppendCounts> {
+        Ok(self.append(table, lines)?)
     }
 
     fn query(&self, table: &str, request: &PageRequest<'_>) -> anyhow::Result<QueryPage> {
@@ -177,42 +179,6 @@ pub fn open(args: &EngineArgs) -> anyhow::Result<Box<dyn EngineHandle>> {
         },
         Err(e) => Err(e),
     }
-}
-
-/// Appends already-validated JSON lines in requests of at most `HTTP_RECORDS_PER_REQUEST_MAX`
-/// records and `HTTP_BODY_BYTES_MAX` bytes, each one atomic append. A refused request stops
-/// the command; the ones before it stay committed (re-running is safe: identical records are
-/// accepted unchanged).
-pub fn ingest(client: &Client, table: &str, text: &str) -> anyhow::Result<AppendCounts> {
-    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
-    let bar = super::progress_bar(lines.len() as u64, "ingest");
-    let mut total = AppendCounts::default();
-    let mut batch: Vec<u8> = Vec::new();
-    let mut count = 0usize;
-    let mut flush = |batch: &mut Vec<u8>, count: &mut usize| -> anyhow::Result<()> {
-        if *count == 0 {
-            return Ok(());
-        }
-        let outcome = client.append(table, batch)?;
-        total.appended += outcome.appended;
-        total.duplicates += outcome.duplicates;
-        total.already_archived += outcome.already_archived;
-        bar.inc(*count as u64);
-        batch.clear();
-        *count = 0;
-        Ok(())
-    };
-    for line in lines {
-        if count == HTTP_RECORDS_PER_REQUEST_MAX || batch.len() + line.len() + 1 > HTTP_BODY_BYTES_MAX {
-            flush(&mut batch, &mut count)?;
-        }
-        batch.extend_from_slice(line.as_bytes());
-        batch.push(b'\n');
-        count += 1;
-    }
-    flush(&mut batch, &mut count)?;
-    bar.finish_and_clear();
-    Ok(total)
 }
 
 /// Prints the running engine's status; when its API cannot be reached, the status file it

@@ -22,22 +22,7 @@ struct Line {
     body: Box<serde_json::value::RawValue>,
 }
 
-/// Parses JSON lines; blank lines are skipped. Errors carry 1-based line numbers.
-pub fn parse_lines(text: &str) -> std::result::Result<Vec<Record>, Vec<String>> {
-    let mut records = Vec::new();
-    let mut errors = Vec::new();
-    for (n, raw) in text.lines().enumerate() {
-        if raw.trim().is_empty() {
-            continue;
-        }
-        match parse_line(raw) {
-            Ok(r) => records.push(r),
-            Err(e) => errors.push(format!("line {}: {e}", n + 1)),
-        }
-    }
-    if errors.is_empty() { Ok(records) } else { Err(errors) }
-}
-
+/// Parses one JSON line into a record, validated.
 pub fn parse_line(raw: &str) -> Result<Record> {
     let line: Line = serde_json::from_str(raw).map_err(|e| Error::InvalidInput(e.to_string()))?;
     let event_time = match &line.event_time {
@@ -77,16 +62,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn bad_lines_are_all_reported_with_numbers() {
-        let text = "{\"partition_key\":\"a\",\"event_time\":5,\"body\":{}}\n\nnot json\n{\"partition_key\":\"a\",\"event_time\":\"yesterday\",\"body\":1}\n{\"partition_key\":\"a\",\"event_time\":1,\"body\":1,\"extra\":2}\n";
-        let errors = parse_lines(text).unwrap_err();
-        assert_eq!(errors.len(), 3, "{errors:?}");
-        assert!(errors[0].starts_with("line 3:"));
-        assert!(errors[1].starts_with("line 4:") && errors[1].contains("RFC 3339"));
-        assert!(errors[2].starts_with("line 5:") && errors[2].contains("extra"));
-        let ok = parse_lines("{\"partition_key\":\"a\",\"event_time\":\"2024-01-01T00:00:00Z\",\"body\":{\"x\":1}}")
-            .unwrap();
-        assert_eq!(ok[0].event_time, 1_704_067_200_000_000);
-        assert_eq!(ok[0].body, "{\"x\":1}");
+    fn a_malformed_line_names_its_problem() {
+        assert!(parse_line("not json").is_err());
+        let when = parse_line("{\"partition_key\":\"a\",\"event_time\":\"yesterday\",\"body\":1}").unwrap_err();
+        assert!(when.to_string().contains("RFC 3339"), "{when}");
+        let extra = parse_line("{\"partition_key\":\"a\",\"event_time\":1,\"body\":1,\"extra\":2}").unwrap_err();
+        assert!(extra.to_string().contains("extra"), "{extra}");
+        let ok =
+            parse_line("{\"partition_key\":\"a\",\"event_time\":\"2024-01-01T00:00:00Z\",\"body\":{\"x\":1}}").unwrap();
+        assert_eq!(ok.event_time, 1_704_067_200_000_000);
+        assert_eq!(ok.body, "{\"x\":1}");
     }
 }
