@@ -18,7 +18,7 @@ use crate::error::{Error, Result};
 use crate::model::{BucketState, Micros, Record};
 use crate::policy::{PolicySet, TablePolicy};
 use crate::store::Snapshot;
-use crate::store::schema::BucketMeta;
+use crate::store::schema::{BucketId, BucketMeta};
 
 pub const QUERY_LIMIT_DEFAULT: usize = 1_000;
 pub const QUERY_LIMIT_MAX: usize = 100_000;
@@ -107,17 +107,20 @@ pub async fn query(engine: &Arc<Engine>, request: QueryRequest) -> Result<QueryP
     buckets.retain(|b| b.state != BucketState::Expired);
     buckets.sort_by_key(|b| b.descriptor.start);
 
-    let after = |r: &Record| match &cursor {
-        Some(c) => order_key(r) > (c.t, c.s.as_bytes(), c.p.as_bytes()),
-        None => true,
-    };
-    let in_range =
-        |r: &Record| request.from.is_none_or(|f| r.event_time >= f) && request.to.is_none_or(|t| r.event_time < t);
+    let filter = PageFilter { from: request.from, to: request.to, cursor };
+    // A page needs `limit` records and one more to know that more follow. The page is kept in
+    // order lazily: sorted (and cut to `want`) only when it may be full, so a page costs its
+    // size plus the rows of the buckets it spans, not their product.
+    let want = limit + 1;
     let mut collected: Vec<Record> = Vec::new();
+    let mut sorted = true;
     for bucket in buckets {
-        if collected.len() >= limit && bucket.descriptor.start > collected[limit - 1].event_time {
-            // Every later bucket starts after the last record of a full page.
-            break;
+        if collected.len() >= limit {
+            settle(&mut collected, &mut sorted, want);
+            if bucket.descriptor.start > collected[limit - 1].event_time {
+                // Every later bucket starts after the last record of a full page.
+                break;
+            }
         }
         let rows = match bucket.state {
             BucketState::Archived { .. } => {
@@ -138,13 +141,16 @@ pub async fn query(engine: &Arc<Engine>, request: QueryRequest) -> Result<QueryP
                 }
             }
             _ => {
-                let (snapshot, id) = (snapshot.clone(), bucket.id.clone());
-                blocking(move || snapshot.rows(&id, None, usize::MAX)).await?
+                let (snapshot, id, filter) = (snapshot.clone(), bucket.id.clone(), filter.clone());
+                blocking(move || hot_rows(&snapshot, &id, lower, &filter, want)).await?
             }
         };
-        collected.extend(rows.into_iter().filter(|r| in_range(r) && after(r)));
-        collected.sort_by(|a, b| order_key(a).cmp(&order_key(b)));
+        // A bucket's rows come in clustering order: at most `want` of them can be on the page.
+        let before = collected.len();
+        collected.extend(rows.into_iter().filter(|r| filter.keeps(r)).take(want));
+        sorted &= before == 0;
     }
+    settle(&mut collected, &mut sorted, want);
     let more = collected.len() > limit;
     collected.truncate(limit);
     let next_cursor = if more || collected.len() == limit {
@@ -160,6 +166,56 @@ pub async fn query(engine: &Arc<Engine>, request: QueryRequest) -> Result<QueryP
         None
     };
     Ok(QueryPage { records: collected, next_cursor, expired })
+}
+
+/// Puts the page in order and drops what cannot be on it.
+fn settle(collected: &mut Vec<Record>, sorted: &mut bool, want: usize) {
+    if !*sorted {
+        collected.sort_by(|a, b| order_key(a).cmp(&order_key(b)));
+        *sorted = true;
+    }
+    collected.truncate(want);
+}
+
+/// Which records a page may hold: in the requested range and after the cursor.
+#[derive(Clone)]
+struct PageFilter {
+    from: Option<Micros>,
+    to: Option<Micros>,
+    cursor: Option<Cursor>,
+}
+
+impl PageFilter {
+    fn keeps(&self, r: &Record) -> bool {
+        self.from.is_none_or(|f| r.event_time >= f)
+            && self.to.is_none_or(|t| r.event_time < t)
+            && self.cursor.as_ref().is_none_or(|c| order_key(r) > (c.t, c.s.as_bytes(), c.p.as_bytes()))
+    }
+}
+
+/// Up to `want` rows of a hot bucket that the page may hold, in clustering order, read in
+/// pages from `lower` on instead of the whole bucket.
+fn hot_rows(
+    snapshot: &Snapshot,
+    id: &BucketId,
+    lower: Option<Micros>,
+    filter: &PageFilter,
+    want: usize,
+) -> Result<Vec<Record>> {
+    let mut rows: Vec<Record> = Vec::new();
+    // `rows` starts after its bound, exclusive: the empty sort key a microsecond before
+    // `lower` precedes every row at `lower` (the filter drops the few before it).
+    let mut bound: Option<(Micros, Vec<u8>)> = lower.map(|l| (l.saturating_sub(1), Vec::new()));
+    loop {
+        let page = snapshot.rows(id, bound.as_ref().map(|(t, s)| (*t, s.as_slice())), want)?;
+        let full = page.len() == want;
+        bound = page.last().map(|r| (r.event_time, r.sort_key.clone()));
+        let past_end = page.last().is_some_and(|r| filter.to.is_some_and(|t| r.event_time >= t));
+        rows.extend(page.into_iter().filter(|r| filter.keeps(r)));
+        if !full || past_end || rows.len() >= want {
+            return Ok(rows);
+        }
+    }
 }
 
 /// Reads a published bucket's archive from the target its manifest (as recorded in the

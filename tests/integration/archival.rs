@@ -474,6 +474,52 @@ fn the_cursor_stays_correct_when_a_bucket_is_archived_between_pages() {
     assert_eq!(seen, sorted(input));
 }
 
+/// A hot bucket is read in pages from the cursor on, not whole: records sharing one event time
+/// across partitions, far more than a page, are each read exactly once, hot and archived.
+#[test]
+fn pages_through_many_records_at_one_instant_read_each_once() {
+    let e = TestEngine::new(DAILY, "2024-03-01T12:00:00Z");
+    let at = t("2024-03-01T06:00:00Z");
+    let input: Vec<Record> = (0..3)
+        .flat_map(|p| {
+            (0..400).map(move |i| Record {
+                partition_key: format!("p{p}").into_bytes(),
+                event_time: at,
+                sort_key: format!("{:04}", i % 200 + p).into_bytes(),
+                tenant: None,
+                kind: None,
+                body: format!("{{\"i\":{i}}}"),
+            })
+        })
+        .filter({
+            let mut seen = std::collections::HashSet::new();
+            move |r| seen.insert((r.partition_key.clone(), r.sort_key.clone()))
+        })
+        .collect();
+    e.engine.append("r", input.clone()).unwrap();
+    let read_all = || {
+        let (mut seen, mut cursor) = (Vec::new(), None);
+        loop {
+            let page = runtime()
+                .block_on(frostline::query::query(
+                    &e.engine,
+                    frostline::query::QueryRequest { table: "r".into(), limit: 7, cursor, ..Default::default() },
+                ))
+                .unwrap();
+            assert!(page.records.len() <= 7);
+            seen.extend(page.records);
+            match page.next_cursor {
+                Some(c) => cursor = Some(c),
+                None => return seen,
+            }
+        }
+    };
+    assert_eq!(read_all(), sorted(input.clone()), "hot");
+    e.clock.set(t("2024-03-20T00:00:00Z"));
+    assert_eq!(e.pass().archived, 3);
+    assert_eq!(read_all(), sorted(input), "archived");
+}
+
 #[test]
 fn a_retention_plugin_fault_defers_planning_and_never_archives() {
     // A bucket whose plan failed stays unplanned: it is never due, so nothing is archived.

@@ -37,6 +37,7 @@ mod formats;
 mod harness;
 mod native;
 mod plugins;
+mod read;
 mod report;
 mod scale;
 
@@ -83,8 +84,13 @@ const SCENARIOS: &[Scenario] = &[
     },
     Scenario {
         name: "scale",
-        about: "a pass over 1,000,000 buckets of which 64 are due against a pass over 1,000 buckets with the same 64 due, and a query across ten years of one partition",
+        about: "a pass over 1,000,000 buckets of which 64 are due against a pass over 1,000 buckets with the same 64 due",
         run: scale::scale,
+    },
+    Scenario {
+        name: "read",
+        about: "a query across ten years of one partition written as JSON lines, hot and archived as Parquet, against DuckDB reading the same Parquet files",
+        run: read::read,
     },
     Scenario {
         name: "footprint",

@@ -1,4 +1,4 @@
-//! Scenario scale: what a pass costs as the hot store grows, and a query across ten years.
+//! Scenario scale: what a pass costs as the hot store grows.
 //!
 //! A pass finds its work through the due index, so a store of 1,000,000 buckets of which 64
 //! are due should pass nearly as fast as one of 1,000 buckets with the same 64 due. Both
@@ -22,7 +22,6 @@ use frostline::clock::ManualClock;
 use frostline::engine::Engine;
 use frostline::model::time::MICROS_PER_DAY;
 use frostline::model::{Micros, Record};
-use frostline::query::{QUERY_LIMIT_MAX, QueryRequest};
 use frostline::settings::Settings;
 use frostline_civil::days_from_civil;
 
@@ -45,14 +44,6 @@ const OLD_START_MICROS: Micros = days_from_civil(2001, 1, 1) * MICROS_PER_DAY;
 const REGULAR_START_MICROS: Micros = days_from_civil(2010, 1, 1) * MICROS_PER_DAY;
 /// Appends per `Engine::append` call while building a store.
 const BUILD_BATCH: usize = 10_000;
-/// The query scenario: one partition, ten years of days, this many records a day.
-const QUERY_YEARS: i64 = 10;
-const QUERY_RECORDS_PER_DAY_DEFAULT: usize = 100;
-const QUERY_RECORDS_PER_DAY_FULL: usize = 1_000;
-/// The ten years of the query scenario: 2015-01-01 to 2025-01-01.
-const QUERY_START_MICROS: Micros = days_from_civil(2015, 1, 1) * MICROS_PER_DAY;
-const QUERY_END_MICROS: Micros = days_from_civil(2015 + QUERY_YEARS, 1, 1) * MICROS_PER_DAY;
-
 pub fn scale(bench: &mut Bench) -> Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let passes = bench.options.repeats;
@@ -107,8 +98,7 @@ pub fn scale(bench: &mut Bench) -> Result<()> {
         bench.push(sweep);
     }
     drop((large, small));
-
-    ten_year_query(bench, &runtime)
+    Ok(())
 }
 
 /// A store of `buckets` buckets built for `passes` timed passes.
@@ -206,86 +196,4 @@ fn dir_bytes(dir: &std::path::Path) -> Result<u64> {
         total += if meta.is_dir() { dir_bytes(&entry.path())? } else { meta.len() };
     }
     Ok(total)
-}
-
-/// One partition, ten years of day buckets: the whole range queried page by page while hot,
-/// and again once all of it is archived (every bucket's manifest and segment read and
-/// verified).
-fn ten_year_query(bench: &mut Bench, runtime: &tokio::runtime::Runtime) -> Result<()> {
-    let per_day = if bench.options.full { QUERY_RECORDS_PER_DAY_FULL } else { QUERY_RECORDS_PER_DAY_DEFAULT };
-    let days = ((QUERY_END_MICROS - QUERY_START_MICROS) / MICROS_PER_DAY) as usize;
-    let count = days * per_day;
-    let dirs = Dirs::new(&format!(
-        "[[table]]\nid = \"{SCALE_TABLE}\"\nstrategy = {{ plugin = \"builtin:calendar-day-utc\" }}\n\
-         retention = {{ plugin = \"builtin:eligible-before\", config = {{ archive_after = \"1d\" }} }}\n"
-    ))?;
-    let mut state = TIMES_SEED ^ 2;
-    {
-        let engine = dirs.open(QUERY_START_MICROS)?;
-        let step = MICROS_PER_DAY / per_day as Micros;
-        let mut batch = Vec::with_capacity(BUILD_BATCH);
-        for n in 0..count {
-            let random = splitmix64(&mut state);
-            batch.push(Record {
-                partition_key: b"sensor-000".to_vec(),
-                event_time: QUERY_START_MICROS
-                    + (n / per_day) as Micros * MICROS_PER_DAY
-                    + (n % per_day) as Micros * step,
-                sort_key: format!("evt-{n:010}").into_bytes(),
-                tenant: None,
-                kind: None,
-                body: reading_body("sensor-000", n, random),
-            });
-            if batch.len() == BUILD_BATCH || n + 1 == count {
-                engine.append(SCALE_TABLE, std::mem::take(&mut batch))?;
-            }
-        }
-    }
-    let query_all = |engine: &Arc<Engine>| -> Result<()> {
-        let mut cursor = None;
-        let mut seen = 0;
-        loop {
-            let request = QueryRequest {
-                table: SCALE_TABLE.into(),
-                partition_key: Some(b"sensor-000".to_vec()),
-                from: Some(QUERY_START_MICROS),
-                to: Some(QUERY_END_MICROS),
-                limit: QUERY_LIMIT_MAX,
-                cursor,
-            };
-            let page = runtime.block_on(frostline::query::query(engine, request))?;
-            seen += page.records.len();
-            cursor = page.next_cursor;
-            if cursor.is_none() {
-                break;
-            }
-        }
-        ensure!(seen == count, "the ten-year query returned {seen} of {count} records");
-        Ok(())
-    };
-    let label = format!("{QUERY_YEARS} years of one partition ({count} records in {days} day buckets)");
-    let engine = dirs.open(QUERY_START_MICROS)?;
-    let hot = bench.time_each(
-        format!("query {label}, all hot"),
-        Unit::Millis,
-        bench.options.repeats,
-        || Ok(()),
-        |()| query_all(&engine),
-    )?;
-    drop(engine);
-    let engine = dirs.open(QUERY_END_MICROS + 2 * MICROS_PER_DAY)?;
-    let report = runtime.block_on(passes_until_idle(&engine))?;
-    ensure!(report.archived == days as u64, "archived {} of {days} buckets", report.archived);
-    let cold = bench
-        .time_each(
-            format!("query {label}, all archived"),
-            Unit::Millis,
-            bench.options.repeats,
-            || Ok(()),
-            |()| query_all(&engine),
-        )?
-        .against(&hot);
-    bench.push(hot);
-    bench.push(cold);
-    Ok(())
 }
