@@ -21,6 +21,10 @@ pub const SWEEP_INTERVAL_SECONDS_DEFAULT: u64 = 3_600;
 pub const STORE_CACHE_MIB_DEFAULT: u64 = 64;
 pub const STORE_CACHE_MIB_MIN: u64 = 4;
 pub const STORE_CACHE_MIB_MAX: u64 = 65_536;
+/// Hot rows a cleanup deletes per transaction: the single writer is held for one slice, not
+/// for a whole bucket, so appends interleave with the cleanup of a large bucket.
+pub const CLEANUP_SLICE_ROWS_DEFAULT: usize = 10_000;
+pub const CLEANUP_SLICE_ROWS_MAX: usize = 1_000_000;
 
 /// Settings that were replaced; setting one is refused with the way forward.
 const OBSOLETE: &[(&str, &str)] = &[
@@ -67,6 +71,9 @@ pub struct ArchiverArgs {
     /// Memory for the hot store's page cache, in MiB (4 to 65536).
     #[arg(long, env = "FROSTLINE_STORE_CACHE_MIB", default_value_t = STORE_CACHE_MIB_DEFAULT)]
     pub store_cache_mib: u64,
+    /// Hot rows a cleanup deletes per transaction (1 to 1,000,000).
+    #[arg(long, env = "ARCHIVER_CLEANUP_SLICE_ROWS", default_value_t = CLEANUP_SLICE_ROWS_DEFAULT)]
+    pub cleanup_slice_rows: usize,
 }
 
 impl Default for ArchiverArgs {
@@ -82,6 +89,7 @@ impl Default for ArchiverArgs {
             orphan_grace_seconds: ORPHAN_GRACE_SECONDS_DEFAULT,
             sweep_interval_seconds: SWEEP_INTERVAL_SECONDS_DEFAULT,
             store_cache_mib: STORE_CACHE_MIB_DEFAULT,
+            cleanup_slice_rows: CLEANUP_SLICE_ROWS_DEFAULT,
         }
     }
 }
@@ -99,6 +107,7 @@ pub struct Settings {
     pub orphan_grace_us: Micros,
     pub sweep_interval_us: Micros,
     pub store_cache_bytes: usize,
+    pub cleanup_slice_rows: usize,
     /// Seeds the engine's random choices (owner tokens, hold ids, verify samples). `None` (the
     /// binary's setting) draws the seed from the operating system; tests and the simulation
     /// set it so a seed replays the same choices.
@@ -165,8 +174,15 @@ impl ArchiverArgs {
                 self.store_cache_mib
             )));
         }
+        if !(1..=CLEANUP_SLICE_ROWS_MAX).contains(&self.cleanup_slice_rows) {
+            return Err(Error::InvalidInput(format!(
+                "ARCHIVER_CLEANUP_SLICE_ROWS must be 1 to {CLEANUP_SLICE_ROWS_MAX} (rows per transaction), not {}",
+                self.cleanup_slice_rows
+            )));
+        }
         Ok(Settings {
             store_cache_bytes: (self.store_cache_mib * 1024 * 1024) as usize,
+            cleanup_slice_rows: self.cleanup_slice_rows,
             random_seed: None,
             tombstone_retention_us: positive("ARCHIVER_TOMBSTONE_RETENTION_SECONDS", self.tombstone_retention_seconds)?,
             orphan_grace_us: self.orphan_grace_seconds as i64 * MICROS_PER_SECOND,
@@ -195,6 +211,19 @@ mod tests {
             let args = ArchiverArgs { store_cache_mib: mib, ..Default::default() };
             let error = args.validate_with(|_| None).unwrap_err().to_string();
             assert!(error.contains("FROSTLINE_STORE_CACHE_MIB must be 4 to 65536"), "{error}");
+        }
+    }
+
+    #[test]
+    fn the_cleanup_slice_is_bounded_both_ways() {
+        for rows in [1, CLEANUP_SLICE_ROWS_DEFAULT, CLEANUP_SLICE_ROWS_MAX] {
+            let args = ArchiverArgs { cleanup_slice_rows: rows, ..Default::default() };
+            assert_eq!(args.validate_with(|_| None).unwrap().cleanup_slice_rows, rows);
+        }
+        for rows in [0, CLEANUP_SLICE_ROWS_MAX + 1] {
+            let args = ArchiverArgs { cleanup_slice_rows: rows, ..Default::default() };
+            let error = args.validate_with(|_| None).unwrap_err().to_string();
+            assert!(error.contains("ARCHIVER_CLEANUP_SLICE_ROWS must be 1 to 1000000"), "{error}");
         }
     }
 

@@ -204,23 +204,68 @@ fn cleanup_refuses_when_hot_rows_differ_from_the_manifest() {
             Ok(())
         })
         .unwrap();
-    let err = store.cleanup(id.clone(), "w".into(), claimed.generation, e.clock.now()).unwrap_err();
+    let err = store.cleanup(id.clone(), "w".into(), claimed.generation, e.clock.now(), 2).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::DataCorruption, "{err}");
     assert!(err.to_string().contains("hot rows"), "{err}");
     assert_eq!(store.rows(&id, None, usize::MAX).unwrap().len(), rows.len() + 1, "nothing deleted");
     assert_eq!(store.bucket(&id).unwrap().unwrap().state, BucketState::Archived { hot_deleted: false });
 }
 
-#[test]
-fn a_stale_worker_can_neither_publish_nor_delete() {
+const LEASE_US: i64 = 60_000_000;
+
+/// An engine whose first bucket, planned and due, worker "A" has claimed for `LEASE_US`.
+fn one_bucket_claimed_by_a(input: Vec<Record>) -> (TestEngine, BucketId, frostline::store::schema::BucketMeta) {
     let e = TestEngine::new(DAILY, "2024-03-01T12:00:00Z");
-    e.engine.append("r", records("2024-03-01T00:00:00Z", 1, 3)).unwrap();
+    e.engine.append("r", input).unwrap();
     e.pass(); // plan only
     e.clock.set(t("2024-03-10T00:00:00Z"));
-    let store = e.engine.store.clone();
-    let id = store.buckets("r", None).unwrap()[0].id.clone();
-    let lease = 60_000_000;
-    let a = store.claim(id.clone(), "A".into(), e.clock.now(), lease).unwrap().unwrap();
+    let id = e.engine.store.buckets("r", None).unwrap()[0].id.clone();
+    let a = e.engine.store.claim(id.clone(), "A".into(), e.clock.now(), LEASE_US).unwrap().unwrap();
+    (e, id, a)
+}
+
+/// A cleanup deletes in fenced slices after one proof, recorded with the bucket: one that was
+/// cut off after a slice (a crash, a lost lease) is finished by the next worker from the
+/// proof, not proven again against rows that are already partly gone, and the worker that lost
+/// the lease deletes nothing more.
+#[test]
+fn a_cleanup_cut_off_between_slices_is_finished_by_the_next_worker() {
+    let one_partition: Vec<Record> =
+        records("2024-03-01T00:00:00Z", 1, 30).into_iter().filter(|r| r.partition_key == b"p0").collect();
+    let (e, id, a) = one_bucket_claimed_by_a(one_partition);
+    let (store, lease) = (e.engine.store.clone(), LEASE_US);
+    let rows = store.rows(&id, None, usize::MAX).unwrap();
+    assert_eq!(rows.len(), 10);
+    store
+        .publish(
+            id.clone(),
+            "A".into(),
+            a.generation,
+            e.clock.now(),
+            manifest_of(&a.descriptor, a.generation, &rows),
+            "m".into(),
+        )
+        .unwrap();
+    let proven = store.prove_cleanup(&id, "A", a.generation, e.clock.now()).unwrap();
+    let first = store.cleanup_slice(&id, "A", a.generation, e.clock.now(), proven, 3).unwrap();
+    assert_eq!((first.deleted, first.finished), (3, false));
+    assert_eq!(store.rows(&id, None, usize::MAX).unwrap().len(), 7);
+    // A stops here; B takes the cleanup over after A's lease.
+    e.clock.advance(lease + 1);
+    let b = store.claim(id.clone(), "B".into(), e.clock.now(), lease).unwrap().unwrap();
+    let stale = store.cleanup_slice(&id, "A", a.generation, e.clock.now(), proven, 3);
+    assert!(matches!(stale, Err(Error::LeaseLost { .. })), "{stale:?}");
+    assert_eq!(store.cleanup(id.clone(), "B".into(), b.generation, e.clock.now(), 3).unwrap(), 7);
+    let meta = store.bucket(&id).unwrap().unwrap();
+    assert_eq!(meta.state, BucketState::Archived { hot_deleted: true });
+    assert_eq!(meta.cleanup_proven, None);
+    assert!(store.rows(&id, None, usize::MAX).unwrap().is_empty());
+}
+
+#[test]
+fn a_stale_worker_can_neither_publish_nor_delete() {
+    let (e, id, a) = one_bucket_claimed_by_a(records("2024-03-01T00:00:00Z", 1, 3));
+    let (store, lease) = (e.engine.store.clone(), LEASE_US);
     assert!(store.claim(id.clone(), "B".into(), e.clock.now(), lease).unwrap().is_none(), "lease held");
     // A stalls past its lease; B takes over with a new generation.
     e.clock.advance(lease + 1);
@@ -230,13 +275,13 @@ fn a_stale_worker_can_neither_publish_nor_delete() {
     let manifest = |generation| manifest_of(&a.descriptor, generation, &rows);
     let stale = store.publish(id.clone(), "A".into(), a.generation, e.clock.now(), manifest(a.generation), "ma".into());
     assert!(matches!(stale, Err(Error::LeaseLost { .. })), "{stale:?}");
-    let stale = store.cleanup(id.clone(), "A".into(), a.generation, e.clock.now());
+    let stale = store.cleanup(id.clone(), "A".into(), a.generation, e.clock.now(), 2);
     assert!(matches!(stale, Err(Error::LeaseLost { .. })), "{stale:?}");
     // A worker with the right owner but an old generation is refused too.
     let stale = store.publish(id.clone(), "B".into(), a.generation, e.clock.now(), manifest(a.generation), "ma".into());
     assert!(matches!(stale, Err(Error::LeaseLost { .. })), "{stale:?}");
     store.publish(id.clone(), "B".into(), b.generation, e.clock.now(), manifest(b.generation), "mb".into()).unwrap();
-    assert_eq!(store.cleanup(id.clone(), "B".into(), b.generation, e.clock.now()).unwrap(), rows.len() as u64);
+    assert_eq!(store.cleanup(id.clone(), "B".into(), b.generation, e.clock.now(), 2).unwrap(), rows.len() as u64);
     let meta = store.bucket(&id).unwrap().unwrap();
     assert_eq!(meta.manifest_key.as_deref(), Some("mb"));
     assert_eq!(meta.state, BucketState::Archived { hot_deleted: true });

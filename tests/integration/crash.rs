@@ -50,6 +50,8 @@ use sha2::{Digest, Sha256};
 
 use crate::support::*;
 
+/// Hot rows per cleanup transaction in the engines this harness starts.
+const CLEANUP_SLICE_ROWS: usize = 3;
 const CRASHES_DEFAULT: usize = 50;
 /// A full check every this many crashes (`FROSTLINE_CRASH_FULL_EVERY`).
 const FULL_EVERY_DEFAULT: usize = 50;
@@ -141,6 +143,9 @@ fn spawn_engine(
         .env_remove("FROSTLINE_TOKENS")
         .env_remove("FROSTLINE_ADMIN_TOKENS")
         .env("FROSTLINE_LOG", "warn")
+        // Buckets here hold a few rows each: slices of 3 cut most cleanups into several
+        // transactions, so a kill or `mid_cleanup` lands between committed slices too.
+        .env("ARCHIVER_CLEANUP_SLICE_ROWS", CLEANUP_SLICE_ROWS.to_string())
         .stdout(Stdio::null())
         .stderr(Stdio::null());
     match failpoints {

@@ -419,7 +419,12 @@ fn run_lifecycle_seed(seed: u64, ops: usize) -> LifecycleCounts {
     };
     let clear_faults = || faulty.lock().unwrap().values().for_each(|f| f.clear());
     // The engine's own random choices (owner tokens, hold ids) replay with the seed too.
-    let settings = frostline::settings::Settings { random_seed: Some(seed), ..Default::default() };
+    // Cleanups in slices of 1 to 5 rows: a stall or a lost lease lands between slices too.
+    let settings = frostline::settings::Settings {
+        random_seed: Some(seed),
+        cleanup_slice_rows: (seed % 5 + 1) as usize,
+        ..Default::default()
+    };
     let mut e = TestEngine::open_with_settings(&retention.policy(), "2024-01-01T00:00:00Z", &[], options, settings)
         .unwrap_or_else(|err| panic!("seed {seed}: {err}"));
     // The table removed from the directory (retired: archived and expired under the last

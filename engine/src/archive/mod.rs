@@ -752,9 +752,23 @@ async fn cleanup(
     seconds: &mut PhaseSeconds,
 ) -> Result<u64> {
     heartbeat.check("cleanup").await?;
-    let (store, id, owner, now) = (engine.store.clone(), id.clone(), owner.to_string(), engine.clock.now());
     let mut lap = Lap::start();
-    let deleted = blocking(move || store.cleanup(id, owner, generation, now)).await?;
+    let (store, bucket, worker, now) = (engine.store.clone(), id.clone(), owner.to_string(), engine.clock.now());
+    let published = blocking(move || store.prove_cleanup(&bucket, &worker, generation, now)).await?;
+    // Slice by slice, each its own fenced transaction, so appends interleave; the lease is
+    // checked (and renewed when due) on the engine's clock before each.
+    let mut deleted = 0;
+    loop {
+        heartbeat.check("cleanup").await?;
+        let (store, bucket, worker, now) = (engine.store.clone(), id.clone(), owner.to_string(), engine.clock.now());
+        let slice_rows = engine.settings.cleanup_slice_rows;
+        let slice =
+            blocking(move || store.cleanup_slice(&bucket, &worker, generation, now, published, slice_rows)).await?;
+        deleted += slice.deleted;
+        if slice.finished {
+            break;
+        }
+    }
     seconds.add(Phase::Cleanup, lap.lap());
     tracing::info!(rows = deleted, "hot rows deleted");
     Ok(deleted)

@@ -149,6 +149,7 @@ fn adopted_meta(id: &BucketId, manifest_key: &str, manifest: &Manifest, rows: &[
         hot_deleted_at: None,
         held_by: Vec::new(),
         plan_basis: None,
+        cleanup_proven: None,
     }
 }
 

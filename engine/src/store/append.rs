@@ -258,5 +258,6 @@ pub(super) fn new_bucket_meta(id: BucketId, descriptor: &BucketDescriptor, batch
         hot_deleted_at: None,
         held_by: Vec::new(),
         plan_basis: None,
+        cleanup_proven: None,
     }
 }

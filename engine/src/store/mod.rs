@@ -30,7 +30,7 @@ mod writer;
 pub use self::adopt::{Adoption, VerifiedArchive};
 pub use self::append::{AppendBatch, AppendOutcome, PreparedRow};
 pub use self::holds::{HoldPlacement, PolicyHoldSync};
-pub use self::protocol::{PlanOutcome, TOMBSTONE_PURGE_RETRY_US};
+pub use self::protocol::{CleanupSlice, PlanOutcome, TOMBSTONE_PURGE_RETRY_US};
 pub use self::reads::Snapshot;
 pub use self::writer::GROUP_COMMIT_REQUESTS_MAX;
 use self::{append::*, holds::*, outbox::*, protocol::*, reads::*, writer::*};

@@ -310,52 +310,57 @@ impl Store {
         })
     }
 
-    /// Deletes the hot rows of a published bucket, in a separately fenced transaction that
-    /// first checks the rows against the manifest's count, key range and checksum.
-    pub fn cleanup(&self, id: BucketId, owner: String, generation: u64, now: Micros) -> Result<u64> {
+    /// Deletes the hot rows of a published bucket, in fenced transactions of at most
+    /// `slice_rows` rows each, so the single writer is never held for a whole bucket.
+    ///
+    /// First the proof: in a read transaction the rows are summed and checked against the
+    /// manifest's count, key range and checksum (invariant 9); then a fenced transaction
+    /// records the proof with the bucket (`cleanup_proven`). A published bucket accepts no
+    /// appends, so its rows cannot change after the proof; a cleanup that resumes after a
+    /// crash or a takeover finds the proof recorded and goes on deleting what is left. The
+    /// transaction that deletes the last slice moves the bucket to `Archived{hot_deleted:
+    /// true}`. Returns the rows this call deleted.
+    pub fn cleanup(&self, id: BucketId, owner: String, generation: u64, now: Micros, slice_rows: usize) -> Result<u64> {
+        let published = self.prove_cleanup(&id, &owner, generation, now)?;
+        let mut deleted = 0;
+        loop {
+            let slice = self.cleanup_slice(&id, &owner, generation, now, published, slice_rows)?;
+            deleted += slice.deleted;
+            if slice.finished {
+                return Ok(deleted);
+            }
+        }
+    }
+
+    /// One slice of a cleanup proven against the manifest of generation `published`: deletes
+    /// at most `slice_rows` hot rows, under the fence; the slice that deletes the last row
+    /// moves the bucket to `Archived{hot_deleted:true}`.
+    pub fn cleanup_slice(
+        &self,
+        id: &BucketId,
+        owner: &str,
+        generation: u64,
+        now: Micros,
+        published: u64,
+        slice_rows: usize,
+    ) -> Result<CleanupSlice> {
+        let (id, owner) = (id.clone(), owner.to_string());
         self.write(move |txn| {
             let mut meta = load_meta(txn, &id)?;
             check_lease(&meta, &owner, generation, now)?;
-            let next = BucketState::Archived { hot_deleted: true };
-            // Only a published bucket is cleaned up (the state machine's other edges into
-            // `archived` are adoption's and a called-off expiry's).
-            if meta.state != (BucketState::Archived { hot_deleted: false }) {
-                return Err(Error::Internal(format!("bucket {id} is {}, not published: no cleanup", meta.state)));
+            if meta.state != (BucketState::Archived { hot_deleted: false }) || meta.cleanup_proven != Some(published) {
+                return Err(Error::Internal(format!("bucket {id} changed during its cleanup ({})", meta.state)));
             }
-            let manifest_generation = published_generation(txn, &id)?
-                .ok_or_else(|| Error::Internal(format!("bucket {id} is published but has no manifest")))?;
-            let manifest: crate::format::manifest::Manifest = {
-                let t = txn.open_table(MANIFESTS)?;
-                let v = t.get(generation_key(&id, manifest_generation).as_slice())?.ok_or_else(|| {
-                    Error::Internal(format!("manifest of bucket {id} generation {manifest_generation} is missing"))
-                })?;
-                decode_value(v.value())?
-            };
             let mut records = txn.open_table(RECORDS)?;
             let prefix = id.encode();
             let end = encoding::prefix_end(&prefix);
-            // One scan sums the rows and collects their keys; they are deleted only if the sum
-            // matches the manifest. (redb 3.1's `retain_in` rewrites pages and measured about
-            // four times slower than removing the collected keys.)
-            let mut summer = RowSummer::default();
-            let mut keys = Vec::with_capacity(meta.row_count as usize);
-            for entry in records.range(prefix.as_slice()..end.as_slice())? {
-                let (k, v) = entry?;
-                let (event_time, sort_key) = decode_record_suffix(bucket_suffix(&id, &prefix, k.value())?)?;
-                let row = decode_row_ref(v.value())?;
-                summer.push_fields(RowFields {
-                    partition_key: &id.partition_key,
-                    event_time,
-                    sort_key: &sort_key,
-                    tenant: row.tenant,
-                    kind: row.kind,
-                    body: row.body,
-                });
-                keys.push(k.value().to_vec());
+            let mut keys = Vec::with_capacity(slice_rows.min(meta.row_count as usize) + 1);
+            for entry in records.range(prefix.as_slice()..end.as_slice())?.take(slice_rows + 1) {
+                keys.push(entry?.0.value().to_vec());
             }
-            let hot: RowSummary = summer.finish();
-            invariants::hot_rows_match_manifest(&hot, &manifest.summary)
-                .map_err(|why| Error::Corruption(format!("refusing to delete the hot rows of {id}: {why}")))?;
+            // One more key than the slice was looked for: it says whether rows remain.
+            let finished = keys.len() <= slice_rows;
+            keys.truncate(slice_rows);
             for (i, key) in keys.iter().enumerate() {
                 if i == keys.len() / 2 {
                     crate::failpoints::hit("mid_cleanup")?;
@@ -363,18 +368,63 @@ impl Store {
                 records.remove(key.as_slice())?;
             }
             drop(records);
-            meta_touch(&mut meta, now, Some(next));
-            meta.hot_deleted_at = Some(now);
-            meta.lease_owner = None;
-            meta.lease_expires_at = now;
-            txn.open_table(INTENTS)?.retain_in(prefix.as_slice()..end.as_slice(), |_, _| false)?;
-            // Next: the archive's expiry. Being archived is a fact the policy sees, so the
-            // model queues the bucket for a plan made with it before anything is scheduled.
-            reconcile(txn, &mut meta, now)?;
-            save_meta(txn, &meta)?;
-            push_outbox(txn, "hot_rows_deleted", Some(&meta), now, serde_json::json!({"rows": hot.rows}))?;
-            Ok(hot.rows)
+            if finished {
+                meta_touch(&mut meta, now, Some(BucketState::Archived { hot_deleted: true }));
+                meta.hot_deleted_at = Some(now);
+                meta.lease_owner = None;
+                meta.lease_expires_at = now;
+                meta.cleanup_proven = None;
+                txn.open_table(INTENTS)?.retain_in(prefix.as_slice()..end.as_slice(), |_, _| false)?;
+                // Next: the archive's expiry. Being archived is a fact the policy sees, so the
+                // model queues the bucket for a plan made with it before anything is scheduled.
+                reconcile(txn, &mut meta, now)?;
+                save_meta(txn, &meta)?;
+                push_outbox(txn, "hot_rows_deleted", Some(&meta), now, serde_json::json!({"rows": meta.row_count}))?;
+            }
+            Ok(CleanupSlice { deleted: keys.len() as u64, finished })
         })
+    }
+
+    /// The proof a cleanup starts from (see `cleanup`): returns the generation of the published
+    /// manifest the hot rows were proven against, recording it with the bucket.
+    pub fn prove_cleanup(&self, id: &BucketId, owner: &str, generation: u64, now: Micros) -> Result<u64> {
+        let read = self.snapshot()?;
+        let meta = read.bucket(id)?.ok_or_else(|| Error::Internal(format!("no bucket {id}")))?;
+        check_lease(&meta, owner, generation, now)?;
+        // Only a published bucket is cleaned up (the state machine's other edges into
+        // `archived` are adoption's and a called-off expiry's).
+        if meta.state != (BucketState::Archived { hot_deleted: false }) {
+            return Err(Error::Internal(format!("bucket {id} is {}, not published: no cleanup", meta.state)));
+        }
+        let published = read
+            .published_generation(id)?
+            .ok_or_else(|| Error::Internal(format!("bucket {id} is published but has no manifest")))?;
+        if meta.cleanup_proven == Some(published) {
+            return Ok(published);
+        }
+        let manifest = read
+            .manifest(id, published)?
+            .ok_or_else(|| Error::Internal(format!("manifest of bucket {id} generation {published} is missing")))?;
+        let hot = read.summarize_rows(id)?;
+        invariants::hot_rows_match_manifest(&hot, &manifest.summary)
+            .map_err(|why| Error::Corruption(format!("refusing to delete the hot rows of {id}: {why}")))?;
+        drop(read);
+        let (id, owner) = (id.clone(), owner.to_string());
+        self.write(move |txn| {
+            let mut meta = load_meta(txn, &id)?;
+            check_lease(&meta, &owner, generation, now)?;
+            if meta.state != (BucketState::Archived { hot_deleted: false })
+                || published_generation(txn, &id)? != Some(published)
+            {
+                return Err(Error::Internal(format!(
+                    "bucket {id} changed while its hot rows were proven ({})",
+                    meta.state
+                )));
+            }
+            meta.cleanup_proven = Some(published);
+            save_meta(txn, &meta)
+        })?;
+        Ok(published)
     }
 
     /// Starts an archive's expiry under the bucket's fence. Re-checks every hold in the same
@@ -541,6 +591,14 @@ pub(super) fn published_generation(txn: &WriteTransaction, id: &BucketId) -> Res
             Ok(Some(r.u64()?))
         }
     }
+}
+
+/// What one slice of a cleanup did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CleanupSlice {
+    pub deleted: u64,
+    /// The last hot row is gone and the bucket is `Archived{hot_deleted:true}`.
+    pub finished: bool,
 }
 
 /// What planning one bucket gave: its plan and what it was made from, or the policy's

@@ -294,6 +294,49 @@ impl Snapshot {
         scan_rows(&self.txn.open_table(RECORDS)?, id, after, limit)
     }
 
+    /// The summary (count, key range, checksum) of a bucket's hot rows, read in one scan
+    /// without holding them.
+    pub fn summarize_rows(&self, id: &BucketId) -> Result<RowSummary> {
+        let records = self.txn.open_table(RECORDS)?;
+        let prefix = id.encode();
+        let end = encoding::prefix_end(&prefix);
+        let mut summer = RowSummer::default();
+        for entry in records.range(prefix.as_slice()..end.as_slice())? {
+            let (k, v) = entry?;
+            let (event_time, sort_key) = decode_record_suffix(bucket_suffix(id, &prefix, k.value())?)?;
+            let row = decode_row_ref(v.value())?;
+            summer.push_fields(RowFields {
+                partition_key: &id.partition_key,
+                event_time,
+                sort_key: &sort_key,
+                tenant: row.tenant,
+                kind: row.kind,
+                body: row.body,
+            });
+        }
+        Ok(summer.finish())
+    }
+
+    /// A bucket's manifest of one generation, as recorded.
+    pub fn manifest(&self, id: &BucketId, generation: u64) -> Result<Option<crate::format::manifest::Manifest>> {
+        let t = self.txn.open_table(MANIFESTS)?;
+        t.get(generation_key(id, generation).as_slice())?.map(|v| decode_value(v.value())).transpose()
+    }
+
+    /// The generation of the bucket's published manifest: the newest one recorded.
+    pub fn published_generation(&self, id: &BucketId) -> Result<Option<u64>> {
+        let t = self.txn.open_table(MANIFESTS)?;
+        let prefix = id.encode();
+        let end = encoding::prefix_end(&prefix);
+        match t.range(prefix.as_slice()..end.as_slice())?.next_back() {
+            None => Ok(None),
+            Some(entry) => {
+                let (k, _) = entry?;
+                Ok(Some(encoding::Reader::new(&k.value()[prefix.len()..]).u64()?))
+            }
+        }
+    }
+
     /// The newest recorded (that is, published) manifest of a bucket.
     pub fn latest_manifest(&self, id: &BucketId) -> Result<Option<crate::format::manifest::Manifest>> {
         let t = self.txn.open_table(MANIFESTS)?;

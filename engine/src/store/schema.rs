@@ -246,6 +246,10 @@ pub struct BucketMeta {
     /// acts (`model::lifecycle`). Absent on plans made by earlier versions: they are stale.
     #[serde(default)]
     pub plan_basis: Option<PlanBasis>,
+    /// The generation of the published manifest the hot rows were proven to match, once a
+    /// cleanup has proven it; the cleanup then deletes them slice by slice (`Store::cleanup`).
+    #[serde(default)]
+    pub cleanup_proven: Option<u64>,
 }
 
 impl BucketMeta {
