@@ -18,9 +18,14 @@ TARGETS = {
     "archive": [("ratio_min", 0.6)],  # a pass at >= 60% of the I/O floor (write, fsync, read back, SHA-256)
     "formats": [("ratio_min", 1 / 3)],  # a cold query of one bucket within 3x of the hot query
     "scale": [("ratio_min", 0.5)],  # a pass over 1,000,000 buckets within 2x of one over 1,000
+    "read": [
+        ("ratio_min", 1.0),  # hot reads at least as fast as archived ones
+        ("ratio_min", 0.5),  # a ten-year query of archived Parquet at >= 0.5 of DuckDB on the same files
+    ],
     "footprint": [
         ("max", 200.0),  # start-up from the compiled cache under 200 ms
         ("max", 64.0),  # idle resident memory under 64 MiB
+        ("max", 256.0),  # `frostline ingest` of a 2 GiB file peaks under 256 MiB resident
     ],
 }
 

@@ -7,7 +7,7 @@
 //! of records (as JSON lines) is appended over HTTP while the engine's pass loop archives
 //! them, `POST /v1/archive` finishes what is left, and the resident set is read again, with
 //! its peak. Last, `frostline ingest` of a 2 GiB file of JSON lines into a fresh data
-//! directory, with the peak resident set of the process (from `wait4`).
+//! directory, with the peak resident set of the process (its `VmHWM`).
 
 use std::io::Read as _;
 use std::net::SocketAddr;
@@ -157,11 +157,11 @@ fn ingest_peak(bench: &mut Bench, binary: &Path, policies: &Path) -> Result<()> 
         .arg(&data)
         .arg("--policies")
         .arg(policies)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
         .spawn()
         .with_context(|| format!("cannot start {}", binary.display()))?;
-    let (status, peak_mib) = wait_with_peak(child.id())?;
+    let (status, peak_mib) = wait_with_peak(child)?;
     let seconds = started.elapsed().as_secs_f64();
     ensure!(status == 0, "`frostline ingest` exited with status {status}");
     let label = format!("{:.2} GiB of JSON lines ({records} records)", bytes as f64 / GIB);
@@ -202,16 +202,26 @@ fn reading_line(n: usize, state: &mut u64) -> Result<Vec<u8>> {
     Ok(out)
 }
 
-/// Waits for a child and returns its exit status and peak resident set (`ru_maxrss`).
-fn wait_with_peak(pid: u32) -> Result<(i32, f64)> {
-    let mut status = 0;
-    // SAFETY: a zeroed rusage is a valid value for wait4 to fill.
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: wait4 on the pid of a child this process spawned and has not reaped.
-    let reaped = unsafe { libc::wait4(pid as libc::pid_t, &mut status, 0, &mut usage) };
-    ensure!(reaped == pid as libc::pid_t, "wait4 failed: {}", std::io::Error::last_os_error());
-    let code = if libc::WIFEXITED(status) { libc::WEXITSTATUS(status) } else { -1 };
-    Ok((code, usage.ru_maxrss as f64 * 1024.0 / MIB))
+/// Waits for a child and returns its exit status and peak resident set: `VmHWM` of its own
+/// image, read from /proc every few milliseconds until it exits. (`wait4`'s `ru_maxrss`
+/// would count the parent's pages the child shared between its spawn and its exec.)
+fn wait_with_peak(mut child: Child) -> Result<(i32, f64)> {
+    let status_path = PathBuf::from(format!("/proc/{}/status", child.id()));
+    let mut peak_mib: f64 = 0.0;
+    loop {
+        if let Some(status) = child.try_wait()? {
+            return Ok((status.code().unwrap_or(-1), peak_mib));
+        }
+        if let Ok(text) = std::fs::read_to_string(&status_path)
+            && let Some(kib) = text
+                .lines()
+                .find_map(|l| l.strip_prefix("VmHWM:"))
+                .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
+        {
+            peak_mib = peak_mib.max(kib * 1024.0 / MIB);
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }
 
 /// Rows of the `readings` table in archived buckets, once no bucket of it is left to archive.
