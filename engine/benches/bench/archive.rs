@@ -11,6 +11,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, ensure};
 use frostline::archive::Phase;
+use frostline::model::{Micros, Record};
 use sha2::{Digest as _, Sha256};
 
 use crate::data::{
@@ -134,7 +135,121 @@ pub fn archive(bench: &mut Bench) -> Result<()> {
         bench.push(restic);
         bench.push(against_restic);
     }
+    appends_during_a_pass(bench, &template, &runtime)
+}
+
+/// Records per append in the appends-during-a-pass figures.
+const LIVE_BATCH: usize = 1_000;
+/// Batches appended without a pass, for the baseline.
+const LIVE_BATCHES_BASELINE: usize = 100;
+/// Appends during a pass should run at >= 70% of the same without one.
+const LIVE_RATIO_MIN: f64 = 0.7;
+/// The slowest 1% of 1,000-record appends during a pass should take under 50 ms.
+const LIVE_P99_MS_MAX: f64 = 50.0;
+
+/// `Engine::append` of 1,000-record batches to today's bucket (never due) while a pass archives
+/// and cleans up the template's 32 buckets, against the same appends without a pass, in the
+/// same rounds: throughput and the 99th percentile of the latency.
+fn appends_during_a_pass(bench: &mut Bench, template: &Dirs, runtime: &tokio::runtime::Runtime) -> Result<()> {
+    let (mut alone_rates, mut live_rates, mut alone_p99, mut live_p99) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut next = 0usize;
+    let mut batch = |n: usize| -> Vec<Record> {
+        (0..n)
+            .map(|_| {
+                next += 1;
+                Record {
+                    partition_key: b"live".to_vec(),
+                    event_time: ARCHIVE_NOW_MICROS - 3_600_000_000 + next as Micros,
+                    sort_key: format!("live-{next:012}").into_bytes(),
+                    tenant: None,
+                    kind: None,
+                    body: format!("{{\"n\":{next}}}"),
+                }
+            })
+            .collect()
+    };
+    for _ in 0..bench.options.repeats {
+        let copy = template.copy()?;
+        let engine = copy.open(ARCHIVE_NOW_MICROS)?;
+        let mut alone = Vec::with_capacity(LIVE_BATCHES_BASELINE);
+        let started = Instant::now();
+        for _ in 0..LIVE_BATCHES_BASELINE {
+            let records = batch(LIVE_BATCH);
+            let t = Instant::now();
+            engine.append(DATASET_TABLE, records)?;
+            alone.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+        alone_rates.push((LIVE_BATCHES_BASELINE * LIVE_BATCH) as f64 / started.elapsed().as_secs_f64());
+        alone_p99.push(percentile(&mut alone, 0.99));
+
+        let done = std::sync::atomic::AtomicBool::new(false);
+        let mut live = Vec::new();
+        let live_seconds = std::thread::scope(|scope| -> Result<f64> {
+            let pass = scope.spawn(|| {
+                let report = runtime.block_on(passes_until_idle(&engine));
+                done.store(true, std::sync::atomic::Ordering::SeqCst);
+                report
+            });
+            let started = Instant::now();
+            while !done.load(std::sync::atomic::Ordering::SeqCst) {
+                let records = batch(LIVE_BATCH);
+                let t = Instant::now();
+                engine.append(DATASET_TABLE, records)?;
+                live.push(t.elapsed().as_secs_f64() * 1e3);
+            }
+            let seconds = started.elapsed().as_secs_f64();
+            let report = pass.join().expect("the pass thread panicked")?;
+            ensure!(report.errors.is_empty() && report.archived > 0, "the pass under appends: {report:?}");
+            Ok(seconds)
+        })?;
+        ensure!(live.len() >= 10, "only {} appends ran during the pass", live.len());
+        live_rates.push((live.len() * LIVE_BATCH) as f64 / live_seconds);
+        live_p99.push(percentile(&mut live, 0.99));
+    }
+    let alone = Figure::new(
+        bench.scenario,
+        format!("Engine::append of {LIVE_BATCH}-record batches, no pass running"),
+        Unit::RecordsPerSecond,
+        alone_rates,
+        LIVE_BATCH as u64,
+    );
+    let live = Figure::new(
+        bench.scenario,
+        format!("Engine::append of {LIVE_BATCH}-record batches while a pass archives and cleans up the 32 buckets"),
+        Unit::RecordsPerSecond,
+        live_rates,
+        LIVE_BATCH as u64,
+    )
+    .against(&alone)
+    .with_target(LIVE_RATIO_MIN, "appends during a pass run at >= 70% of the same without one");
+    let p99_alone = Figure::new(
+        bench.scenario,
+        format!("99th percentile latency of a {LIVE_BATCH}-record append, no pass running"),
+        Unit::Millis,
+        alone_p99,
+        1,
+    );
+    let p99_live = Figure::new(
+        bench.scenario,
+        format!("99th percentile latency of a {LIVE_BATCH}-record append while a pass runs"),
+        Unit::Millis,
+        live_p99,
+        1,
+    )
+    .with_limit(LIVE_P99_MS_MAX, "a 1,000-record append during a pass takes under 50 ms at the 99th percentile");
+    bench.push(alone);
+    bench.push(live);
+    bench.push(p99_alone);
+    bench.push(p99_live);
     Ok(())
+}
+
+/// The `q` quantile of `samples` (nearest rank).
+fn percentile(samples: &mut [f64], q: f64) -> f64 {
+    samples.sort_by(f64::total_cmp);
+    let rank = ((samples.len() as f64 * q).ceil() as usize).clamp(1, samples.len());
+    samples[rank - 1]
 }
 
 /// `restic` on the PATH and its version line, or why it cannot be used.
