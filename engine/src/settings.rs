@@ -25,6 +25,9 @@ pub const STORE_CACHE_MIB_MAX: u64 = 65_536;
 /// for a whole bucket, so appends interleave with the cleanup of a large bucket.
 pub const CLEANUP_SLICE_ROWS_DEFAULT: usize = 10_000;
 pub const CLEANUP_SLICE_ROWS_MAX: usize = 1_000_000;
+/// Buckets a pass works on at once (each under its own lease and fence); by default one per
+/// core the process may use.
+pub const ARCHIVE_CONCURRENCY_MAX: usize = 64;
 
 /// Settings that were replaced; setting one is refused with the way forward.
 const OBSOLETE: &[(&str, &str)] = &[
@@ -74,6 +77,9 @@ pub struct ArchiverArgs {
     /// Hot rows a cleanup deletes per transaction (1 to 1,000,000).
     #[arg(long, env = "ARCHIVER_CLEANUP_SLICE_ROWS", default_value_t = CLEANUP_SLICE_ROWS_DEFAULT)]
     pub cleanup_slice_rows: usize,
+    /// Buckets a pass works on at once (1 to 64; default: one per core).
+    #[arg(long, env = "ARCHIVER_CONCURRENCY")]
+    pub concurrency: Option<usize>,
 }
 
 impl Default for ArchiverArgs {
@@ -90,6 +96,7 @@ impl Default for ArchiverArgs {
             sweep_interval_seconds: SWEEP_INTERVAL_SECONDS_DEFAULT,
             store_cache_mib: STORE_CACHE_MIB_DEFAULT,
             cleanup_slice_rows: CLEANUP_SLICE_ROWS_DEFAULT,
+            concurrency: None,
         }
     }
 }
@@ -108,6 +115,7 @@ pub struct Settings {
     pub sweep_interval_us: Micros,
     pub store_cache_bytes: usize,
     pub cleanup_slice_rows: usize,
+    pub archive_concurrency: usize,
     /// Seeds the engine's random choices (owner tokens, hold ids, verify samples). `None` (the
     /// binary's setting) draws the seed from the operating system; tests and the simulation
     /// set it so a seed replays the same choices.
@@ -180,9 +188,19 @@ impl ArchiverArgs {
                 self.cleanup_slice_rows
             )));
         }
+        let archive_concurrency = match self.concurrency {
+            Some(n) if (1..=ARCHIVE_CONCURRENCY_MAX).contains(&n) => n,
+            Some(n) => {
+                return Err(Error::InvalidInput(format!(
+                    "ARCHIVER_CONCURRENCY must be 1 to {ARCHIVE_CONCURRENCY_MAX} (buckets at once), not {n}"
+                )));
+            }
+            None => std::thread::available_parallelism().map_or(1, |n| n.get()).min(ARCHIVE_CONCURRENCY_MAX),
+        };
         Ok(Settings {
             store_cache_bytes: (self.store_cache_mib * 1024 * 1024) as usize,
             cleanup_slice_rows: self.cleanup_slice_rows,
+            archive_concurrency,
             random_seed: None,
             tombstone_retention_us: positive("ARCHIVER_TOMBSTONE_RETENTION_SECONDS", self.tombstone_retention_seconds)?,
             orphan_grace_us: self.orphan_grace_seconds as i64 * MICROS_PER_SECOND,
@@ -225,6 +243,21 @@ mod tests {
             let error = args.validate_with(|_| None).unwrap_err().to_string();
             assert!(error.contains("ARCHIVER_CLEANUP_SLICE_ROWS must be 1 to 1000000"), "{error}");
         }
+    }
+
+    #[test]
+    fn concurrency_is_bounded_both_ways_and_defaults_to_the_cores() {
+        for n in [1, 4, ARCHIVE_CONCURRENCY_MAX] {
+            let args = ArchiverArgs { concurrency: Some(n), ..Default::default() };
+            assert_eq!(args.validate_with(|_| None).unwrap().archive_concurrency, n);
+        }
+        for n in [0, ARCHIVE_CONCURRENCY_MAX + 1] {
+            let args = ArchiverArgs { concurrency: Some(n), ..Default::default() };
+            let error = args.validate_with(|_| None).unwrap_err().to_string();
+            assert!(error.contains("ARCHIVER_CONCURRENCY must be 1 to 64"), "{error}");
+        }
+        let cores = std::thread::available_parallelism().unwrap().get().min(ARCHIVE_CONCURRENCY_MAX);
+        assert_eq!(Settings::default().archive_concurrency, cores);
     }
 
     #[test]

@@ -675,7 +675,10 @@ fn a_second_open_of_the_same_database_is_refused() {
 /// takes longer than the whole lease loses it, and a later pass completes.
 #[test]
 fn the_lease_is_renewed_on_the_engines_clock_and_lost_when_a_step_outlasts_it() {
-    let e = TestEngine::new(DAILY, "2024-03-10T00:00:00Z");
+    // One bucket at a time: a stall moves the one clock every concurrent claim runs on.
+    let settings = frostline::settings::Settings { archive_concurrency: 1, ..Default::default() };
+    let e = TestEngine::open_with_settings(DAILY, "2024-03-10T00:00:00Z", &[], Default::default(), settings)
+        .unwrap_or_else(|err| panic!("{err}"));
     let faulty = FaultyBackend::new(e.backend("r"));
     faulty.set_clock(e.clock.clone());
     e.with_backend("r", faulty.clone());

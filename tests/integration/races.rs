@@ -55,3 +55,35 @@ fn two_workers_racing_for_one_bucket_publish_exactly_once() {
     assert_eq!(meta.attempts, 0, "A's late deferral did not touch B's bucket");
     assert_eq!(e.query_all("r"), sorted(input));
 }
+
+/// A pass works on up to `ARCHIVER_CONCURRENCY` buckets at once, each under its own claim:
+/// uploads of different buckets overlap, every bucket is archived once (generation 1), and one
+/// bucket at a time never overlaps.
+#[test]
+fn a_pass_archives_several_buckets_at_once_each_under_its_own_claim() {
+    for concurrency in [1, 4] {
+        let settings = frostline::settings::Settings { archive_concurrency: concurrency, ..Default::default() };
+        let e = TestEngine::open_with_settings(DAILY, "2024-03-01T12:00:00Z", &[], Default::default(), settings)
+            .unwrap_or_else(|err| panic!("{err}"));
+        let input = records("2024-03-01T00:00:00Z", 8, 3);
+        e.engine.append("r", input.clone()).unwrap();
+        e.pass(); // plan
+        e.clock.set(t("2024-03-20T00:00:00Z"));
+        let faulty = FaultyBackend::new(e.backend("r"));
+        e.with_backend("r", faulty.clone());
+        // Every manifest upload takes a while, so buckets worked on at once overlap in it.
+        faulty.add(Op::Put, "manifest-", Fault::Delay(Duration::from_millis(100)), None);
+        let report = e.pass();
+        assert!(report.errors.is_empty(), "{report:?}");
+        let buckets = e.engine.store.buckets("r", None).unwrap();
+        assert_eq!(report.archived as usize, buckets.len(), "{report:?}");
+        assert!(buckets.iter().all(|b| b.state == BucketState::Archived { hot_deleted: true } && b.generation == 1));
+        if concurrency == 1 {
+            assert_eq!(faulty.puts_in_flight_max(), 1);
+        } else {
+            assert!(faulty.puts_in_flight_max() > 1, "uploads never overlapped");
+            assert!(faulty.puts_in_flight_max() <= concurrency);
+        }
+        assert_eq!(sorted(query_engine(&e.engine, "r")), sorted(input));
+    }
+}

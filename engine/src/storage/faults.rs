@@ -55,6 +55,9 @@ pub struct FaultyBackend {
     fired: Mutex<Vec<(Op, String, Fault)>>,
     reads: Mutex<Vec<String>>,
     clock: Mutex<Option<Arc<crate::clock::ManualClock>>>,
+    /// Uploads under way now, and the most there ever were at once.
+    puts_in_flight: std::sync::atomic::AtomicUsize,
+    puts_in_flight_max: std::sync::atomic::AtomicUsize,
 }
 
 impl FaultyBackend {
@@ -65,7 +68,14 @@ impl FaultyBackend {
             fired: Mutex::new(Vec::new()),
             reads: Mutex::new(Vec::new()),
             clock: Mutex::new(None),
+            puts_in_flight: Default::default(),
+            puts_in_flight_max: Default::default(),
         })
+    }
+
+    /// The most uploads that were ever under way at once (to observe concurrency).
+    pub fn puts_in_flight_max(&self) -> usize {
+        self.puts_in_flight_max.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// The clock that `Fault::Stall` advances.
@@ -123,6 +133,15 @@ impl FaultyBackend {
     }
 
     async fn put_with_faults(&self, key: &str, bytes: Bytes, staged: bool) -> Result<PutOutcome> {
+        use std::sync::atomic::Ordering::SeqCst;
+        let now = self.puts_in_flight.fetch_add(1, SeqCst) + 1;
+        self.puts_in_flight_max.fetch_max(now, SeqCst);
+        let outcome = self.put_with_faults_counted(key, bytes, staged).await;
+        self.puts_in_flight.fetch_sub(1, SeqCst);
+        outcome
+    }
+
+    async fn put_with_faults_counted(&self, key: &str, bytes: Bytes, staged: bool) -> Result<PutOutcome> {
         match self.take(Op::Put, key) {
             Some(Fault::Error) => Err(Self::injected(Op::Put, key)),
             Some(Fault::LandThenError) => {
