@@ -204,11 +204,31 @@ fn cleanup_refuses_when_hot_rows_differ_from_the_manifest() {
             Ok(())
         })
         .unwrap();
-    let err = store.cleanup(id.clone(), "w".into(), claimed.generation, e.clock.now(), 2).unwrap_err();
+    let err = clean_up(&store, &id, "w", claimed.generation, e.clock.now(), 2).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::DataCorruption, "{err}");
     assert!(err.to_string().contains("hot rows"), "{err}");
     assert_eq!(store.rows(&id, None, usize::MAX).unwrap().len(), rows.len() + 1, "nothing deleted");
     assert_eq!(store.bucket(&id).unwrap().unwrap().state, BucketState::Archived { hot_deleted: false });
+}
+
+/// A whole cleanup as a worker runs it: the proof, then slices until the last; the rows deleted.
+fn clean_up(
+    store: &frostline::store::Store,
+    id: &BucketId,
+    owner: &str,
+    generation: u64,
+    now: i64,
+    slice_rows: usize,
+) -> frostline::Result<u64> {
+    let published = store.prove_cleanup(id, owner, generation, now)?;
+    let mut deleted = 0;
+    loop {
+        let slice = store.cleanup_slice(id, owner, generation, now, published, slice_rows)?;
+        deleted += slice.deleted;
+        if slice.finished {
+            return Ok(deleted);
+        }
+    }
 }
 
 const LEASE_US: i64 = 60_000_000;
@@ -255,7 +275,7 @@ fn a_cleanup_cut_off_between_slices_is_finished_by_the_next_worker() {
     let b = store.claim(id.clone(), "B".into(), e.clock.now(), lease).unwrap().unwrap();
     let stale = store.cleanup_slice(&id, "A", a.generation, e.clock.now(), proven, 3);
     assert!(matches!(stale, Err(Error::LeaseLost { .. })), "{stale:?}");
-    assert_eq!(store.cleanup(id.clone(), "B".into(), b.generation, e.clock.now(), 3).unwrap(), 7);
+    assert_eq!(clean_up(&store, &id, "B", b.generation, e.clock.now(), 3).unwrap(), 7);
     let meta = store.bucket(&id).unwrap().unwrap();
     assert_eq!(meta.state, BucketState::Archived { hot_deleted: true });
     assert_eq!(meta.cleanup_proven, None);
@@ -275,13 +295,13 @@ fn a_stale_worker_can_neither_publish_nor_delete() {
     let manifest = |generation| manifest_of(&a.descriptor, generation, &rows);
     let stale = store.publish(id.clone(), "A".into(), a.generation, e.clock.now(), manifest(a.generation), "ma".into());
     assert!(matches!(stale, Err(Error::LeaseLost { .. })), "{stale:?}");
-    let stale = store.cleanup(id.clone(), "A".into(), a.generation, e.clock.now(), 2);
+    let stale = clean_up(&store, &id, "A", a.generation, e.clock.now(), 2);
     assert!(matches!(stale, Err(Error::LeaseLost { .. })), "{stale:?}");
     // A worker with the right owner but an old generation is refused too.
     let stale = store.publish(id.clone(), "B".into(), a.generation, e.clock.now(), manifest(a.generation), "ma".into());
     assert!(matches!(stale, Err(Error::LeaseLost { .. })), "{stale:?}");
     store.publish(id.clone(), "B".into(), b.generation, e.clock.now(), manifest(b.generation), "mb".into()).unwrap();
-    assert_eq!(store.cleanup(id.clone(), "B".into(), b.generation, e.clock.now(), 2).unwrap(), rows.len() as u64);
+    assert_eq!(clean_up(&store, &id, "B", b.generation, e.clock.now(), 2).unwrap(), rows.len() as u64);
     let meta = store.bucket(&id).unwrap().unwrap();
     assert_eq!(meta.manifest_key.as_deref(), Some("mb"));
     assert_eq!(meta.state, BucketState::Archived { hot_deleted: true });

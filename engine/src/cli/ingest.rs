@@ -66,7 +66,7 @@ pub fn validate(file: Option<&str>) -> anyhow::Result<Validation> {
                 if text.trim_ascii().is_empty() {
                     continue;
                 }
-                check(text)
+                parse(text).map(drop)
             }
             Line::TooLong => Err(format!("longer than {INGEST_LINE_BYTES_MAX} bytes")),
         };
@@ -94,9 +94,10 @@ pub fn validate(file: Option<&str>) -> anyhow::Result<Validation> {
     Ok(Validation::Valid(Validated { input, records }))
 }
 
-fn check(text: &[u8]) -> Result<(), String> {
+/// One non-blank line as a record, or why it is not one.
+fn parse(text: &[u8]) -> Result<Record, String> {
     let text = std::str::from_utf8(text).map_err(|e| format!("not UTF-8: {e}"))?;
-    parse_line(text).map(drop).map_err(|e| e.to_string())
+    parse_line(text).map_err(|e| e.to_string())
 }
 
 /// The second pass: reads the validated lines again and hands them to `append` in batches
@@ -131,9 +132,7 @@ pub fn append_batches(
         if line.trim_ascii().is_empty() {
             continue;
         }
-        let record = std::str::from_utf8(line)
-            .map_err(|e| e.to_string())
-            .and_then(|l| parse_line(l).map_err(|e| e.to_string()))
+        let record = parse(line)
             .map_err(|e| anyhow::anyhow!("line {number} changed since it was validated ({e}); stopped there"))?;
         if records.len() == INGEST_BATCH_RECORDS_MAX || text.len() + line.len() + 1 > HTTP_BODY_BYTES_MAX {
             flush(&mut records, &mut text)?;

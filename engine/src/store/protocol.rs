@@ -310,28 +310,6 @@ impl Store {
         })
     }
 
-    /// Deletes the hot rows of a published bucket, in fenced transactions of at most
-    /// `slice_rows` rows each, so the single writer is never held for a whole bucket.
-    ///
-    /// First the proof: in a read transaction the rows are summed and checked against the
-    /// manifest's count, key range and checksum (invariant 9); then a fenced transaction
-    /// records the proof with the bucket (`cleanup_proven`). A published bucket accepts no
-    /// appends, so its rows cannot change after the proof; a cleanup that resumes after a
-    /// crash or a takeover finds the proof recorded and goes on deleting what is left. The
-    /// transaction that deletes the last slice moves the bucket to `Archived{hot_deleted:
-    /// true}`. Returns the rows this call deleted.
-    pub fn cleanup(&self, id: BucketId, owner: String, generation: u64, now: Micros, slice_rows: usize) -> Result<u64> {
-        let published = self.prove_cleanup(&id, &owner, generation, now)?;
-        let mut deleted = 0;
-        loop {
-            let slice = self.cleanup_slice(&id, &owner, generation, now, published, slice_rows)?;
-            deleted += slice.deleted;
-            if slice.finished {
-                return Ok(deleted);
-            }
-        }
-    }
-
     /// One slice of a cleanup proven against the manifest of generation `published`: deletes
     /// at most `slice_rows` hot rows, under the fence; the slice that deletes the last row
     /// moves the bucket to `Archived{hot_deleted:true}`.
@@ -385,8 +363,14 @@ impl Store {
         })
     }
 
-    /// The proof a cleanup starts from (see `cleanup`): returns the generation of the published
-    /// manifest the hot rows were proven against, recording it with the bucket.
+    /// A cleanup deletes the hot rows of a published bucket in fenced transactions of at most
+    /// a slice each (`cleanup_slice`), so the single writer is never held for a whole bucket.
+    /// This is its first step, the proof: in a read transaction the rows are summed and checked
+    /// against the manifest's count, key range and checksum (invariant 9); then a fenced
+    /// transaction records the proof with the bucket (`cleanup_proven`). A published bucket
+    /// accepts no appends, so its rows cannot change after the proof; a cleanup that resumes
+    /// after a crash or a takeover finds the proof recorded and goes on deleting what is left.
+    /// Returns the generation of the published manifest the rows were proven against.
     pub fn prove_cleanup(&self, id: &BucketId, owner: &str, generation: u64, now: Micros) -> Result<u64> {
         let read = self.snapshot()?;
         let meta = read.bucket(id)?.ok_or_else(|| Error::Internal(format!("no bucket {id}")))?;

@@ -247,7 +247,7 @@ pub struct BucketMeta {
     #[serde(default)]
     pub plan_basis: Option<PlanBasis>,
     /// The generation of the published manifest the hot rows were proven to match, once a
-    /// cleanup has proven it; the cleanup then deletes them slice by slice (`Store::cleanup`).
+    /// cleanup has proven it; the cleanup then deletes them slice by slice (`Store::prove_cleanup`, `Store::cleanup_slice`).
     #[serde(default)]
     pub cleanup_proven: Option<u64>,
 }
