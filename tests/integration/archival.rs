@@ -188,7 +188,8 @@ fn cleanup_refuses_when_hot_rows_differ_from_the_manifest() {
     let manifest = manifest_of(&claimed.descriptor, claimed.generation, &rows);
     store.publish(id.clone(), "w".into(), claimed.generation, e.clock.now(), manifest, "m".into()).unwrap();
     // An extra row appears (a bug elsewhere) after the manifest was made.
-    let extra_key = frostline::store::schema::record_key(&id, claimed.descriptor.start + 1, b"extra");
+    let extra_key = frostline::store::schema::row_key(claimed.descriptor.start + 1, b"extra");
+    let table = frostline::store::schema::rows_table_name(&id);
     let value = frostline::store::schema::encode_value(&frostline::store::schema::StoredRow {
         tenant: None,
         kind: None,
@@ -197,7 +198,7 @@ fn cleanup_refuses_when_hot_rows_differ_from_the_manifest() {
     .unwrap();
     store
         .write(move |txn| {
-            txn.open_table(frostline::store::schema::RECORDS)
+            txn.open_table(frostline::store::schema::rows_table(&table))
                 .unwrap()
                 .insert(extra_key.as_slice(), value.as_slice())
                 .unwrap();
@@ -229,6 +230,70 @@ fn clean_up(
             return Ok(deleted);
         }
     }
+}
+
+/// The names of the hot store's rows tables (one per bucket with hot rows).
+fn rows_tables(store: &frostline::store::Store) -> Vec<String> {
+    use redb::TableHandle as _;
+    store
+        .write(|txn| {
+            Ok(txn.list_tables().unwrap().map(|t| t.name().to_string()).filter(|n| n.starts_with("rows ")).collect())
+        })
+        .unwrap()
+}
+
+/// Schema 2 keeps each bucket's rows in a table of its own. A cleanup with at most two slices
+/// of rows left drops the table in one transaction (on schema 1, 10 rows in slices of 5 took
+/// two slices); a larger bucket is deleted slice by slice until then. Either way the bucket's
+/// table is gone afterwards and the other buckets' rows are untouched.
+#[test]
+fn a_cleanup_drops_a_small_buckets_rows_table_whole_and_slices_a_large_one() {
+    for (rows, slices) in [
+        (10usize, vec![(10, true)]),
+        (11, vec![(5, false), (6, true)]),
+        (23, vec![(5, false), (5, false), (5, false), (8, true)]),
+    ] {
+        // Three partitions of `rows` rows each: the first bucket (p0) is cleaned up.
+        let (e, id, a) = one_bucket_claimed_by_a(records("2024-03-01T00:00:00Z", 1, rows as i64 * 3));
+        let store = e.engine.store.clone();
+        let hot = store.rows(&id, None, usize::MAX).unwrap();
+        assert_eq!(hot.len(), rows);
+        assert!(rows_tables(&store).contains(&frostline::store::schema::rows_table_name(&id)));
+        let others = rows_tables(&store).len() - 1;
+        assert_eq!(others, 2);
+        let manifest = manifest_of(&a.descriptor, a.generation, &hot);
+        store.publish(id.clone(), "A".into(), a.generation, e.clock.now(), manifest, "m".into()).unwrap();
+        let proven = store.prove_cleanup(&id, "A", a.generation, e.clock.now()).unwrap();
+        let mut done = Vec::new();
+        loop {
+            let slice = store.cleanup_slice(&id, "A", a.generation, e.clock.now(), proven, 5).unwrap();
+            done.push((slice.deleted, slice.finished));
+            if slice.finished {
+                break;
+            }
+        }
+        assert_eq!(done, slices, "{rows} rows");
+        assert!(store.rows(&id, None, usize::MAX).unwrap().is_empty());
+        assert!(!rows_tables(&store).contains(&frostline::store::schema::rows_table_name(&id)), "the table is gone");
+        assert_eq!(rows_tables(&store).len(), others, "the other buckets keep their tables");
+        assert_eq!(store.bucket(&id).unwrap().unwrap().state, BucketState::Archived { hot_deleted: true });
+    }
+}
+
+/// A refused batch leaves no trace, not even an empty rows table for a bucket it would have
+/// made.
+#[test]
+fn a_refused_batch_leaves_no_rows_table_behind() {
+    let e = TestEngine::new(DAILY, "2024-03-10T00:00:00Z");
+    let first = records("2024-03-01T00:00:00Z", 1, 1);
+    e.engine.append("r", first.clone()).unwrap();
+    let tables = rows_tables(&e.engine.store);
+    let mut batch = records("2024-03-02T00:00:00Z", 1, 1);
+    batch.push(Record { body: r#"{"changed":1}"#.into(), ..first[0].clone() });
+    assert_eq!(e.engine.append("r", batch).unwrap_err().kind(), ErrorKind::Conflict);
+    assert_eq!(rows_tables(&e.engine.store), tables);
+    assert_eq!(e.engine.store.buckets("r", None).unwrap().len(), 1);
+    assert_eq!(e.query_all("r"), first);
 }
 
 const LEASE_US: i64 = 60_000_000;
@@ -417,13 +482,14 @@ fn rows_stored_in_the_older_named_form_read_and_deduplicate_unchanged() {
     // Rows were first stored as named MessagePack maps; they are now written as arrays. A row
     // in the older form reads back, an identical append is a duplicate that leaves its bytes
     // as they were, and a different body is a conflict.
-    use frostline::store::schema::{RECORDS, StoredRow, encode_value, record_key};
+    use frostline::store::schema::{StoredRow, encode_value, row_key, rows_table, rows_table_name};
     use redb::ReadableTable as _;
     let e = TestEngine::new(DAILY, "2024-03-10T00:00:00Z");
     let input = records("2024-03-01T00:00:00Z", 1, 1);
     e.engine.append("r", input.clone()).unwrap();
     let id = e.engine.store.buckets("r", None).unwrap()[0].id.clone();
-    let key = record_key(&id, input[0].event_time, &input[0].sort_key);
+    let key = row_key(input[0].event_time, &input[0].sort_key);
+    let table = rows_table_name(&id);
     let named = encode_value(&StoredRow {
         tenant: input[0].tenant.clone(),
         kind: input[0].kind.clone(),
@@ -431,19 +497,19 @@ fn rows_stored_in_the_older_named_form_read_and_deduplicate_unchanged() {
     })
     .unwrap();
     let stored_bytes = |e: &TestEngine| {
-        let key = key.clone();
+        let (key, table) = (key.clone(), table.clone());
         e.engine
             .store
             .write(move |txn| {
-                Ok(txn.open_table(RECORDS).unwrap().get(key.as_slice()).unwrap().unwrap().value().to_vec())
+                Ok(txn.open_table(rows_table(&table)).unwrap().get(key.as_slice()).unwrap().unwrap().value().to_vec())
             })
             .unwrap()
     };
-    let (k, v) = (key.clone(), named.clone());
+    let (k, v, name) = (key.clone(), named.clone(), table.clone());
     e.engine
         .store
         .write(move |txn| {
-            txn.open_table(RECORDS).unwrap().insert(k.as_slice(), v.as_slice()).unwrap();
+            txn.open_table(rows_table(&name)).unwrap().insert(k.as_slice(), v.as_slice()).unwrap();
             Ok(())
         })
         .unwrap();
@@ -669,8 +735,7 @@ fn a_newer_schema_is_refused_with_a_clear_message() {
 }
 
 #[test]
-fn a_database_written_by_schema_1_opens_and_reads() {
-    // Compatibility: a data directory made by this schema version reopens with its rows.
+fn a_database_written_by_this_schema_reopens_with_its_rows() {
     let e = TestEngine::new(DAILY, "2024-03-10T00:00:00Z");
     let input = records("2024-03-01T00:00:00Z", 1, 5);
     e.engine.append("r", input).unwrap();
@@ -678,6 +743,152 @@ fn a_database_written_by_schema_1_opens_and_reads() {
     drop(e.engine);
     let store = frostline::store::Store::open(&path).unwrap();
     assert_eq!(store.buckets("r", None).unwrap().iter().map(|b| b.row_count).sum::<u64>(), 5);
+}
+
+/// Where the fixture's archive must be: its manifests record the target `local` at this URL.
+const SCHEMA_1_ARCHIVE: &str = "/tmp/frostline-fixture-schema-1/archive";
+
+/// A copy of `tests/fixtures/schema-1` (a data directory written by schema 1, see its README)
+/// in a fresh directory, `(dir, data, policies)`, with its archive put back where its
+/// manifests say it is (every copy of the fixture shares those read-only objects).
+fn schema_1_fixture() -> (tempfile::TempDir, std::path::PathBuf, std::path::PathBuf) {
+    fn copy(from: &std::path::Path, to: &std::path::Path) {
+        std::fs::create_dir_all(to).unwrap();
+        for entry in std::fs::read_dir(from).unwrap() {
+            let entry = entry.unwrap();
+            if entry.file_type().unwrap().is_dir() {
+                copy(&entry.path(), &to.join(entry.file_name()));
+            } else {
+                // Written aside and renamed: a test reading the shared archive never sees a
+                // half-copied object.
+                let aside = to.join(format!(".{}.{}", entry.file_name().to_string_lossy(), std::process::id()));
+                std::fs::copy(entry.path(), &aside).unwrap();
+                std::fs::rename(&aside, to.join(entry.file_name())).unwrap();
+            }
+        }
+    }
+    let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/schema-1");
+    let dir = tempfile::tempdir().unwrap();
+    copy(&fixture.join("data"), &dir.path().join("data"));
+    copy(&fixture.join("policies"), &dir.path().join("policies"));
+    copy(&fixture.join("archive"), std::path::Path::new(SCHEMA_1_ARCHIVE));
+    let (data, policies) = (dir.path().join("data"), dir.path().join("policies"));
+    (dir, data, policies)
+}
+
+/// What `frostline query` answers for every record of the fixture's table, as the schema-1
+/// binary was asked when the fixture was made.
+fn query_fixture(data: &std::path::Path, policies: &std::path::Path) -> String {
+    let (data, policies) = (data.to_str().unwrap(), policies.to_str().unwrap());
+    let out = run_frostline(&[
+        "query",
+        "--data",
+        data,
+        "--policies",
+        policies,
+        "--table",
+        "r",
+        "--from",
+        "2000-01-01T00:00:00Z",
+        "--to",
+        "2100-01-01T00:00:00Z",
+        "--limit",
+        "1000",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    text(&out.stdout)
+}
+
+fn schema_1_answer() -> String {
+    let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/schema-1/query.jsonl");
+    std::fs::read_to_string(fixture).unwrap()
+}
+
+/// The schema version a database records, and whether schema 1's `records` table is in it.
+fn schema_of(data: &std::path::Path) -> (u32, bool) {
+    use redb::{ReadableDatabase as _, TableHandle as _};
+    let db = redb::Database::open(data.join("hot.redb")).unwrap();
+    let read = db.begin_read().unwrap();
+    let meta = read.open_table(frostline::store::schema::META).unwrap();
+    let version = u32::from_be_bytes(meta.get("schema_version").unwrap().unwrap().value().try_into().unwrap());
+    let records = read.list_tables().unwrap().any(|t| t.name() == "records");
+    (version, records)
+}
+
+/// Upgrade path: a data directory written by schema 1 (every hot row in one `records` table,
+/// made by 64ac5b4) is upgraded in place by the first open. The query answers byte for byte
+/// what the schema-1 binary answered, no `records` table is left, and the hot buckets then
+/// archive and clean up as schema-2 buckets (their tables dropped).
+#[test]
+fn a_data_directory_written_by_schema_1_is_upgraded_in_place() {
+    let (_dir, data, policies) = schema_1_fixture();
+    assert_eq!(schema_of(&data), (1, true));
+    assert_eq!(query_fixture(&data, &policies), schema_1_answer());
+    assert_eq!(schema_of(&data), (2, false));
+    assert_eq!(query_fixture(&data, &policies), schema_1_answer(), "a second open changes nothing");
+
+    // The hot buckets go to a target of this test's own ("targets move, archives stay": the
+    // fixture's archives are still read on `local`, which stays declared).
+    let fresh = format!("file://{}", data.parent().unwrap().join("fresh").display());
+    let policy = std::fs::read_to_string(policies.join("tables.toml")).unwrap().replace(
+        "[[table]]\nid = \"r\"",
+        &format!("[[target]]\nname = \"fresh\"\nurl = \"{fresh}\"\n\n[[table]]\nid = \"r\"\ntarget = \"fresh\""),
+    );
+    assert!(policy.contains("target = \"fresh\""), "{policy}");
+    std::fs::write(policies.join("tables.toml"), policy).unwrap();
+    let clock = frostline::clock::ManualClock::new(t("2026-12-10T00:00:00Z"));
+    let engine =
+        frostline::engine::Engine::open_with(&data, &policies, Default::default(), clock, Default::default()).unwrap();
+    assert_eq!(rows_tables(&engine.store).len(), 3, "one table per hot bucket");
+    // Passes plan the hot buckets (with their new target), then archive them.
+    let reports: Vec<_> = (0..3).map(|_| run_pass(&engine)).collect();
+    assert!(reports.iter().all(|r| r.errors.is_empty()), "{reports:?}");
+    assert_eq!(reports.iter().map(|r| r.archived).sum::<u64>(), 3, "{reports:?}");
+    assert!(rows_tables(&engine.store).is_empty());
+    drop(engine);
+    assert_eq!(query_fixture(&data, &policies), schema_1_answer());
+}
+
+/// An upgrade cut short (the process died after recording version 2 and moving some rows) is
+/// finished by the next open: each row was in exactly one of the two places, and all of them
+/// read back.
+#[test]
+fn a_schema_upgrade_cut_short_goes_on_at_the_next_open() {
+    use redb::ReadableTable as _;
+    let (_dir, data, policies) = schema_1_fixture();
+    {
+        let db = redb::Database::open(data.join("hot.redb")).unwrap();
+        let txn = db.begin_write().unwrap();
+        txn.open_table(frostline::store::schema::META)
+            .unwrap()
+            .insert("schema_version", 2u32.to_be_bytes().as_slice())
+            .unwrap();
+        // Move the first bucket's rows as the upgrade does, and stop.
+        let mut records = txn.open_table(frostline::store::schema::SCHEMA_1_RECORDS).unwrap();
+        let first: Vec<(Vec<u8>, Vec<u8>)> = records
+            .iter()
+            .unwrap()
+            .take(2)
+            .map(|e| e.unwrap())
+            .map(|(k, v)| (k.value().to_vec(), v.value().to_vec()))
+            .collect();
+        assert_eq!(first.len(), 2);
+        for (key, value) in &first {
+            let mut reader = frostline::store::encoding::Reader::new(key);
+            let id = BucketId::decode(&mut reader).unwrap();
+            let name = frostline::store::schema::rows_table_name(&id);
+            txn.open_table(frostline::store::schema::rows_table(&name))
+                .unwrap()
+                .insert(reader.rest(), value.as_slice())
+                .unwrap();
+            records.remove(key.as_slice()).unwrap();
+        }
+        drop(records);
+        txn.commit().unwrap();
+    }
+    assert_eq!(schema_of(&data), (2, true));
+    assert_eq!(query_fixture(&data, &policies), schema_1_answer());
+    assert_eq!(schema_of(&data), (2, false));
 }
 
 #[test]

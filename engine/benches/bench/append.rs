@@ -17,7 +17,7 @@ use frostline::model::{BucketDescriptor, Micros, Record};
 use frostline::policy::{PolicySet, TablePolicy};
 use frostline::store::schema::{self, BucketId, BucketMeta, StoredRow};
 use frostline::store::{AppendBatch, PreparedRow};
-use redb::{ReadableDatabase as _, ReadableTable as _, ReadableTableMetadata as _};
+use redb::{ReadableDatabase as _, ReadableTable as _, ReadableTableMetadata as _, TableHandle as _};
 
 use crate::data::{APPEND_NOW_MICROS, DATASET_TABLE, Dirs, dataset, policy_toml, release_binary};
 use crate::harness::{Bench, Figure, Phases, Unit, lap, median, push_phases};
@@ -244,7 +244,8 @@ fn ingest_through_cli(binary: &Path, input: &Path, empty: &Path, policy: &str, c
 }
 
 /// Plain redb doing, one step at a time, what the store's append does beyond the baseline's
-/// insert: level 1 writes the store's record keys and MessagePack values, level 2 also checks
+/// insert: level 1 writes the store's row keys and MessagePack values into each bucket's rows
+/// table, level 2 also checks
 /// the value each insert hands back (the duplicate check), level 3 also reads, updates and writes the
 /// metadata of every bucket a batch touches (`metas`: the store's metadata of these buckets,
 /// used as the new buckets' first version). Level 0 is the baseline. Seconds for all records.
@@ -263,7 +264,7 @@ fn append_store_shaped(records: &[Record], metas: &HashMap<BucketId, BucketMeta>
     {
         let txn = db.begin_write()?;
         {
-            let mut rows = txn.open_table(schema::RECORDS)?;
+            let mut tables: HashMap<String, redb::Table<&[u8], &[u8]>> = HashMap::new();
             let mut touched: HashMap<BucketId, (BucketDescriptor, u64, u64)> = HashMap::new();
             for (r, descriptor) in batch.iter().zip(batch_descriptors) {
                 let id = BucketId {
@@ -271,7 +272,13 @@ fn append_store_shaped(records: &[Record], metas: &HashMap<BucketId, BucketMeta>
                     partition_key: r.partition_key.clone(),
                     bucket_key: descriptor.key.clone(),
                 };
-                let key = schema::record_key(&id, r.event_time, &r.sort_key);
+                let name = schema::rows_table_name(&id);
+                if !tables.contains_key(&name) {
+                    let table = txn.open_table(schema::rows_table(&name))?;
+                    tables.insert(name.clone(), table);
+                }
+                let rows = tables.get_mut(&name).expect("opened above");
+                let key = schema::row_key(r.event_time, &r.sort_key);
                 let value = schema::encode_row(&StoredRow {
                     tenant: r.tenant.clone(),
                     kind: r.kind.clone(),
@@ -311,7 +318,13 @@ fn append_store_shaped(records: &[Record], metas: &HashMap<BucketId, BucketMeta>
         txn.commit()?;
     }
     let seconds = start.elapsed().as_secs_f64();
-    let stored = db.begin_read()?.open_table(schema::RECORDS)?.len()?;
+    let read = db.begin_read()?;
+    let mut stored = 0;
+    for handle in read.list_tables()? {
+        if handle.name().starts_with("rows ") {
+            stored += read.open_table(schema::rows_table(handle.name()))?.len()?;
+        }
+    }
     ensure!(stored == records.len() as u64, "redb holds {stored} of {} records", records.len());
     Ok(seconds)
 }

@@ -35,6 +35,7 @@ mod data;
 mod footprint;
 mod formats;
 mod harness;
+mod layout;
 mod native;
 mod plugins;
 mod read;
@@ -76,6 +77,11 @@ const SCENARIOS: &[Scenario] = &[
         name: "archive",
         about: "archive throughput of run_pass to the local-directory target against the floor for the same bytes (write, fsync, read back, SHA-256), and against restic backing up the same records as files",
         run: archive::archive,
+    },
+    Scenario {
+        name: "hot-layout",
+        about: "deleting archived buckets' hot rows from redb: key by key from one table (schema 1), redb's range primitives, and dropping a table per bucket (schema 2), with the longest write transaction of each",
+        run: layout::hot_layout,
     },
     Scenario {
         name: "formats",

@@ -167,13 +167,12 @@ fn release_hot_rows_held_by(
         .iter()
         .map(|r| (r.event_time, r.sort_key.as_slice(), r.tenant.as_deref(), r.kind.as_deref(), r.body.as_str()))
         .collect();
-    let mut records = txn.open_table(RECORDS)?;
-    let prefix = id.encode();
-    let end = encoding::prefix_end(&prefix);
-    let mut keys = Vec::new();
-    for entry in records.range(prefix.as_slice()..end.as_slice())? {
+    let name = rows_table_name(id);
+    let records = txn.open_table(rows_table(&name))?;
+    let mut rows = 0;
+    for entry in records.iter()? {
         let (k, v) = entry?;
-        let (event_time, sort_key) = decode_record_suffix(bucket_suffix(id, &prefix, k.value())?)?;
+        let (event_time, sort_key) = decode_row_key(k.value())?;
         let row = decode_row_ref(v.value())?;
         if !archived.contains(&(event_time, sort_key.as_slice(), row.tenant, row.kind, row.body)) {
             return Ok(Err(format!(
@@ -182,10 +181,10 @@ fn release_hot_rows_held_by(
                 String::from_utf8_lossy(&sort_key)
             )));
         }
-        keys.push(k.value().to_vec());
+        rows += 1;
     }
-    for key in &keys {
-        records.remove(key.as_slice())?;
-    }
-    Ok(Ok(keys.len() as u64))
+    drop(records);
+    // Every row is in the archive: the bucket's rows table goes whole.
+    txn.delete_table(rows_table(&name))?;
+    Ok(Ok(rows))
 }

@@ -48,7 +48,6 @@ pub struct AppendOutcome {
 /// leaves no trace: its buckets are checked before any row is written, and a row that
 /// conflicts with a stored one undoes the rows written before it.
 pub(super) fn apply_batch(txn: &WriteTransaction, batch: &AppendBatch) -> Result<AppendOutcome> {
-    let mut records = txn.open_table(RECORDS)?;
     let mut buckets = txn.open_table(BUCKETS)?;
     let mut by_time = txn.open_table(BUCKETS_BY_TIME)?;
 
@@ -73,7 +72,7 @@ pub(super) fn apply_batch(txn: &WriteTransaction, batch: &AppendBatch) -> Result
             first_rows.push(row);
             ids.len() - 1
         });
-        let key = record_key_in(&prefixes[index], row.record.event_time, &row.record.sort_key);
+        let key = row_key(row.record.event_time, &row.record.sort_key);
         let value = encode_row(&StoredRowView::of(row))?;
         rows.push((index, key, value, row));
     }
@@ -142,17 +141,32 @@ pub(super) fn apply_batch(txn: &WriteTransaction, batch: &AppendBatch) -> Result
     // row from a duplicate (the same stored row, accepted unchanged) or a conflict (another
     // body). A conflict, or any error, undoes this batch's rows before it is refused: the
     // transaction may carry other batches, and a refused batch must leave no trace.
+    // Each bucket's rows go to its own table (created with the bucket's first row).
+    let names: Vec<String> = ids.iter().map(rows_table_name).collect();
+    let mut tables = Vec::with_capacity(names.len());
+    for name in &names {
+        tables.push(txn.open_table(rows_table(name))?);
+    }
     let mut inserted: Vec<usize> = Vec::with_capacity(rows.len());
-    let applied = insert_rows(&mut records, &ids, &rows, &mut inserted);
+    let applied = insert_rows(&mut tables, &ids, &rows, &mut inserted);
     let duplicates = match applied {
         Ok(duplicates) => duplicates,
         Err(e) => {
             for &i in &inserted {
-                records.remove(rows[i].1.as_slice())?;
+                let (index, key, _, _) = &rows[i];
+                tables[*index].remove(key.as_slice())?;
+            }
+            drop(tables);
+            // A new bucket's table was made by this batch alone: it goes with it.
+            for (name, (_, is_new)) in names.iter().zip(&metas) {
+                if *is_new {
+                    txn.delete_table(rows_table(name))?;
+                }
             }
             return Err(e);
         }
     };
+    drop(tables);
     for &i in &inserted {
         let (index, _, _, row) = &rows[i];
         let (meta, _) = &mut metas[*index];
@@ -181,13 +195,14 @@ pub(super) fn apply_batch(txn: &WriteTransaction, batch: &AppendBatch) -> Result
 /// by an older version may encode the same content differently); a conflict puts them back
 /// and is returned as the error. The caller undoes `inserted` on any error.
 pub(super) fn insert_rows(
-    records: &mut redb::Table<&'static [u8], &'static [u8]>,
+    tables: &mut [RowsTable<'_>],
     ids: &[BucketId],
     rows: &[(usize, Vec<u8>, Vec<u8>, &PreparedRow)],
     inserted: &mut Vec<usize>,
 ) -> Result<u64> {
     let mut duplicates = 0;
     for (i, (index, key, value, row)) in rows.iter().enumerate() {
+        let records = &mut tables[*index];
         let previous = records.insert(key.as_slice(), value.as_slice())?.map(|v| v.value().to_vec());
         let Some(previous) = previous else {
             inserted.push(i);

@@ -79,6 +79,11 @@ impl<'a> Reader<'a> {
     pub fn is_empty(&self) -> bool {
         self.rest.is_empty()
     }
+
+    /// The bytes not read yet.
+    pub fn rest(&self) -> &'a [u8] {
+        self.rest
+    }
 }
 
 /// The smallest key greater than every key that starts with `prefix`.

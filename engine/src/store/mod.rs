@@ -12,7 +12,8 @@
 //! fenced transitions of archival and expiry), `holds`, `outbox`; this file opens the store and
 //! keeps the helpers every transaction shares (a bucket's metadata loaded, saved and
 //! rescheduled through the lifecycle model, leases, table state). `schema` holds the tables
-//! and their values, `encoding` the order-preserving keys.
+//! and their values, `encoding` the order-preserving keys, `upgrade` the move from an older
+//! schema.
 //!
 //! Imports the core (`model`, `error`) and `format`'s manifest type; knows nothing of plugins,
 //! object storage or the API.
@@ -25,6 +26,7 @@ mod outbox;
 mod protocol;
 mod reads;
 pub mod schema;
+mod upgrade;
 mod writer;
 
 pub use self::adopt::{Adoption, VerifiedArchive};
@@ -158,12 +160,14 @@ fn load_tombstone(txn: &WriteTransaction, id: &BucketId) -> Result<Option<Tombst
 
 fn init_schema(db: &Database) -> Result<()> {
     let txn = db.begin_write()?;
+    let stored_version;
     {
         let mut meta = txn.open_table(META)?;
         let stored = meta.get(META_SCHEMA_VERSION)?.map(|v| v.value().to_vec());
         match stored {
             None => {
                 meta.insert(META_SCHEMA_VERSION, SCHEMA_VERSION.to_be_bytes().as_slice())?;
+                stored_version = SCHEMA_VERSION;
             }
             Some(bytes) => {
                 let version = u32::from_be_bytes(
@@ -175,6 +179,7 @@ fn init_schema(db: &Database) -> Result<()> {
                          run a newer frostline"
                     )));
                 }
+                stored_version = version;
             }
         }
         if meta.get(META_INSTALLATION_ID)?.is_none() {
@@ -185,7 +190,6 @@ fn init_schema(db: &Database) -> Result<()> {
         }
         // Create every table so readers never meet a missing one.
         txn.open_table(TABLES)?;
-        txn.open_table(RECORDS)?;
         txn.open_table(BUCKETS)?;
         txn.open_table(BUCKETS_BY_TIME)?;
         txn.open_table(DUE)?;
@@ -197,7 +201,8 @@ fn init_schema(db: &Database) -> Result<()> {
         txn.open_table(HOLDS)?;
         txn.open_table(TOMBSTONES)?;
     }
-    Ok(txn.commit()?)
+    txn.commit()?;
+    upgrade::upgrade(db, stored_version)
 }
 
 fn load_meta(txn: &WriteTransaction, id: &BucketId) -> Result<BucketMeta> {

@@ -204,33 +204,38 @@ pub(super) fn scan_rows(
     after: Option<(Micros, &[u8])>,
     limit: usize,
 ) -> Result<Vec<Record>> {
-    let prefix = id.encode();
-    let end = encoding::prefix_end(&prefix);
-    let start = match after {
-        Some((t, sort_key)) => {
-            let mut k = record_key(id, t, sort_key);
-            k.push(0); // strictly after
-            k
-        }
-        None => prefix.clone(),
-    };
     let mut out = Vec::new();
-    for entry in table.range(start.as_slice()..end.as_slice())?.take(limit) {
+    let rows = match after {
+        Some((t, sort_key)) => {
+            let mut start = row_key(t, sort_key);
+            start.push(0); // strictly after
+            table.range(start.as_slice()..)?
+        }
+        None => table.range::<&[u8]>(..)?,
+    };
+    for entry in rows.take(limit) {
         let (k, v) = entry?;
-        out.push(bucket_row(id, &prefix, k.value(), v.value())?);
+        out.push(bucket_row(id, k.value(), v.value())?);
     }
     Ok(out)
 }
 
-/// The part of a record key of bucket `id` after the bucket's encoded `prefix`.
-pub(super) fn bucket_suffix<'k>(id: &BucketId, prefix: &[u8], key: &'k [u8]) -> Result<&'k [u8]> {
-    key.strip_prefix(prefix)
-        .ok_or_else(|| Error::Corruption(format!("a record key under bucket {id} lacks the bucket's prefix")))
+/// A bucket's rows table in a read transaction; `None` when the bucket has no hot rows (its
+/// table is made with its first row and dropped by its cleanup).
+pub(super) fn open_rows(
+    txn: &redb::ReadTransaction,
+    id: &BucketId,
+) -> Result<Option<redb::ReadOnlyTable<&'static [u8], &'static [u8]>>> {
+    match txn.open_table(rows_table(&rows_table_name(id))) {
+        Ok(table) => Ok(Some(table)),
+        Err(redb::TableError::TableDoesNotExist(_)) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
 }
 
-/// A row of bucket `id` (whose encoded prefix is `prefix`) from its key and stored value.
-pub(super) fn bucket_row(id: &BucketId, prefix: &[u8], key: &[u8], value: &[u8]) -> Result<Record> {
-    let (event_time, sort_key) = decode_record_suffix(bucket_suffix(id, prefix, key)?)?;
+/// A row of bucket `id` from its key and stored value.
+pub(super) fn bucket_row(id: &BucketId, key: &[u8], value: &[u8]) -> Result<Record> {
+    let (event_time, sort_key) = decode_row_key(key)?;
     let row: StoredRow = decode_value(value)?;
     Ok(Record {
         partition_key: id.partition_key.clone(),
@@ -291,19 +296,22 @@ impl Snapshot {
 
     /// The hot rows of a bucket in clustering order, from `after` (exclusive) when given.
     pub fn rows(&self, id: &BucketId, after: Option<(Micros, &[u8])>, limit: usize) -> Result<Vec<Record>> {
-        scan_rows(&self.txn.open_table(RECORDS)?, id, after, limit)
+        match open_rows(&self.txn, id)? {
+            Some(table) => scan_rows(&table, id, after, limit),
+            None => Ok(Vec::new()),
+        }
     }
 
     /// The summary (count, key range, checksum) of a bucket's hot rows, read in one scan
     /// without holding them.
     pub fn summarize_rows(&self, id: &BucketId) -> Result<RowSummary> {
-        let records = self.txn.open_table(RECORDS)?;
-        let prefix = id.encode();
-        let end = encoding::prefix_end(&prefix);
         let mut summer = RowSummer::default();
-        for entry in records.range(prefix.as_slice()..end.as_slice())? {
+        let Some(records) = open_rows(&self.txn, id)? else {
+            return Ok(summer.finish());
+        };
+        for entry in records.iter()? {
             let (k, v) = entry?;
-            let (event_time, sort_key) = decode_record_suffix(bucket_suffix(id, &prefix, k.value())?)?;
+            let (event_time, sort_key) = decode_row_key(k.value())?;
             let row = decode_row_ref(v.value())?;
             summer.push_fields(RowFields {
                 partition_key: &id.partition_key,

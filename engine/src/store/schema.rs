@@ -7,7 +7,7 @@
 //! |------------------|--------------------------------------------------|----------------|
 //! | `meta`           | name                                             | bytes          |
 //! | `tables`         | table id                                         | `TableState`   |
-//! | `records`        | bucket id ‖ event_time ‖ sort_key                | `StoredRow`    |
+//! | `rows <bucket>`  | event_time ‖ sort_key (one table per bucket)     | `StoredRow`    |
 //! | `buckets`        | bucket id = table ‖ partition ‖ bucket_key       | `BucketMeta`   |
 //! | `buckets_by_time`| table ‖ partition ‖ start ‖ bucket_key            | ()             |
 //! | `due`            | due_at ‖ bucket id                               | ()             |
@@ -18,6 +18,12 @@
 //! | `deliveries`     | sink name ‖ sequence                             | delivered-at   |
 //! | `holds`          | hold id                                          | `Hold`         |
 //! | `tombstones`     | bucket id                                        | `Tombstone`    |
+//!
+//! Each bucket's hot rows live in a table of their own (`rows_table`), so a cleanup drops a
+//! small bucket's rows with the table instead of deleting them key by key (schema 2; schema 1
+//! kept every row in one `records` table keyed by bucket id ‖ event_time ‖ sort_key, and
+//! `Store::open` moves them, see `upgrade`). BENCHMARKS.md has the figures the layout was
+//! chosen by.
 
 use redb::TableDefinition;
 use serde::{Deserialize, Serialize};
@@ -30,11 +36,13 @@ use crate::model::{BucketDescriptor, BucketFacts, BucketState, Micros, Retention
 
 /// Bumped on any incompatible change of a table or value; `Store::open` refuses a newer one
 /// and upgrades an older one.
-pub const SCHEMA_VERSION: u32 = 1;
+pub const SCHEMA_VERSION: u32 = 2;
 
 pub const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
 pub const TABLES: TableDefinition<&str, &[u8]> = TableDefinition::new("tables");
-pub const RECORDS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("records");
+/// Schema 1's one table of every hot row, keyed by bucket id ‖ event_time ‖ sort_key; read
+/// only by the upgrade, which empties and deletes it.
+pub const SCHEMA_1_RECORDS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("records");
 pub const BUCKETS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("buckets");
 pub const BUCKETS_BY_TIME: TableDefinition<&[u8], ()> = TableDefinition::new("buckets_by_time");
 pub const DUE: TableDefinition<&[u8], ()> = TableDefinition::new("due");
@@ -99,25 +107,32 @@ impl std::fmt::Display for BucketId {
     }
 }
 
-pub fn record_key(bucket: &BucketId, event_time: Micros, sort_key: &[u8]) -> Vec<u8> {
-    record_key_in(&bucket.encode(), event_time, sort_key)
+/// The name of the table that holds one bucket's hot rows: `rows ` and the hex of the bucket's
+/// encoded id, so every bucket (any partition key or bucket key bytes) has its own name.
+pub fn rows_table_name(bucket: &BucketId) -> String {
+    format!("rows {}", hex::encode(bucket.encode()))
 }
 
-/// `record_key` from the bucket's encoded prefix (`BucketId::encode`), for callers that write
-/// many rows of one bucket.
-pub fn record_key_in(bucket_prefix: &[u8], event_time: Micros, sort_key: &[u8]) -> Vec<u8> {
+/// The definition of a bucket's rows table, named by `rows_table_name`.
+pub fn rows_table(name: &str) -> TableDefinition<'_, &'static [u8], &'static [u8]> {
+    TableDefinition::new(name)
+}
+
+/// A bucket's rows table, open in a write transaction.
+pub type RowsTable<'txn> = redb::Table<'txn, &'static [u8], &'static [u8]>;
+
+/// A row's key within its bucket's table: event_time ‖ sort_key, in clustering order.
+pub fn row_key(event_time: Micros, sort_key: &[u8]) -> Vec<u8> {
     // The time takes 8 bytes; an escaped sort key at most twice its length and a terminator.
-    let mut out = Vec::with_capacity(bucket_prefix.len() + 8 + 2 * sort_key.len() + 2);
-    out.extend_from_slice(bucket_prefix);
+    let mut out = Vec::with_capacity(8 + 2 * sort_key.len() + 2);
     encoding::put_i64(&mut out, event_time);
     encoding::put_bytes(&mut out, sort_key);
     out
 }
 
-/// The event time and sort key of a record key, from the part after its bucket's prefix
-/// (`BucketId::encode`): a scan within one bucket need not decode the bucket again per row.
-pub fn decode_record_suffix(suffix: &[u8]) -> Result<(Micros, Vec<u8>)> {
-    let mut r = Reader::new(suffix);
+/// The event time and sort key of a row key (`row_key`).
+pub fn decode_row_key(key: &[u8]) -> Result<(Micros, Vec<u8>)> {
+    let mut r = Reader::new(key);
     let event_time = r.i64()?;
     let sort_key = r.bytes()?;
     Ok((event_time, sort_key))
@@ -247,7 +262,8 @@ pub struct BucketMeta {
     #[serde(default)]
     pub plan_basis: Option<PlanBasis>,
     /// The generation of the published manifest the hot rows were proven to match, once a
-    /// cleanup has proven it; the cleanup then deletes them slice by slice (`Store::prove_cleanup`, `Store::cleanup_slice`).
+    /// cleanup has proven it; the cleanup then deletes them slice by slice, or drops the
+    /// bucket's rows table whole (`Store::prove_cleanup`, `Store::cleanup_slice`).
     #[serde(default)]
     pub cleanup_proven: Option<u64>,
 }

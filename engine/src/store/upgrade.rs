@@ -1,0 +1,84 @@
+//! Schema upgrades, run by `Store::open` before anything else reads the database.
+//!
+//! Schema 1 kept every hot row in one `records` table keyed by bucket id ‖ event_time ‖
+//! sort_key; schema 2 keeps each bucket's rows in a table of its own (`schema::rows_table`).
+//! The upgrade first records version 2 (so an older binary refuses the directory instead of
+//! reading it half moved), then moves the rows in transactions of at most
+//! `UPGRADE_ROWS_PER_TRANSACTION`, each deleting from `records` exactly what it inserted
+//! elsewhere, and deletes the emptied table last. A crash anywhere leaves every row in exactly
+//! one of the two places; the next open finds `records` still there and goes on.
+
+use super::*;
+
+/// Rows moved per transaction: bounds the transaction's size on a database of any size.
+pub const UPGRADE_ROWS_PER_TRANSACTION: usize = 50_000;
+
+/// Upgrades a database of an older schema in place; does nothing on a current one.
+pub(super) fn upgrade(db: &Database, stored_version: u32) -> Result<()> {
+    if stored_version < 2 {
+        let txn = db.begin_write()?;
+        txn.open_table(META)?.insert(META_SCHEMA_VERSION, 2u32.to_be_bytes().as_slice())?;
+        txn.commit()?;
+    }
+    move_schema_1_records(db)
+}
+
+/// Moves every row of schema 1's `records` table into its bucket's rows table, if the table
+/// is still there (a fresh upgrade, or one a crash cut short).
+fn move_schema_1_records(db: &Database) -> Result<()> {
+    let exists = {
+        let read = db.begin_read()?;
+        match read.open_table(SCHEMA_1_RECORDS) {
+            Ok(_) => true,
+            Err(redb::TableError::TableDoesNotExist(_)) => false,
+            Err(e) => return Err(e.into()),
+        }
+    };
+    if !exists {
+        return Ok(());
+    }
+    let started = std::time::Instant::now();
+    let mut moved = 0u64;
+    loop {
+        let txn = db.begin_write()?;
+        let batch = {
+            let mut records = txn.open_table(SCHEMA_1_RECORDS)?;
+            let mut batch: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
+            for entry in records.iter()?.take(UPGRADE_ROWS_PER_TRANSACTION) {
+                let (k, v) = entry?;
+                batch.push((k.value().to_vec(), v.value().to_vec()));
+            }
+            for (key, _) in &batch {
+                records.remove(key.as_slice())?;
+            }
+            batch
+        };
+        if batch.is_empty() {
+            txn.delete_table(SCHEMA_1_RECORDS)?;
+            txn.commit()?;
+            break;
+        }
+        // Rows arrive in key order, so each bucket's rows are consecutive: one table open at
+        // a time.
+        let mut current: Option<(Vec<u8>, RowsTable<'_>)> = None;
+        for (key, value) in &batch {
+            let mut reader = encoding::Reader::new(key);
+            let id = BucketId::decode(&mut reader)?;
+            let prefix = id.encode();
+            if current.as_ref().is_none_or(|(open, _)| *open != prefix) {
+                current = Some((prefix, txn.open_table(rows_table(&rows_table_name(&id)))?));
+            }
+            let (_, table) = current.as_mut().expect("opened above");
+            table.insert(reader.rest(), value.as_slice())?;
+        }
+        drop(current);
+        moved += batch.len() as u64;
+        txn.commit()?;
+    }
+    tracing::info!(
+        rows = moved,
+        seconds = started.elapsed().as_secs_f64(),
+        "upgraded the hot store from schema 1 to 2: each bucket's rows now live in a table of their own"
+    );
+    Ok(())
+}
