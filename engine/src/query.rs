@@ -124,7 +124,7 @@ pub async fn query(engine: &Arc<Engine>, request: QueryRequest) -> Result<QueryP
         }
         let rows = match bucket.state {
             BucketState::Archived { .. } => {
-                match read_published(&policies, &table, &snapshot, &bucket, lower, request.to).await {
+                match read_published(&policies, &table, &snapshot, &bucket, lower, &filter, want).await {
                     Ok(rows) => rows,
                     Err(e) => {
                         // An expiry that ran after the snapshot deletes what the snapshot still
@@ -218,15 +218,17 @@ fn hot_rows(
     }
 }
 
-/// Reads a published bucket's archive from the target its manifest (as recorded in the
-/// snapshot) names.
+/// Up to `want` rows of a published bucket that the page may hold, in clustering order, read
+/// segment by segment from `lower` on (`read_archive_until`) from the target its manifest (as
+/// recorded in the snapshot) names.
 async fn read_published(
     policies: &PolicySet,
     table: &TablePolicy,
     snapshot: &Snapshot,
     bucket: &BucketMeta,
-    from: Option<Micros>,
-    to: Option<Micros>,
+    lower: Option<Micros>,
+    filter: &PageFilter,
+    want: usize,
 ) -> Result<Vec<Record>> {
     let key = bucket
         .manifest_key
@@ -237,7 +239,7 @@ async fn read_published(
         .await?
         .ok_or_else(|| Error::Internal(format!("bucket {} is archived but has no recorded manifest", bucket.id)))?;
     let backend = policies.archive_backend(table, &recorded.archive_target())?;
-    crate::format::reader::read_archive(backend.as_ref(), &key, from, to).await
+    crate::format::reader::read_archive_until(backend.as_ref(), &key, lower, filter.to, |r| filter.keeps(r), want).await
 }
 
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {

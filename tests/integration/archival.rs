@@ -296,6 +296,156 @@ fn a_refused_batch_leaves_no_rows_table_behind() {
     assert_eq!(e.query_all("r"), first);
 }
 
+/// A backend that checks, before each upload of a segment or manifest, that the key is in one
+/// of the store's upload intents (invariant 10), and lists those uploads.
+struct IntentChecked {
+    inner: std::sync::Arc<dyn frostline::storage::ArchiveBackend>,
+    store: frostline::store::Store,
+    uploads: std::sync::Mutex<Vec<String>>,
+    unrecorded: std::sync::Mutex<Vec<String>>,
+}
+
+impl std::fmt::Debug for IntentChecked {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IntentChecked").field("inner", &self.inner).finish_non_exhaustive()
+    }
+}
+
+impl IntentChecked {
+    fn check(&self, key: &str) {
+        if key.ends_with("_catalog.json") {
+            return; // the table's catalog is rewritten whole, not an archival's object
+        }
+        let recorded = self.store.intents().unwrap().iter().any(|intent| intent.keys.iter().any(|k| k == key));
+        if !recorded {
+            self.unrecorded.lock().unwrap().push(key.to_string());
+        }
+        self.uploads.lock().unwrap().push(key.to_string());
+    }
+}
+
+#[async_trait::async_trait]
+impl frostline::storage::ArchiveBackend for IntentChecked {
+    fn target(&self) -> &str {
+        self.inner.target()
+    }
+    async fn put_create(&self, key: &str, bytes: bytes::Bytes) -> frostline::Result<frostline::storage::PutOutcome> {
+        self.check(key);
+        self.inner.put_create(key, bytes).await
+    }
+    async fn put_create_staged(
+        &self,
+        key: &str,
+        bytes: bytes::Bytes,
+    ) -> frostline::Result<frostline::storage::PutOutcome> {
+        self.check(key);
+        self.inner.put_create_staged(key, bytes).await
+    }
+    async fn get(&self, key: &str) -> frostline::Result<Option<bytes::Bytes>> {
+        self.inner.get(key).await
+    }
+    async fn delete(&self, key: &str) -> frostline::Result<()> {
+        self.inner.delete(key).await
+    }
+    async fn list(&self, prefix: &str) -> frostline::Result<Vec<frostline::storage::ObjectInfo>> {
+        self.inner.list(prefix).await
+    }
+}
+
+/// `rows` records of one bucket (partition p0, 2024-03-01), in clustering order.
+fn one_bucket_of(rows: i64) -> Vec<Record> {
+    (0..rows)
+        .map(|n| Record {
+            partition_key: b"p0".to_vec(),
+            event_time: t("2024-03-01T00:00:00Z") + n * 1_000,
+            sort_key: format!("{n:06}").into_bytes(),
+            tenant: None,
+            kind: None,
+            body: format!(r#"{{"n":{n}}}"#),
+        })
+        .collect()
+}
+
+/// The pass streams a bucket: its rows are read and encoded a segment at a time, and each key
+/// joins the upload intent before its upload (invariant 10), the manifest's with the last
+/// segment's. A bucket of 25,000 rows is three segments, uploaded in order, then the manifest;
+/// every row reads back.
+#[test]
+fn a_streamed_pass_records_every_key_in_the_intent_before_its_upload() {
+    let e = TestEngine::new(DAILY, "2024-03-10T00:00:00Z");
+    let input = one_bucket_of(25_000);
+    let checked = std::sync::Arc::new(IntentChecked {
+        inner: e.backend("r"),
+        store: e.engine.store.clone(),
+        uploads: Default::default(),
+        unrecorded: Default::default(),
+    });
+    e.with_backend("r", checked.clone());
+    e.engine.append("r", input.clone()).unwrap();
+    let report = e.pass();
+    assert_eq!((report.archived, report.rows_archived), (1, 25_000), "{report:?}");
+    assert!(checked.unrecorded.lock().unwrap().is_empty(), "uploaded before recorded: {:?}", checked.unrecorded);
+    let uploads = checked.uploads.lock().unwrap().clone();
+    let kinds: Vec<&str> =
+        uploads.iter().map(|k| if k.contains("/manifest-") { "manifest" } else { "segment" }).collect();
+    assert_eq!(kinds, ["segment", "segment", "segment", "manifest"], "{uploads:?}");
+    for (i, key) in uploads.iter().take(3).enumerate() {
+        assert!(key.contains(&format!("-{i:05}-")), "segment {i} in order: {key}");
+    }
+    assert_eq!(e.query_all("r"), input);
+}
+
+/// An upload that fails in the middle of a streamed bucket stops its reader, defers the
+/// bucket with nothing published, and the next pass archives it whole.
+#[test]
+fn an_upload_failing_mid_stream_defers_the_bucket_and_the_next_pass_finishes_it() {
+    let e = TestEngine::new(DAILY, "2024-03-10T00:00:00Z");
+    let input = one_bucket_of(25_000);
+    let faulty = FaultyBackend::new(e.backend("r"));
+    e.with_backend("r", faulty.clone());
+    faulty.add(Op::Put, "-00001-", Fault::Error, Some(1));
+    e.engine.append("r", input.clone()).unwrap();
+    let report = e.pass();
+    assert_eq!((report.archived, report.deferred), (0, 1), "{report:?}");
+    let id = e.engine.store.buckets("r", None).unwrap()[0].id.clone();
+    assert!(e.engine.store.latest_manifest(&id).unwrap().is_none(), "nothing published");
+    assert_eq!(e.query_all("r"), input, "the hot rows are all there");
+    e.clock.advance(3_600_000_000);
+    let report = e.pass();
+    assert_eq!((report.archived, report.rows_archived), (1, 25_000), "{report:?}");
+    assert_eq!(e.query_all("r"), input);
+}
+
+/// A query page over an archived bucket reads its segments one at a time and stops once the
+/// page is full. A page of 100 records from the start of a bucket of three segments reads the
+/// manifest and the first segment only (it read all three before); a page from the middle
+/// reads the segment that holds it; every record still reads back page by page.
+#[test]
+fn a_query_page_reads_only_the_archived_segments_it_needs() {
+    use frostline::query::{QueryRequest, query};
+    let e = TestEngine::new(DAILY, "2024-03-10T00:00:00Z");
+    let faulty = FaultyBackend::new(e.backend("r"));
+    e.with_backend("r", faulty.clone());
+    let input = one_bucket_of(25_000);
+    e.engine.append("r", input.clone()).unwrap();
+    assert_eq!(e.pass().archived, 1);
+    let page_reads = |from: Option<i64>| {
+        let before = faulty.reads().len();
+        let request = QueryRequest { table: "r".into(), from, limit: 100, ..Default::default() };
+        let page = runtime().block_on(query(&e.engine, request)).unwrap();
+        (page.records, faulty.reads()[before..].to_vec())
+    };
+    let (records, reads) = page_reads(None);
+    assert_eq!(records, input[..100]);
+    assert_eq!(reads.len(), 2, "{reads:?}");
+    assert!(reads[0].contains("/manifest-") && reads[1].contains("-00000-"), "{reads:?}");
+    let (records, reads) = page_reads(Some(input[15_000].event_time));
+    assert_eq!(records, input[15_000..15_100]);
+    assert_eq!(reads.len(), 2, "{reads:?}");
+    assert!(reads[0].contains("/manifest-") && reads[1].contains("-00001-"), "{reads:?}");
+    assert_eq!(e.query_all("r"), input);
+}
+
 const LEASE_US: i64 = 60_000_000;
 
 /// An engine whose first bucket, planned and due, worker "A" has claimed for `LEASE_US`.

@@ -6,8 +6,10 @@
 //! Idle memory is the resident set two seconds after a start, once a pass has run. Then 1 GiB
 //! of records (as JSON lines) is appended over HTTP while the engine's pass loop archives
 //! them, `POST /v1/archive` finishes what is left, and the resident set is read again, with
-//! its peak. Last, `frostline ingest` of a 2 GiB file of JSON lines into a fresh data
-//! directory, with the peak resident set of the process (its `VmHWM`).
+//! its peak. Then `frostline ingest` of a 2 GiB file of JSON lines into a fresh data
+//! directory, with the peak resident set of the process (its `VmHWM`). Last, `frostline
+//! archive --once` of one year bucket holding 2 GiB of records, with its peak resident set,
+//! and a query page of 1,000 records over that archived bucket, with the memory it takes.
 
 use std::io::Read as _;
 use std::net::SocketAddr;
@@ -43,6 +45,13 @@ const MIB: f64 = 1024.0 * 1024.0;
 const INGEST_BYTES: u64 = 2 << 30;
 /// `frostline ingest` of a 2 GiB file should peak under 256 MiB resident.
 const INGEST_PEAK_MIB_MAX: f64 = 256.0;
+/// Archiving one bucket of 2 GiB of records should peak under 256 MiB resident.
+const ARCHIVE_BUCKET_PEAK_MIB_MAX: f64 = 256.0;
+/// A query page of 1,000 records should take under 64 MiB above a process that reads no rows.
+const QUERY_PAGE_MIB_MAX: f64 = 64.0;
+/// The one table of the one-bucket archive: a year bucket per partition, due a day after.
+const YEAR_POLICY: &str = "[[table]]\nid = \"readings\"\nstrategy = { plugin = \"builtin:calendar-year-utc\" }\n\
+                           retention = { plugin = \"builtin:eligible-before\", config = { archive_after = \"1d\" } }\n";
 
 pub fn footprint(bench: &mut Bench) -> Result<()> {
     let binary = match release_binary() {
@@ -129,7 +138,8 @@ pub fn footprint(bench: &mut Bench) -> Result<()> {
         vec![memory.peak_mib],
         1,
     ));
-    ingest_peak(bench, &binary, &policies)
+    ingest_peak(bench, &binary, &policies)?;
+    archive_one_bucket_peak(bench, &binary)
 }
 
 /// `frostline ingest` of `INGEST_BYTES` of JSON lines into a fresh data directory: its peak
@@ -149,20 +159,9 @@ fn ingest_peak(bench: &mut Bench, binary: &Path, policies: &Path) -> Result<()> 
     std::io::Write::flush(&mut file)?;
     drop(file);
     let data = scratch.path().join("data");
-    let started = Instant::now();
-    let child = Command::new(binary)
-        .args(["ingest", "--table", "readings"])
-        .arg(&input)
-        .arg("--data")
-        .arg(&data)
-        .arg("--policies")
-        .arg(policies)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .with_context(|| format!("cannot start {}", binary.display()))?;
-    let (status, peak_mib) = wait_with_peak(child)?;
-    let seconds = started.elapsed().as_secs_f64();
+    let input_arg = input.to_str().context("the input path is not UTF-8")?;
+    let (status, peak_mib, seconds) =
+        run_with_peak(binary, &["ingest", "--table", "readings", input_arg], &data, policies)?;
     ensure!(status == 0, "`frostline ingest` exited with status {status}");
     let label = format!("{:.2} GiB of JSON lines ({records} records)", bytes as f64 / GIB);
     bench.push(
@@ -185,6 +184,92 @@ fn ingest_peak(bench: &mut Bench, binary: &Path, policies: &Path) -> Result<()> 
     Ok(())
 }
 
+/// `frostline archive --once` of one bucket holding `INGEST_BYTES` of records (one partition,
+/// one year, ingested first, untimed): the peak resident set of the archiving process, and
+/// the rate of the whole pass (plan, archive, cleanup) in MB of JSON lines per second.
+fn archive_one_bucket_peak(bench: &mut Bench, binary: &Path) -> Result<()> {
+    let scratch = tempfile::tempdir()?;
+    let policies = scratch.path().join("policies");
+    std::fs::create_dir_all(&policies)?;
+    std::fs::write(policies.join("tables.toml"), YEAR_POLICY)?;
+    let input = scratch.path().join("readings.jsonl");
+    let mut file = std::io::BufWriter::new(std::fs::File::create(&input)?);
+    let (mut records, mut bytes) = (0u64, 0u64);
+    let mut state = TIMES_SEED ^ 7;
+    let start = days_from_civil(2025, 1, 1) * MICROS_PER_DAY;
+    while bytes < INGEST_BYTES {
+        let n = records as usize;
+        let line = serde_json::json!({
+            "partition_key": "sensor-000",
+            // Ten a second from the start of 2025: 2 GiB of readings stay inside the year.
+            "event_time": format_rfc3339(start + n as i64 * 100_000),
+            "sort_key": format!("evt-{n:012}"),
+            "body": serde_json::from_str::<serde_json::Value>(&reading_body("sensor-000", n, splitmix64(&mut state)))?,
+        });
+        let mut line = serde_json::to_vec(&line)?;
+        line.push(b'\n');
+        std::io::Write::write_all(&mut file, &line)?;
+        bytes += line.len() as u64;
+        records += 1;
+    }
+    std::io::Write::flush(&mut file)?;
+    drop(file);
+    let data = scratch.path().join("data");
+    let input_arg = input.to_str().context("the input path is not UTF-8")?;
+    let (status, _, _) = run_with_peak(binary, &["ingest", "--table", "readings", input_arg], &data, &policies)?;
+    ensure!(status == 0, "`frostline ingest` exited with status {status}");
+    let (status, peak_mib, seconds) = run_with_peak(binary, &["archive", "--once"], &data, &policies)?;
+    ensure!(status == 0, "`frostline archive --once` exited with status {status}");
+    let status = Command::new(binary)
+        .args(["status", "--json", "--data"])
+        .arg(&data)
+        .arg("--policies")
+        .arg(&policies)
+        .output()?;
+    let status: serde_json::Value = serde_json::from_slice(&status.stdout).context("`frostline status --json`")?;
+    let archived = status["tables"][0]["states"]["archived"]["rows"].as_u64();
+    ensure!(archived == Some(records), "the pass archived {archived:?} of {records} records: {status}");
+    let label = format!("one bucket of {:.2} GiB of JSON lines ({records} records)", bytes as f64 / GIB);
+    // A page of a query over the whole archived bucket, against a command that opens the same
+    // store and policies but reads no rows (`status`): the memory the page itself takes.
+    let query = ["query", "--table", "readings", "--from", "2025-01-01T00:00:00Z", "--to", "2026-01-01T00:00:00Z"];
+    let (status, query_peak_mib, _) =
+        run_with_peak(binary, &[&query[..], &["--limit", "1000"]].concat(), &data, &policies)?;
+    ensure!(status == 0, "`frostline query` exited with status {status}");
+    let (status, idle_peak_mib, _) = run_with_peak(binary, &["status"], &data, &policies)?;
+    ensure!(status == 0, "`frostline status` exited with status {status}");
+    bench.push(
+        Figure::new(
+            bench.scenario,
+            format!("peak resident memory of `frostline archive --once` of {label}"),
+            Unit::Mebibytes,
+            vec![peak_mib],
+            1,
+        )
+        .with_limit(ARCHIVE_BUCKET_PEAK_MIB_MAX, "archiving one bucket of 2 GiB peaks under 256 MiB resident"),
+    );
+    bench.push(
+        Figure::new(
+            bench.scenario,
+            format!(
+                "peak resident memory of `frostline query --limit 1000` over {label}, archived, above `frostline status` ({idle_peak_mib:.1} MiB)"
+            ),
+            Unit::Mebibytes,
+            vec![query_peak_mib - idle_peak_mib],
+            1,
+        )
+        .with_limit(QUERY_PAGE_MIB_MAX, "a query page of 1,000 records takes under 64 MiB whatever the bucket size"),
+    );
+    bench.push(Figure::new(
+        bench.scenario,
+        format!("`frostline archive --once` of {label} (MB of JSON lines per second, the whole pass)"),
+        Unit::MegabytesPerSecond,
+        vec![bytes as f64 / MEGABYTE / seconds],
+        1,
+    ));
+    Ok(())
+}
+
 /// One reading as a JSON line (the shape `append_readings` posts).
 fn reading_line(n: usize, state: &mut u64) -> Result<Vec<u8>> {
     let start = days_from_civil(2025, 1, 1) * MICROS_PER_DAY;
@@ -200,6 +285,24 @@ fn reading_line(n: usize, state: &mut u64) -> Result<Vec<u8>> {
     let mut out = serde_json::to_vec(&line)?;
     out.push(b'\n');
     Ok(out)
+}
+
+/// Runs `frostline ARGS --data DATA --policies POLICIES` to its end: its exit status, peak
+/// resident set in MiB (`wait_with_peak`) and seconds.
+fn run_with_peak(binary: &Path, args: &[&str], data: &Path, policies: &Path) -> Result<(i32, f64, f64)> {
+    let started = Instant::now();
+    let child = Command::new(binary)
+        .args(args)
+        .arg("--data")
+        .arg(data)
+        .arg("--policies")
+        .arg(policies)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .with_context(|| format!("cannot start {}", binary.display()))?;
+    let (status, peak_mib) = wait_with_peak(child)?;
+    Ok((status, peak_mib, started.elapsed().as_secs_f64()))
 }
 
 /// Waits for a child and returns its exit status and peak resident set: `VmHWM` of its own

@@ -1,9 +1,9 @@
 //! The archival coordinator (ARCHITECTURE.md, "The protocol"): a pass works on up to
 //! `ARCHIVER_CONCURRENCY` due buckets at once, each in its own task under its own lease.
 //!
-//! claim (fenced lease, generation + 1) → snapshot (owner- and generation-checked) → encode
-//! segments → record the upload intent → create each segment conditionally, read it back and
-//! verify it → create the manifest the same way, last → publish (the read cut-over) → cleanup
+//! claim (fenced lease, generation + 1) → snapshot (owner- and generation-checked), read and
+//! encoded a segment at a time (`pipeline`) → per segment: its key added to the upload
+//! intent, created conditionally, read back and verified → create the manifest the same way, last → publish (the read cut-over) → cleanup
 //! (the fenced hot delete, checked against the manifest). The lease is renewed on the engine's
 //! clock before each step (and by a timer while one step runs long); once a renewal fails no
 //! further destructive step starts. A failure before
@@ -14,6 +14,7 @@ pub mod adopt;
 pub mod catalog;
 pub mod expiry;
 pub mod outbox;
+mod pipeline;
 pub mod sweep;
 pub mod verify;
 
@@ -30,8 +31,7 @@ use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::format::manifest::{MANIFEST_VERSION, Manifest, SegmentInfo, sha256_hex};
 use crate::model::lifecycle::{self, PlanBasis};
-use crate::model::rows::summarize;
-use crate::model::{BucketFacts, BucketState, Micros, Record};
+use crate::model::{BucketFacts, BucketState, Micros};
 use crate::policy::{PolicySet, TablePolicy};
 use crate::storage::{ArchiveBackend, PutOutcome, keys};
 use crate::store::PlanOutcome;
@@ -583,7 +583,11 @@ async fn archive_bucket(
     }
 }
 
-/// Snapshot, encode, upload, verify, manifest, publish. Returns rows and bytes archived.
+/// Snapshot, encode, upload, verify, manifest, publish, streamed: the rows are read and
+/// encoded segment by segment (`pipeline`) while the previous segment is uploaded, read back
+/// and verified. Each key is in the durable upload intent before its upload (invariant 10):
+/// every segment's key is added to it as the segment comes, and the manifest's with the last
+/// segment's. Returns rows and bytes archived.
 async fn upload_and_publish(
     engine: &Arc<Engine>,
     table: &Arc<TablePolicy>,
@@ -594,77 +598,28 @@ async fn upload_and_publish(
 ) -> Result<(u64, u64)> {
     let id = meta.id.clone();
     let generation = meta.generation;
+    let (receiver, reader) = pipeline::start(engine.clone(), id.clone(), owner.to_string(), generation, table.format);
+    let uploaded = upload_segments(engine, table, owner, meta, heartbeat, seconds, receiver).await;
+    // The receiver is gone: a reader still running stops at its next segment.
+    let read = reader.await.map_err(|e| Error::Internal(format!("the reader of bucket {id} failed: {e}")))?;
+    let (segments, prepared) = uploaded?;
+    let read = read?;
+    seconds.add(Phase::Snapshot, read.snapshot_seconds);
+    seconds.add(Phase::Encode, read.encode_seconds);
     let mut lap = Lap::start();
-    let rows = snapshot(engine, &id, owner, generation).await?;
-    seconds.add(Phase::Snapshot, lap.lap());
-    let encoded = crate::format::encode_segments(table.format, &rows)?;
-    let prefix = keys::bucket_prefix(&id.table, &id.bucket_key, &id.partition_key);
-    let backend = table.backend.clone();
-    let mut segments = Vec::with_capacity(encoded.len());
-    let mut payloads = Vec::with_capacity(encoded.len());
-    for (sequence, segment) in encoded.into_iter().enumerate() {
-        let sha = sha256_hex(&segment.bytes);
-        let key = keys::segment_key(&prefix, &engine.installation_id, sequence, &sha, table.format.extension());
-        segments.push(SegmentInfo {
-            key: key.clone(),
-            sha256: sha,
-            bytes: segment.bytes.len() as u64,
-            rows: segment.rows,
-            min_event_time: segment.min_event_time,
-            max_event_time: segment.max_event_time,
-            summary: segment.summary,
-        });
-        payloads.push(Bytes::from(segment.bytes));
-    }
-    let manifest = Manifest {
-        version: MANIFEST_VERSION,
-        table: id.table.clone(),
-        partition_key: String::from_utf8_lossy(&id.partition_key).into_owned(),
-        bucket: meta.descriptor.clone(),
-        strategy: format!("{} {}", table.strategy.identity().name, table.strategy.identity().fingerprint()),
-        generation,
-        format: table.format,
-        schema: table.format.schema().to_string(),
-        target: backend.target().to_string(),
-        target_name: table.target_name.clone(),
-        policy: meta.plan.clone(),
-        summary: summarize(&rows),
-        bytes: segments.iter().map(|s| s.bytes).sum(),
-        segments,
-        created_at: engine.clock.now(),
+    let (manifest, manifest_bytes, manifest_key) = match prepared {
+        Some(prepared) => prepared,
+        None => {
+            // No segment carried the summary: the bucket had no rows.
+            let prepared = prepare_manifest(engine, table, meta, segments, read.summary)?;
+            record_intent(engine, &id, generation, table, owner, vec![prepared.2.clone()]).await?;
+            prepared
+        }
     };
-    manifest.check_consistent()?;
-    let manifest_bytes = Bytes::from(manifest.to_bytes());
-    let manifest_key = keys::manifest_key(&prefix, &engine.installation_id, generation, &sha256_hex(&manifest_bytes));
-    seconds.add(Phase::Encode, lap.lap());
-
-    // Invariant 10: the intent is durable before the first upload.
-    let intent = UploadIntent {
-        bucket: id.clone(),
-        generation,
-        target: backend.target().to_string(),
-        keys: manifest.segments.iter().map(|s| s.key.clone()).chain([manifest_key.clone()]).collect(),
-        recorded_at: engine.clock.now(),
-    };
-    let (store, intent_owner, now) = (engine.store.clone(), owner.to_string(), engine.clock.now());
-    blocking(move || store.record_intent(intent, intent_owner, now)).await?;
-    seconds.add(Phase::RecordIntent, lap.lap());
-
-    for (info, payload) in manifest.segments.iter().zip(payloads) {
-        heartbeat.check("a segment upload").await?;
-        create_verified(backend.as_ref(), &info.key, payload, Some(&mut *seconds), |bytes| {
-            crate::failpoints::hit("after_segment_upload")?;
-            // create_verified has compared the bytes with the payload and checked their hash
-            // against the key; what is left is that they decode to the manifest's rows.
-            crate::format::reader::verify_segment_rows(table.format, info, bytes).map(|_| ())
-        })
-        .await?;
-        crate::failpoints::hit("after_read_back")?;
-    }
     lap.lap();
     heartbeat.check("the manifest upload").await?;
     let expected = manifest.clone();
-    create_verified(backend.as_ref(), &manifest_key, manifest_bytes, None, |bytes| {
+    create_verified(table.backend.as_ref(), &manifest_key, manifest_bytes, None, |bytes| {
         let read = Manifest::from_bytes(bytes)?;
         if read != expected {
             return Err(Error::Corruption(format!(
@@ -689,32 +644,114 @@ async fn upload_and_publish(
     Ok((rows_n, bytes_n))
 }
 
-/// An owner- and generation-checked read of the bucket's rows in key order.
-async fn snapshot(engine: &Arc<Engine>, id: &BucketId, owner: &str, generation: u64) -> Result<Vec<Record>> {
-    let (store, id, owner) = (engine.store.clone(), id.clone(), owner.to_string());
-    let now = engine.clock.now();
-    blocking(move || {
-        let txn = store.read()?;
-        let meta = store.bucket(&id)?.ok_or_else(|| Error::Internal(format!("bucket {id} vanished")))?;
-        crate::model::invariants::lease_is_held(
-            meta.lease_owner.as_deref(),
-            meta.generation,
-            meta.lease_expires_at,
-            &owner,
-            generation,
-            now,
-        )
-        .map_err(|detail| Error::LeaseLost {
-            bucket: id.display(),
-            owner: owner.clone(),
-            generation,
-            detail,
-        })?;
-        drop(txn);
-        crate::failpoints::hit("mid_snapshot")?;
-        store.rows(&id, None, usize::MAX)
-    })
-    .await
+/// A manifest ready to upload: the manifest, its bytes and its key.
+type PreparedManifest = (Manifest, Bytes, String);
+
+/// Uploads the segments `receiver` yields, in order, each after its key is in the upload
+/// intent; verifies each read back. Returns the segments and, when the last one came, the
+/// manifest made with it (its key already in the intent).
+async fn upload_segments(
+    engine: &Arc<Engine>,
+    table: &Arc<TablePolicy>,
+    owner: &str,
+    meta: &BucketMeta,
+    heartbeat: &Heartbeat,
+    seconds: &mut PhaseSeconds,
+    mut receiver: tokio::sync::mpsc::Receiver<pipeline::Encoded>,
+) -> Result<(Vec<SegmentInfo>, Option<PreparedManifest>)> {
+    let id = &meta.id;
+    let prefix = keys::bucket_prefix(&id.table, &id.bucket_key, &id.partition_key);
+    let mut segments: Vec<SegmentInfo> = Vec::new();
+    let mut prepared = None;
+    while let Some(pipeline::Encoded { segment, last }) = receiver.recv().await {
+        let mut lap = Lap::start();
+        let sha = sha256_hex(&segment.bytes);
+        let sequence = segments.len();
+        let key = keys::segment_key(&prefix, &engine.installation_id, sequence, &sha, table.format.extension());
+        let info = SegmentInfo {
+            key: key.clone(),
+            sha256: sha,
+            bytes: segment.bytes.len() as u64,
+            rows: segment.rows,
+            min_event_time: segment.min_event_time,
+            max_event_time: segment.max_event_time,
+            summary: segment.summary,
+        };
+        segments.push(info.clone());
+        let mut intent_keys = vec![key];
+        if let Some(summary) = last {
+            let manifest = prepare_manifest(engine, table, meta, segments.clone(), summary)?;
+            intent_keys.push(manifest.2.clone());
+            prepared = Some(manifest);
+        }
+        seconds.add(Phase::Encode, lap.lap());
+        record_intent(engine, id, meta.generation, table, owner, intent_keys).await?;
+        seconds.add(Phase::RecordIntent, lap.lap());
+        heartbeat.check("a segment upload").await?;
+        create_verified(table.backend.as_ref(), &info.key, Bytes::from(segment.bytes), Some(&mut *seconds), |bytes| {
+            crate::failpoints::hit("after_segment_upload")?;
+            // create_verified has compared the bytes with the payload and checked their hash
+            // against the key; what is left is that they decode to the manifest's rows.
+            crate::format::reader::verify_segment_rows(table.format, &info, bytes).map(|_| ())
+        })
+        .await?;
+        crate::failpoints::hit("after_read_back")?;
+    }
+    Ok((segments, prepared))
+}
+
+/// The bucket's manifest over `segments` and the `summary` of all its rows.
+fn prepare_manifest(
+    engine: &Arc<Engine>,
+    table: &Arc<TablePolicy>,
+    meta: &BucketMeta,
+    segments: Vec<SegmentInfo>,
+    summary: crate::model::rows::RowSummary,
+) -> Result<PreparedManifest> {
+    let id = &meta.id;
+    let manifest = Manifest {
+        version: MANIFEST_VERSION,
+        table: id.table.clone(),
+        partition_key: String::from_utf8_lossy(&id.partition_key).into_owned(),
+        bucket: meta.descriptor.clone(),
+        strategy: format!("{} {}", table.strategy.identity().name, table.strategy.identity().fingerprint()),
+        generation: meta.generation,
+        format: table.format,
+        schema: table.format.schema().to_string(),
+        target: table.backend.target().to_string(),
+        target_name: table.target_name.clone(),
+        policy: meta.plan.clone(),
+        summary,
+        bytes: segments.iter().map(|s| s.bytes).sum(),
+        segments,
+        created_at: engine.clock.now(),
+    };
+    manifest.check_consistent()?;
+    let bytes = Bytes::from(manifest.to_bytes());
+    let prefix = keys::bucket_prefix(&id.table, &id.bucket_key, &id.partition_key);
+    let key = keys::manifest_key(&prefix, &engine.installation_id, meta.generation, &sha256_hex(&bytes));
+    Ok((manifest, bytes, key))
+}
+
+/// Adds `keys` to the durable upload intent of the bucket's generation (invariant 10: a key
+/// is recorded before anything is uploaded under it).
+async fn record_intent(
+    engine: &Arc<Engine>,
+    id: &BucketId,
+    generation: u64,
+    table: &Arc<TablePolicy>,
+    owner: &str,
+    keys: Vec<String>,
+) -> Result<()> {
+    let intent = UploadIntent {
+        bucket: id.clone(),
+        generation,
+        target: table.backend.target().to_string(),
+        keys,
+        recorded_at: engine.clock.now(),
+    };
+    let (store, owner, now) = (engine.store.clone(), owner.to_string(), engine.clock.now());
+    blocking(move || store.record_intent(intent, owner, now)).await
 }
 
 /// Creates `key` only if absent, then reads it back and verifies it. An existing object (a

@@ -17,16 +17,35 @@ pub async fn read_archive(
     from: Option<Micros>,
     to: Option<Micros>,
 ) -> Result<Vec<Record>> {
+    read_archive_until(backend, manifest_key, from, to, |_| true, usize::MAX).await
+}
+
+/// Reads and verifies a published archive's segments overlapping `[from, to)` one at a time,
+/// in clustering order, keeping the rows `keep` accepts, and stops after the segment that
+/// brings the kept rows to `want`: a page of a query holds one segment's rows at a time
+/// beyond its own, whatever the size of the bucket.
+pub async fn read_archive_until(
+    backend: &dyn ArchiveBackend,
+    manifest_key: &str,
+    from: Option<Micros>,
+    to: Option<Micros>,
+    keep: impl Fn(&Record) -> bool,
+    want: usize,
+) -> Result<Vec<Record>> {
     let manifest = read_manifest(backend, manifest_key).await?;
     let mut rows = Vec::new();
     for segment in &manifest.segments {
+        if rows.len() >= want {
+            break;
+        }
         if from.is_some_and(|f| segment.max_event_time < f) || to.is_some_and(|t| segment.min_event_time >= t) {
             continue;
         }
         let bytes = backend.get(&segment.key).await?.ok_or_else(|| {
             Error::Corruption(format!("segment `{}` named by `{manifest_key}` is missing", segment.key))
         })?;
-        rows.extend(verify_segment(manifest.format, segment, &bytes)?);
+        let left = want - rows.len();
+        rows.extend(verify_segment(manifest.format, segment, &bytes)?.into_iter().filter(|r| keep(r)).take(left));
     }
     Ok(rows)
 }

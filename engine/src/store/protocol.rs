@@ -228,13 +228,25 @@ impl Store {
         })
     }
 
-    /// Records, before the first upload, which keys this claim is about to write.
+    /// Adds keys to the upload intent of this claim's generation (made by the first call),
+    /// before anything is uploaded under them.
     pub fn record_intent(&self, intent: UploadIntent, owner: String, now: Micros) -> Result<()> {
         self.write(move |txn| {
             let meta = load_meta(txn, &intent.bucket)?;
             check_lease(&meta, &owner, intent.generation, now)?;
             let key = generation_key(&intent.bucket, intent.generation);
-            txn.open_table(INTENTS)?.insert(key.as_slice(), encode_value(&intent)?.as_slice())?;
+            let mut intents = txn.open_table(INTENTS)?;
+            // A streamed archival adds its keys segment by segment to one intent.
+            let mut recorded: UploadIntent = match intents.get(key.as_slice())? {
+                Some(v) => decode_value(v.value())?,
+                None => UploadIntent { keys: Vec::new(), ..intent.clone() },
+            };
+            for k in intent.keys {
+                if !recorded.keys.contains(&k) {
+                    recorded.keys.push(k);
+                }
+            }
+            intents.insert(key.as_slice(), encode_value(&recorded)?.as_slice())?;
             Ok(())
         })
     }
