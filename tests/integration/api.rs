@@ -224,7 +224,12 @@ fn http(method: &str, url: &str, token: Option<&str>, body: Option<&str>) -> (u1
                 r = r.header("Authorization", a);
             }
             match body {
-                Some(b) => r.send(b),
+                // JSON for objects and arrays, JSON lines otherwise: the API refuses a body of
+                // any other declared type (`api::browser`).
+                Some(b) if b.starts_with('{') || b.starts_with('[') => {
+                    r.header("Content-Type", "application/json").send(b)
+                }
+                Some(b) => r.header("Content-Type", "application/x-ndjson").send(b),
                 None => r.send_empty(),
             }
         }
@@ -489,6 +494,58 @@ fn without_tokens_the_api_is_open_on_loopback_only() {
     assert_eq!(server.get("/v1/status", None).0, 200);
     assert_eq!(server.post("/v1/archive", None, None).0, 200);
     assert!(server.terminate().success());
+}
+
+/// One raw HTTP/1.1 request (`head` without the request line's CRLF or the blank line), so
+/// a test can send the headers a browser would: the status and the body.
+fn raw(addr: &str, head: &str, body: &str) -> (u16, String) {
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    write!(stream, "{head}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len()).unwrap();
+    let mut answer = Vec::new();
+    let _ = stream.read_to_end(&mut answer);
+    let answer = text(&answer);
+    let status = answer.split_whitespace().nth(1).unwrap_or_default().parse().unwrap_or(0);
+    (status, answer.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default())
+}
+
+/// Without tokens, what a web page could make a browser send is refused before any handler
+/// runs: a name other than loopback in `Host` (DNS rebinding), a foreign `Origin`, a record
+/// body declared as `text/plain` (no CORS preflight needed). Nothing is written; the same
+/// requests from a program (loopback `Host`, no `Origin`, a JSON type) are served.
+#[test]
+fn without_tokens_a_browsers_requests_are_refused_and_change_nothing() {
+    let d = dirs();
+    let server = Server::start(&d, &["--interval-seconds", "3600"], false);
+    let addr = server.addr.clone();
+    let record = line("p", "2025-02-01T00:00:00Z", "000001", "1");
+    let post = |host: &str, extra: &str| {
+        raw(&addr, &format!("POST /v1/tables/events/records HTTP/1.1\r\nHost: {host}{extra}"), &record)
+    };
+    let (status, body) = raw(&addr, "GET /v1/status HTTP/1.1\r\nHost: rebound.example:7070", "");
+    assert_eq!(status, 403, "{body}");
+    assert!(body.contains("loopback host") && body.contains("FROSTLINE_TOKENS"), "{body}");
+    let (status, body) = post(&addr, "\r\nContent-Type: application/x-ndjson\r\nOrigin: https://evil.example");
+    assert_eq!(status, 403, "{body}");
+    assert!(body.contains("web origin `https://evil.example`"), "{body}");
+    let (status, body) = post(&addr, "\r\nContent-Type: text/plain");
+    assert_eq!(status, 415, "{body}");
+    assert!(body.contains("application/x-ndjson") && body.contains("text/plain"), "{body}");
+    let (status, body) = raw(&addr, &format!("POST /v1/archive HTTP/1.1\r\nHost: {addr}\r\nOrigin: null"), "");
+    assert_eq!(status, 403, "{body}");
+    assert_eq!(count_records(&server), 0, "nothing refused was written");
+
+    let (status, body) = post(&addr, "\r\nContent-Type: application/x-ndjson");
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = post(
+        &format!("localhost:{}", addr.rsplit(':').next().unwrap()),
+        &format!(
+            "\r\nContent-Type: application/x-ndjson; charset=utf-8\r\nOrigin: http://localhost:{}",
+            addr.rsplit(':').next().unwrap()
+        ),
+    );
+    assert_eq!(status, 200, "its own origin is served: {body}");
+    assert_eq!(count_records(&server), 1);
 }
 
 #[test]

@@ -176,9 +176,9 @@ fn bearer(request: &Request) -> Option<&str> {
 #[derive(Debug, Clone)]
 pub struct RouteTemplate(pub String);
 
-/// Middleware on every matched route: looks its access up in `ROUTES` and refuses a request
-/// whose token does not suffice, before the handler runs (so a refused request changes
-/// nothing).
+/// Middleware on every matched route: refuses what a browser could send on a page's behalf
+/// (`browser::check`), looks the route's access up in `ROUTES` and refuses a request whose
+/// token does not suffice, before the handler runs (so a refused request changes nothing).
 pub async fn authorise(State(state): State<Arc<ApiState>>, request: Request, next: Next) -> Response {
     let template = request.extensions().get::<MatchedPath>().map(|p| p.as_str().to_string()).unwrap_or_default();
     // axum answers HEAD with the GET handler: it needs what GET needs.
@@ -190,10 +190,14 @@ pub async fn authorise(State(state): State<Arc<ApiState>>, request: Request, nex
             format!("{} is not served on {template}", request.method()),
         )
         .into_response(),
-        Some(access) => match state.auth.check(access, state.auth.grant(bearer(&request))) {
-            Ok(()) => next.run(request).await,
-            Err(refusal) => refusal.into_response(),
-        },
+        Some(access) => {
+            let allowed = super::browser::check(request.method(), request.headers(), !state.auth.is_disabled())
+                .and_then(|()| state.auth.check(access, state.auth.grant(bearer(&request))));
+            match allowed {
+                Ok(()) => next.run(request).await,
+                Err(refusal) => refusal.into_response(),
+            }
+        }
     };
     response.extensions_mut().insert(RouteTemplate(template));
     response

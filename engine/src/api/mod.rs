@@ -4,7 +4,8 @@
 //! docs/openapi.json formally; a test checks the file against the server built from `ROUTES`.
 //!
 //! Every route is declared once, in `ROUTES`, with the access it needs; the router and the
-//! authorisation check are built from that list. Blocking work (appends, store reads, reloads)
+//! authorisation check are built from that list. `browser` refuses, before any handler runs,
+//! what a web page could send on a browser's behalf. Blocking work (appends, store reads, reloads)
 //! runs on blocking threads; an append is acknowledged only after `Engine::append` returns,
 //! that is after its commit.
 //!
@@ -12,6 +13,7 @@
 //! errors onto status codes; only the daemon imports it (the CLI talks to it over HTTP).
 
 pub mod auth;
+pub mod browser;
 mod handlers;
 pub mod metrics;
 
