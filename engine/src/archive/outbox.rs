@@ -42,17 +42,60 @@ pub fn event_json(event: &OutboxEvent, sink: &str) -> serde_json::Value {
     })
 }
 
+/// The system's certificate authorities (rustls-native-certs: the platform's store, or the
+/// files `SSL_CERT_FILE` and `SSL_CERT_DIR` name), loaded once; unreadable ones are logged and
+/// skipped.
+fn system_roots() -> &'static [Vec<u8>] {
+    static ROOTS: OnceLock<Vec<Vec<u8>>> = OnceLock::new();
+    ROOTS.get_or_init(|| {
+        let loaded = rustls_native_certs::load_native_certs();
+        for error in &loaded.errors {
+            tracing::warn!(%error, "a system certificate authority could not be loaded");
+        }
+        loaded.certs.iter().map(|c| c.to_vec()).collect()
+    })
+}
+
+/// The HTTP client of one webhook, made on its first delivery and again when its
+/// configuration changes: its timeout, and for `https://` rustls trusting the system's
+/// certificate authorities and the sink's `ca_file`. Kept, so deliveries reuse connections and
+/// the trust store is built once.
+fn webhook_agent(sink: &SinkConfig) -> ureq::Agent {
+    static AGENTS: OnceLock<Mutex<HashMap<String, (SinkConfig, ureq::Agent)>>> = OnceLock::new();
+    let mut agents = AGENTS.get_or_init(Default::default).lock().expect("webhook agents");
+    if let Some((config, agent)) = agents.get(&sink.name)
+        && config == sink
+    {
+        return agent.clone();
+    }
+    let agent = new_webhook_agent(sink);
+    agents.insert(sink.name.clone(), (sink.clone(), agent.clone()));
+    agent
+}
+
+fn new_webhook_agent(sink: &SinkConfig) -> ureq::Agent {
+    let roots: Vec<ureq::tls::Certificate<'static>> = system_roots()
+        .iter()
+        .chain(&sink.ca_certificates)
+        .map(|der| ureq::tls::Certificate::from_der(der).to_owned())
+        .collect();
+    let tls = ureq::tls::TlsConfig::builder().root_certs(ureq::tls::RootCerts::Specific(Arc::new(roots))).build();
+    ureq::Agent::config_builder()
+        .timeout_global(Some(Duration::from_millis(sink.timeout_ms)))
+        .tls_config(tls)
+        .build()
+        .into()
+}
+
 fn deliver_one(sink: &SinkConfig, event: &OutboxEvent) -> Result<()> {
     let body = event_json(event, &sink.name);
     match sink.kind {
         SinkKind::Webhook => {
             let key = body["idempotency_key"].as_str().unwrap_or_default().to_string();
-            ureq::post(&sink.destination)
+            webhook_agent(sink)
+                .post(&sink.destination)
                 .header("Content-Type", "application/json")
                 .header("Idempotency-Key", &key)
-                .config()
-                .timeout_global(Some(Duration::from_millis(sink.timeout_ms)))
-                .build()
                 .send(body.to_string())
                 .map(|_| ())
                 .map_err(|e| Error::StorageUnavailable(format!("sink `{}`: {e}", sink.name)))

@@ -63,6 +63,7 @@ struct RawSink {
     url: Option<String>,
     path: Option<PathBuf>,
     timeout_ms: Option<u64>,
+    ca_file: Option<PathBuf>,
 }
 
 /// Where outbox events are delivered.
@@ -83,6 +84,12 @@ pub struct SinkConfig {
     /// The webhook URL or the file path.
     pub destination: String,
     pub timeout_ms: u64,
+    /// The PEM file of extra certificate authorities an `https://` webhook trusts besides the
+    /// system's (`ca_file`, read when the policy loads).
+    pub ca_file: Option<String>,
+    /// The DER certificates of `ca_file`.
+    #[serde(skip)]
+    pub ca_certificates: Vec<Vec<u8>>,
 }
 
 pub const SINK_TIMEOUT_MS_DEFAULT: u64 = 5_000;
@@ -526,20 +533,8 @@ fn validate_sink(dir: &Path, file: &Path, raw: RawSink) -> Result<SinkConfig> {
     }
     let destination = match (raw.kind, raw.url, raw.path) {
         (SinkKind::Webhook, Some(url), None) => {
-            // The webhook client is built without TLS (it would add a second TLS stack):
-            // refuse https at load rather than fail every delivery later.
-            if url.starts_with("https://") {
-                return Err(invalid(
-                    file,
-                    format!(
-                        "sink `{}`: https webhooks are not supported by this build; deliver to an http:// relay on \
-                         the host (or a jsonl sink)",
-                        raw.name
-                    ),
-                ));
-            }
-            if !url.starts_with("http://") {
-                return Err(invalid(file, format!("sink `{}`: url must start with http://", raw.name)));
+            if !url.starts_with("http://") && !url.starts_with("https://") {
+                return Err(invalid(file, format!("sink `{}`: url must start with http:// or https://", raw.name)));
             }
             url
         }
@@ -554,7 +549,36 @@ fn validate_sink(dir: &Path, file: &Path, raw: RawSink) -> Result<SinkConfig> {
             return Err(invalid(file, format!("sink `{}`: a jsonl sink takes `path` (and no `url`)", raw.name)));
         }
     };
-    Ok(SinkConfig { name: raw.name, kind: raw.kind, destination, timeout_ms })
+    let (ca_file, ca_certificates) = match raw.ca_file {
+        None => (None, Vec::new()),
+        Some(_) if raw.kind != SinkKind::Webhook || !destination.starts_with("https://") => {
+            return Err(invalid(file, format!("sink `{}`: ca_file is for https:// webhooks only", raw.name)));
+        }
+        Some(path) => {
+            let path = if path.is_absolute() { path } else { dir.join(path) };
+            let certificates = read_ca_file(&path)
+                .map_err(|why| invalid(file, format!("sink `{}`: ca_file {}: {why}", raw.name, path.display())))?;
+            (Some(path.display().to_string()), certificates)
+        }
+    };
+    Ok(SinkConfig { name: raw.name, kind: raw.kind, destination, timeout_ms, ca_file, ca_certificates })
+}
+
+/// The certificates of a PEM file, as DER; an unreadable file, a malformed one or one without
+/// a certificate is refused with the reason.
+fn read_ca_file(path: &Path) -> std::result::Result<Vec<Vec<u8>>, String> {
+    let pem = std::fs::read(path).map_err(|e| format!("cannot be read ({e})"))?;
+    let mut certificates = Vec::new();
+    for item in ureq::tls::parse_pem(&pem) {
+        match item.map_err(|e| format!("is not valid PEM ({e})"))? {
+            ureq::tls::PemItem::Certificate(certificate) => certificates.push(certificate.der().to_vec()),
+            _ => return Err("holds something other than certificates (a key?); give it only CA certificates".into()),
+        }
+    }
+    if certificates.is_empty() {
+        return Err("holds no PEM certificate (-----BEGIN CERTIFICATE-----)".into());
+    }
+    Ok(certificates)
 }
 
 impl PluginRecord {
