@@ -359,6 +359,28 @@ fn the_running_engine_hot_reloads_on_change_refuses_bad_sets_and_reloads_on_requ
     let status = wait_for_status(&d, "a reload by SIGHUP", |s| s["policy"]["last_reload"]["trigger"] == "SIGHUP");
     assert_eq!(status["policy"]["generation"], 4);
 
+    // A file in a subfolder that the policy names (a webhook's CA file): replacing it reloads
+    // (the watch was not recursive, so this change went unseen).
+    let certs = Path::new(&d.policies).join("certs");
+    std::fs::create_dir_all(&certs).unwrap();
+    let pem = || rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap().cert.pem();
+    std::fs::write(certs.join("ca.pem"), pem()).unwrap();
+    std::fs::write(
+        Path::new(&d.policies).join("sink.toml"),
+        "[[sink]]\nname = \"hook\"\nkind = \"webhook\"\nurl = \"https://localhost:9/x\"\nca_file = \"certs/ca.pem\"\n",
+    )
+    .unwrap();
+    let status = wait_for_status(&d, "the sink loaded", |s| {
+        s["policy"]["files"].as_object().is_some_and(|f| f.contains_key("sink.toml"))
+            && s["policy"]["last_reload"]["accepted"] == true
+    });
+    let generation = status["policy"]["generation"].as_u64().unwrap();
+    std::fs::write(certs.join("ca.pem"), pem()).unwrap();
+    let status = wait_for_status(&d, "a reload for the subfolder's file", |s| {
+        s["policy"]["generation"].as_u64().is_some_and(|g| g > generation)
+    });
+    assert_eq!(status["policy"]["last_reload"]["trigger"], "file change", "{status}");
+
     // SAFETY: signalling our own child process.
     unsafe { libc::kill(run.id() as i32, libc::SIGTERM) };
     let started = std::time::Instant::now();

@@ -116,6 +116,38 @@ fn a_half_written_file_is_refused_and_the_completed_file_accepted() {
     assert_eq!(e.engine.policies().generation, 2);
 }
 
+/// A file still being written in a subfolder while a reload runs (a plugin being copied in)
+/// refuses the reload, naming the file; once it settles the reload is accepted. (Only the
+/// top folder's `*.toml` files were checked, so this reload went ahead.)
+#[test]
+fn a_file_still_being_written_in_a_subfolder_refuses_the_reload() {
+    use std::io::Write as _;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let e = TestEngine::new(BASE, "2024-03-10T00:00:00Z");
+    let plugins = policy_dir(&e).join("plugins");
+    std::fs::create_dir_all(&plugins).unwrap();
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (stop, path) = (stop.clone(), plugins.join("next.wasm"));
+        std::thread::spawn(move || {
+            let mut file = std::fs::File::create(path).unwrap();
+            while !stop.load(Ordering::SeqCst) {
+                file.write_all(&[0u8; 1024]).unwrap();
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+        })
+    };
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    let outcome = reload(&e.engine, "test");
+    stop.store(true, Ordering::SeqCst);
+    writer.join().unwrap();
+    assert!(!outcome.accepted, "{outcome:?}");
+    let error = outcome.error.unwrap_or_default();
+    assert!(error.contains("still being written") && error.contains("plugins/next.wasm"), "{error}");
+    assert_eq!(e.engine.policies().generation, 1);
+    assert!(reload(&e.engine, "test").accepted, "accepted once the file settled");
+}
+
 #[test]
 fn unknown_fields_and_duplicate_tables_are_refused_with_file_and_field() {
     let e = TestEngine::new(BASE, "2024-03-10T00:00:00Z");

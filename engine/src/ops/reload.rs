@@ -1,9 +1,11 @@
 //! Atomic policy reload: parse, load, initialise and check the whole directory, check it
 //! against live state, then swap it in. A refused reload keeps the previous set and says why.
 //!
-//! A file caught half-written must never activate a partial policy: the directory's content
-//! hashes are taken before and after loading, with a pause between; any change means a writer
-//! is still at work, and the reload is refused (the watcher tries again when the writes stop).
+//! A file caught half-written must never activate a partial policy: before and after loading,
+//! with a pause between, the policy files' content hashes are taken, and every file of the
+//! directory tree (plugins, secrets, certificate files, in subfolders too) is listed with its
+//! size and modification time; any change means a writer is still at work, and the reload is
+//! refused (the watcher, which watches the whole tree, tries again when the writes stop).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -75,14 +77,45 @@ fn unstable(before: &BTreeMap<String, String>, after: &BTreeMap<String, String>)
 
 fn try_reload(engine: &Engine, current: &Arc<PolicySet>) -> Result<PolicySet> {
     let dir = current.dir.clone();
-    let before = hash_files(&dir)?;
+    let (before, tree_before) = (hash_files(&dir)?, tree_state(&dir)?);
     std::thread::sleep(Duration::from_millis(RELOAD_STABLE_MS));
     let set = crate::policy::load_with(&dir, &engine.data_dir, &engine.host, &engine.settings, &engine.load_options)?;
-    let after = hash_files(&dir)?;
-    if let Some(why) = unstable(&before, &after).or_else(|| unstable(&before, &set.files)) {
+    let (after, tree_after) = (hash_files(&dir)?, tree_state(&dir)?);
+    if let Some(why) = unstable(&before, &after)
+        .or_else(|| unstable(&before, &set.files))
+        .or_else(|| unstable(&tree_before, &tree_after))
+    {
         return Err(Error::InvalidInput(why));
     }
     succeed(engine, current, set)
+}
+
+/// Every file under `dir`, by path relative to it, with its size and modification time: what
+/// a writer at work changes, read without reading the files (plugins can be large).
+fn tree_state(dir: &std::path::Path) -> Result<BTreeMap<String, String>> {
+    fn walk(root: &std::path::Path, dir: &std::path::Path, out: &mut BTreeMap<String, String>) -> Result<()> {
+        let unreadable = |e: std::io::Error| Error::io(dir, e);
+        for entry in std::fs::read_dir(dir).map_err(unreadable)? {
+            let entry = entry.map_err(unreadable)?;
+            let path = entry.path();
+            if entry.file_type().map_err(unreadable)?.is_dir() {
+                walk(root, &path, out)?;
+                continue;
+            }
+            // A symlinked file is followed, as the loader does; a symlinked folder is not
+            // (it could lead back up the tree).
+            let Ok(meta) = std::fs::metadata(&path) else { continue };
+            if !meta.is_dir() {
+                let name = path.strip_prefix(root).unwrap_or(&path).display().to_string();
+                let modified = meta.modified().ok().and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok());
+                out.insert(name, format!("{} bytes, modified {:?}", meta.len(), modified));
+            }
+        }
+        Ok(())
+    }
+    let mut out = BTreeMap::new();
+    walk(dir, dir, &mut out)?;
+    Ok(out)
 }
 
 /// Makes a freshly loaded `set` the successor of `current`: tables it lacks are carried over
@@ -122,7 +155,8 @@ pub fn start_watcher(dir: &std::path::Path) -> Result<PolicyWatcher> {
     })
     .map_err(|e| Error::Internal(format!("cannot watch the policy directory: {e}")))?;
     watcher
-        .watch(dir, notify::RecursiveMode::NonRecursive)
+        // Recursive: a plugin or a certificate replaced in a subfolder reloads too.
+        .watch(dir, notify::RecursiveMode::Recursive)
         .map_err(|e| Error::Internal(format!("cannot watch {}: {e}", dir.display())))?;
     Ok(PolicyWatcher { _watcher: watcher, events })
 }
