@@ -19,6 +19,7 @@ TARGETS = {
         ("ratio_min", 0.6),  # a pass at >= 60% of the I/O floor (write, fsync, read back, SHA-256)
         ("ratio_min", 0.7),  # appends during a pass at >= 70% of the same without one
         ("max", 50.0),  # a 1,000-record append during a pass under 50 ms at the 99th percentile
+        ("ratio_min", 1.5),  # a pass at >= 1.5x restic backing up the same bytes
     ],
     "formats": [("ratio_min", 1 / 3)],  # a cold query of one bucket within 3x of the hot query
     "scale": [("ratio_min", 0.5)],  # a pass over 1,000,000 buckets within 2x of one over 1,000
@@ -30,6 +31,8 @@ TARGETS = {
         ("max", 200.0),  # start-up from the compiled cache under 200 ms
         ("max", 64.0),  # idle resident memory under 64 MiB
         ("max", 256.0),  # `frostline ingest` of a 2 GiB file peaks under 256 MiB resident
+        ("max", 256.0),  # archiving one bucket of 2 GiB peaks under 256 MiB resident
+        ("max", 64.0),  # a query page of 1,000 records takes under 64 MiB whatever the bucket size
     ],
 }
 

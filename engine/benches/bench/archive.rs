@@ -12,6 +12,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, ensure};
 use frostline::archive::Phase;
 use frostline::model::{Micros, Record};
+use frostline::settings::Settings;
 use sha2::{Digest as _, Sha256};
 
 use crate::data::{
@@ -131,7 +132,8 @@ pub fn archive(bench: &mut Bench) -> Result<()> {
             engine_samples,
             1,
         )
-        .against(&restic);
+        .against(&restic)
+        .with_target(RESTIC_RATIO_MIN, "a pass archives at >= 1.5x restic backing up the same bytes");
         bench.push(restic);
         bench.push(against_restic);
     }
@@ -142,6 +144,8 @@ pub fn archive(bench: &mut Bench) -> Result<()> {
 const LIVE_BATCH: usize = 1_000;
 /// Batches appended without a pass, for the baseline.
 const LIVE_BATCHES_BASELINE: usize = 100;
+/// A pass should archive at >= 1.5x restic backing up the same bytes.
+const RESTIC_RATIO_MIN: f64 = 1.5;
 /// Appends during a pass should run at >= 70% of the same without one.
 const LIVE_RATIO_MIN: f64 = 0.7;
 /// The slowest 1% of 1,000-record appends during a pass should take under 50 ms.
@@ -153,6 +157,7 @@ const LIVE_P99_MS_MAX: f64 = 50.0;
 fn appends_during_a_pass(bench: &mut Bench, template: &Dirs, runtime: &tokio::runtime::Runtime) -> Result<()> {
     let (mut alone_rates, mut live_rates, mut alone_p99, mut live_p99) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut one_worker_rates, mut busy_cores) = (Vec::new(), Vec::new());
     let mut next = 0usize;
     let mut batch = |n: usize| -> Vec<Record> {
         (0..n)
@@ -170,6 +175,15 @@ fn appends_during_a_pass(bench: &mut Bench, template: &Dirs, runtime: &tokio::ru
             .collect()
     };
     for _ in 0..bench.options.repeats {
+        // What bounds appends during a pass: the same with the pass on one worker
+        // (ARCHIVER_CONCURRENCY=1), and how many cores the process keeps busy meanwhile.
+        let copy = template.copy()?;
+        let one_worker = Settings { archive_concurrency: 1, ..Settings::default() };
+        let engine = copy.open_with(ARCHIVE_NOW_MICROS, one_worker)?;
+        let (appended, seconds, _) = append_while_passing(&engine, runtime, &mut batch)?;
+        one_worker_rates.push(appended as f64 / seconds);
+        drop(engine);
+
         let copy = template.copy()?;
         let engine = copy.open(ARCHIVE_NOW_MICROS)?;
         let mut alone = Vec::with_capacity(LIVE_BATCHES_BASELINE);
@@ -183,28 +197,10 @@ fn appends_during_a_pass(bench: &mut Bench, template: &Dirs, runtime: &tokio::ru
         alone_rates.push((LIVE_BATCHES_BASELINE * LIVE_BATCH) as f64 / started.elapsed().as_secs_f64());
         alone_p99.push(percentile(&mut alone, 0.99));
 
-        let done = std::sync::atomic::AtomicBool::new(false);
-        let mut live = Vec::new();
-        let live_seconds = std::thread::scope(|scope| -> Result<f64> {
-            let pass = scope.spawn(|| {
-                let report = runtime.block_on(passes_until_idle(&engine));
-                done.store(true, std::sync::atomic::Ordering::SeqCst);
-                report
-            });
-            let started = Instant::now();
-            while !done.load(std::sync::atomic::Ordering::SeqCst) {
-                let records = batch(LIVE_BATCH);
-                let t = Instant::now();
-                engine.append(DATASET_TABLE, records)?;
-                live.push(t.elapsed().as_secs_f64() * 1e3);
-            }
-            let seconds = started.elapsed().as_secs_f64();
-            let report = pass.join().expect("the pass thread panicked")?;
-            ensure!(report.errors.is_empty() && report.archived > 0, "the pass under appends: {report:?}");
-            Ok(seconds)
-        })?;
-        ensure!(live.len() >= 10, "only {} appends ran during the pass", live.len());
-        live_rates.push((live.len() * LIVE_BATCH) as f64 / live_seconds);
+        let cpu_before = process_cpu_seconds();
+        let (appended, live_seconds, mut live) = append_while_passing(&engine, runtime, &mut batch)?;
+        busy_cores.push((process_cpu_seconds() - cpu_before) / live_seconds);
+        live_rates.push(appended as f64 / live_seconds);
         live_p99.push(percentile(&mut live, 0.99));
     }
     let alone = Figure::new(
@@ -238,11 +234,68 @@ fn appends_during_a_pass(bench: &mut Bench, template: &Dirs, runtime: &tokio::ru
         1,
     )
     .with_limit(LIVE_P99_MS_MAX, "a 1,000-record append during a pass takes under 50 ms at the 99th percentile");
+    let one_worker = Figure::new(
+        bench.scenario,
+        format!("Engine::append of {LIVE_BATCH}-record batches while a pass on one worker (ARCHIVER_CONCURRENCY=1) archives the 32 buckets"),
+        Unit::RecordsPerSecond,
+        one_worker_rates,
+        LIVE_BATCH as u64,
+    )
+    .against(&alone);
+    let cores = Figure::new(
+        bench.scenario,
+        "cores the process keeps busy while appends and a pass run (CPU seconds per second)",
+        Unit::Cores,
+        busy_cores,
+        1,
+    );
     bench.push(alone);
     bench.push(live);
+    bench.push(one_worker);
+    bench.push(cores);
     bench.push(p99_alone);
     bench.push(p99_live);
     Ok(())
+}
+
+/// Appends `LIVE_BATCH`-record batches from `batch` to `engine` until passes have archived
+/// everything due: records appended, seconds, and each append's milliseconds.
+fn append_while_passing(
+    engine: &std::sync::Arc<frostline::engine::Engine>,
+    runtime: &tokio::runtime::Runtime,
+    batch: &mut dyn FnMut(usize) -> Vec<Record>,
+) -> Result<(usize, f64, Vec<f64>)> {
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let mut latencies = Vec::new();
+    let seconds = std::thread::scope(|scope| -> Result<f64> {
+        let pass = scope.spawn(|| {
+            let report = runtime.block_on(passes_until_idle(engine));
+            done.store(true, std::sync::atomic::Ordering::SeqCst);
+            report
+        });
+        let started = Instant::now();
+        while !done.load(std::sync::atomic::Ordering::SeqCst) {
+            let records = batch(LIVE_BATCH);
+            let t = Instant::now();
+            engine.append(DATASET_TABLE, records)?;
+            latencies.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+        let seconds = started.elapsed().as_secs_f64();
+        let report = pass.join().expect("the pass thread panicked")?;
+        ensure!(report.errors.is_empty() && report.archived > 0, "the pass under appends: {report:?}");
+        Ok(seconds)
+    })?;
+    ensure!(latencies.len() >= 10, "only {} appends ran during the pass", latencies.len());
+    Ok((latencies.len() * LIVE_BATCH, seconds, latencies))
+}
+
+/// User and system CPU seconds of this process so far (getrusage).
+fn process_cpu_seconds() -> f64 {
+    // SAFETY: getrusage writes the struct it is given and nothing else.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) };
+    let seconds = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    seconds(usage.ru_utime) + seconds(usage.ru_stime)
 }
 
 /// The `q` quantile of `samples` (nearest rank).

@@ -109,7 +109,11 @@ impl Dirs {
     }
 
     pub fn open(&self, now: Micros) -> Result<Arc<Engine>> {
-        Ok(Engine::open(&self.data(), &self.policies(), Settings::default(), ManualClock::new(now))?)
+        self.open_with(now, Settings::default())
+    }
+
+    pub fn open_with(&self, now: Micros, settings: Settings) -> Result<Arc<Engine>> {
+        Ok(Engine::open(&self.data(), &self.policies(), settings, ManualClock::new(now))?)
     }
 }
 

@@ -42,6 +42,9 @@ pub enum Unit {
     /// Megabytes (10^6 bytes) per second.
     #[serde(rename = "MB/s")]
     MegabytesPerSecond,
+    /// CPU seconds per second of wall time: how many cores were kept busy.
+    #[serde(rename = "cores")]
+    Cores,
 }
 
 impl Unit {
@@ -55,6 +58,7 @@ impl Unit {
             Unit::Mebibytes => "MiB",
             Unit::RecordsPerSecond => "records/s",
             Unit::MegabytesPerSecond => "MB/s",
+            Unit::Cores => "cores",
         }
     }
 
@@ -69,7 +73,7 @@ impl Unit {
             Unit::NsPerCall | Unit::NsPerTime => ns,
             Unit::Micros => ns / 1e3,
             Unit::Millis => ns / 1e6,
-            Unit::RecordsPerSecond | Unit::MegabytesPerSecond | Unit::Bytes | Unit::Mebibytes => {
+            Unit::RecordsPerSecond | Unit::MegabytesPerSecond | Unit::Bytes | Unit::Mebibytes | Unit::Cores => {
                 panic!("{} is not a duration", self.label())
             }
         }
