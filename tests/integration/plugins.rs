@@ -219,6 +219,38 @@ fn plugin_cannot_read_files_see_the_environment_or_open_sockets() {
     assert!(net.contains("probe-net: denied"), "{net}");
 }
 
+/// Strategies and retention policies answer from their input alone: their WASI clocks stand
+/// still at the Unix epoch and their random bytes are zeros, so two instances see the same time
+/// and the same random keys, and a strategy whose keys carry the wall clock answers alike twice
+/// (it failed its conformance check as unstable when it saw the real clock).
+#[test]
+fn strategies_see_a_stopped_clock_and_zero_random_so_two_calls_answer_alike() {
+    let first = probe(r#"{"mode":"probe-time"}"#);
+    assert_eq!(
+        first,
+        "probe-time: wall=0 monotonic_elapsed=0ns random_hash=".to_string() + first.rsplit('=').next().unwrap()
+    );
+    assert_eq!(probe(r#"{"mode":"probe-time"}"#), first, "a second instance sees the same time and randomness");
+
+    let report = frostline::cli::plugin_check::check(
+        shared_host(),
+        &test_plugin("hostile_strategy"),
+        Role::BucketStrategy,
+        r#"{"mode":"clock-key"}"#.into(),
+        7,
+    )
+    .unwrap();
+    // (Its planted traps at t = -1, -2, -3 fail another check in every mode.)
+    let stable = report.checks.iter().find(|c| c.name == "same answer when asked again").unwrap();
+    assert!(stable.passed && stable.cases > 1_000, "{stable:?}");
+    let loaded = load(&test_plugin("hostile_strategy"), Role::BucketStrategy, PluginLimits::default());
+    let strategy = WasmStrategy::new(loaded, r#"{"mode":"clock-key"}"#.into()).unwrap();
+    // Past the descriptor cache: the component itself is asked twice.
+    let once = strategy.ask_one_uncached(3_600_000_000).unwrap().unwrap();
+    assert_eq!(once.key, "hour:1:wall0");
+    assert_eq!(strategy.ask_one_uncached(3_600_000_000).unwrap().unwrap(), once);
+}
+
 #[test]
 fn compiled_cache_is_used_on_the_second_load_and_corrupt_entries_are_recompiled() {
     let cache = tempfile::tempdir().unwrap();

@@ -81,9 +81,19 @@ impl Capabilities {
     }
 
     /// A WASI context with exactly the granted directories (and still no environment,
-    /// arguments or sockets).
-    pub(crate) fn wasi_ctx(&self) -> Result<WasiCtx> {
+    /// arguments or sockets). With `deterministic` (strategies and retention policies, whose
+    /// answers must be functions of their input) the clocks stand still at the Unix epoch and
+    /// every random byte is zero, so two calls with the same input answer alike.
+    pub(crate) fn wasi_ctx(&self, deterministic: bool) -> Result<WasiCtx> {
         let mut builder = WasiCtx::builder();
+        if deterministic {
+            builder
+                .wall_clock(StoppedClock)
+                .monotonic_clock(StoppedClock)
+                .secure_random(ZeroRandom)
+                .insecure_random(ZeroRandom)
+                .insecure_random_seed(0);
+        }
         for p in &self.preopens {
             let perms = match p.mode {
                 PreopenMode::Ro => FsPerms::ReadOnly,
@@ -107,6 +117,45 @@ impl Capabilities {
             parts.push(format!("blob store `{}`", b.target));
         }
         if parts.is_empty() { "nothing".to_string() } else { parts.join("; ") }
+    }
+}
+
+/// A clock that always reads zero: the Unix epoch on the wall, no time passed on the monotonic
+/// clock.
+struct StoppedClock;
+
+impl wasmtime_wasi::HostWallClock for StoppedClock {
+    fn resolution(&self) -> std::time::Duration {
+        std::time::Duration::from_nanos(1)
+    }
+    fn now(&self) -> std::time::Duration {
+        std::time::Duration::ZERO
+    }
+}
+
+impl wasmtime_wasi::HostMonotonicClock for StoppedClock {
+    fn resolution(&self) -> u64 {
+        1
+    }
+    fn now(&self) -> u64 {
+        0
+    }
+}
+
+/// A random source whose every byte is zero.
+struct ZeroRandom;
+
+impl rand_core::TryRng for ZeroRandom {
+    type Error = std::convert::Infallible;
+    fn try_next_u32(&mut self) -> std::result::Result<u32, Self::Error> {
+        Ok(0)
+    }
+    fn try_next_u64(&mut self) -> std::result::Result<u64, Self::Error> {
+        Ok(0)
+    }
+    fn try_fill_bytes(&mut self, dst: &mut [u8]) -> std::result::Result<(), Self::Error> {
+        dst.fill(0);
+        Ok(())
     }
 }
 

@@ -298,7 +298,8 @@ impl LoadedPlugin {
     /// A fresh store whose WASI context and blob store hold exactly `capabilities`.
     fn new_store(&self, capabilities: &Capabilities) -> Result<wasmtime::Store<PluginState>> {
         let state = PluginState {
-            wasi: capabilities.wasi_ctx()?,
+            // Strategies and retention policies answer from their input alone (ARCHITECTURE.md).
+            wasi: capabilities.wasi_ctx(self.role != Role::Archiver)?,
             blob_store: grants::BlobStoreBinding {
                 grant: capabilities.blob_store.clone(),
                 plugin_hash: self.hash.as_str().into(),

@@ -41,6 +41,10 @@ enum Mode {
     ProbeFs,
     ProbeEnv,
     ProbeNet,
+    /// `init` reports the wall clock, the monotonic clock and the first random hash keys.
+    ProbeTime,
+    /// Bucket keys carry the wall clock's nanoseconds: stable only if the clock is.
+    ClockKey,
 }
 
 #[derive(Default, Deserialize)]
@@ -111,6 +115,20 @@ fn probe_net(port: u16) -> String {
     }
 }
 
+/// Nanoseconds since the Unix epoch on the wall clock the host gives.
+#[allow(clippy::disallowed_methods)] // reading the host's clock is what this probe is for
+fn wall_nanos() -> u128 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos())
+}
+
+fn probe_time() -> String {
+    use std::hash::BuildHasher as _;
+    let started = std::time::Instant::now();
+    // The first RandomState of a thread takes its keys from the host's random source.
+    let hash = std::collections::hash_map::RandomState::new().hash_one(42u64);
+    format!("probe-time: wall={} monotonic_elapsed={:?} random_hash={hash}", wall_nanos(), started.elapsed())
+}
+
 fn bucket_for(mode: Mode, t: i64) -> Result<BucketDescriptor, String> {
     match t {
         TIME_LOOP_FOREVER => loop_forever(),
@@ -131,6 +149,7 @@ fn bucket_for(mode: Mode, t: i64) -> Result<BucketDescriptor, String> {
         }
         Mode::BadOrder => bucket.end = bucket.start,
         Mode::BadKey => bucket.key.clear(),
+        Mode::ClockKey => bucket.key = format!("hour:{hour}:wall{}", wall_nanos()),
         Mode::Unstable => {
             let call = CALLS.get();
             CALLS.set(call.wrapping_add(1));
@@ -156,6 +175,7 @@ impl bindings::Guest for Component {
             // The probes report through init's error, the one string the host test can read.
             Mode::ProbeFs => return Err(probe_fs()),
             Mode::ProbeEnv => return Err(probe_env()),
+            Mode::ProbeTime => return Err(probe_time()),
             Mode::ProbeNet => {
                 let port = config.port.ok_or("probe-net needs the config field \"port\"")?;
                 return Err(probe_net(port));
