@@ -47,9 +47,15 @@ pub const PLUGIN_MEMORY_BYTES_MIN: usize = 1024 * 1024;
 pub const PLUGIN_MEMORY_BYTES_MAX: usize = 4 * 1024 * 1024 * 1024;
 /// How often the epoch advances; a call overruns its deadline by at most about one tick.
 pub const EPOCH_TICK_MS: u64 = 5;
-/// Table elements an instance may hold (each costs a pointer on the host).
+/// Table elements a plugin instance may hold across all its tables (each costs a pointer on
+/// the host).
 pub const PLUGIN_TABLE_ELEMENTS_MAX: usize = 100_000;
+/// Core instances, linear memories and tables one plugin instance may create. A component
+/// made by componentize-py or jco holds a handful of each; the caps stop a component from
+/// multiplying them.
 pub const PLUGIN_INSTANCES_MAX: usize = 64;
+pub const PLUGIN_MEMORIES_MAX: usize = 16;
+pub const PLUGIN_TABLES_MAX: usize = 64;
 
 /// The three plugin roles, one WIT world each.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -161,9 +167,48 @@ pub struct PluginState {
     table: ResourceTable,
     plugin_name: Arc<str>,
     plugin_hash_short: Arc<str>,
-    memory_bytes_max: usize,
+    /// Bytes of every linear memory of the instance together, against its memory limit.
+    memory: Budget,
+    /// Elements of every table of the instance together.
+    table_elements: Budget,
     /// Set when the limiter refused a memory growth, so the fault names the cause.
     memory_refused_bytes: Option<usize>,
+}
+
+/// A limit on the sum of several growing resources (an instance's memories, or its tables):
+/// each growth is charged its difference, so the limit holds for the instance as a whole, not
+/// per memory.
+#[derive(Debug, Clone, Copy)]
+struct Budget {
+    max: usize,
+    used: usize,
+    /// The charge of the growth last allowed, given back if that growth fails after all.
+    last_charge: usize,
+}
+
+impl Budget {
+    fn new(max: usize) -> Budget {
+        Budget { max, used: 0, last_charge: 0 }
+    }
+
+    /// Charges a growth from `current` to `desired`; `false` (charging nothing) when the sum
+    /// would pass the limit.
+    fn grow(&mut self, current: usize, desired: usize) -> bool {
+        let charge = desired.saturating_sub(current);
+        match self.used.checked_add(charge) {
+            Some(used) if used <= self.max => {
+                self.used = used;
+                self.last_charge = charge;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// The growth last allowed did not happen.
+    fn grow_failed(&mut self) {
+        self.used -= std::mem::take(&mut self.last_charge);
+    }
 }
 
 impl WasiView for PluginState {
@@ -173,25 +218,44 @@ impl WasiView for PluginState {
 }
 
 impl ResourceLimiter for PluginState {
-    fn memory_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
-        if desired > self.memory_bytes_max {
-            self.memory_refused_bytes = Some(desired);
+    fn memory_growing(&mut self, current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
+        if !self.memory.grow(current, desired) {
+            let asked = self.memory.used.saturating_add(desired.saturating_sub(current));
+            self.memory_refused_bytes = Some(asked);
             // An error (not `Ok(false)`) traps at once, so a guest cannot swallow the refusal
             // and carry on in a degraded state.
             return Err(wasmtime::format_err!(
-                "memory limit of {} bytes exceeded (asked for {desired})",
-                self.memory_bytes_max
+                "memory limit of {} bytes exceeded (its memories together asked for {asked})",
+                self.memory.max
             ));
         }
         Ok(true)
     }
 
-    fn table_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
-        Ok(desired <= PLUGIN_TABLE_ELEMENTS_MAX)
+    fn memory_grow_failed(&mut self, _error: wasmtime::Error) -> wasmtime::Result<()> {
+        self.memory.grow_failed();
+        Ok(())
+    }
+
+    fn table_growing(&mut self, current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
+        Ok(self.table_elements.grow(current, desired))
+    }
+
+    fn table_grow_failed(&mut self, _error: wasmtime::Error) -> wasmtime::Result<()> {
+        self.table_elements.grow_failed();
+        Ok(())
     }
 
     fn instances(&self) -> usize {
         PLUGIN_INSTANCES_MAX
+    }
+
+    fn memories(&self) -> usize {
+        PLUGIN_MEMORIES_MAX
+    }
+
+    fn tables(&self) -> usize {
+        PLUGIN_TABLES_MAX
     }
 }
 
@@ -307,7 +371,8 @@ impl LoadedPlugin {
             table: ResourceTable::new(),
             plugin_name: self.name.as_str().into(),
             plugin_hash_short: self.hash_short().into(),
-            memory_bytes_max: self.limits.memory_bytes,
+            memory: Budget::new(self.limits.memory_bytes),
+            table_elements: Budget::new(PLUGIN_TABLE_ELEMENTS_MAX),
             memory_refused_bytes: None,
         };
         let mut store = wasmtime::Store::new(&self.host.engine, state);
@@ -415,6 +480,33 @@ fn check_world(engine: &Engine, name: &str, component: &Component, role: Role) -
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const MIB: usize = 1024 * 1024;
+
+    /// The memory limit holds for an instance's memories together: two memories of 40 MiB
+    /// each fit a 64 MiB limit alone, not together (each memory was checked on its own).
+    #[test]
+    fn the_memory_limit_counts_every_memory_of_the_instance() {
+        let mut budget = Budget::new(64 * MIB);
+        assert!(budget.grow(0, 40 * MIB), "the first memory fits");
+        assert!(!budget.grow(0, 40 * MIB), "the second does not fit beside it");
+        assert_eq!(budget.used, 40 * MIB, "a refused growth charges nothing");
+        assert!(budget.grow(0, 24 * MIB), "up to the limit exactly");
+        assert!(!budget.grow(40 * MIB, 40 * MIB + 1), "not one byte past it");
+        assert!(budget.grow(24 * MIB, 24 * MIB), "a growth of nothing always fits");
+    }
+
+    /// A growth the limiter allowed but that failed (past the memory's own maximum, or the
+    /// host out of memory) is given back.
+    #[test]
+    fn a_failed_growth_gives_its_charge_back() {
+        let mut budget = Budget::new(64 * MIB);
+        assert!(budget.grow(0, 10 * MIB));
+        assert!(budget.grow(0, 50 * MIB));
+        budget.grow_failed();
+        assert_eq!(budget.used, 10 * MIB);
+        assert!(budget.grow(0, 54 * MIB));
+    }
 
     #[test]
     fn header_checks_name_the_problem() {
