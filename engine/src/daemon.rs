@@ -27,10 +27,21 @@ struct RunFiles {
 }
 
 impl RunFiles {
-    fn write(data_dir: &Path, bound: SocketAddr) -> Result<RunFiles> {
+    fn write(data_dir: &Path, bound: SocketAddr, tls: Option<&api::tls::ApiTls>) -> Result<RunFiles> {
         let pid_path = data_dir.join(crate::engine::PID_FILE);
         std::fs::write(&pid_path, std::process::id().to_string()).map_err(|e| Error::io(&pid_path, e))?;
-        let files = RunFiles { paths: vec![pid_path, data_dir.join(api::ADDR_FILE)] };
+        let tls_path = data_dir.join(crate::ops::wire::TLS_FILE);
+        let files = RunFiles { paths: vec![pid_path, data_dir.join(api::ADDR_FILE), tls_path.clone()] };
+        match tls {
+            // Written before the address, so a CLI that finds the address knows the scheme.
+            Some(tls) => {
+                let served = std::path::absolute(tls.cert_path()).map_err(|e| Error::io(tls.cert_path(), e))?;
+                std::fs::write(&tls_path, served.display().to_string()).map_err(|e| Error::io(&tls_path, e))?;
+            }
+            None => {
+                let _ = std::fs::remove_file(&tls_path);
+            }
+        }
         api::write_addr_file(data_dir, bound)?;
         Ok(files)
     }
@@ -61,7 +72,10 @@ pub async fn run(engine: Arc<Engine>, serve: ServeSettings) -> Result<()> {
         stopping: stopping.clone(),
     });
     let api = api::start(state, &serve).await?;
-    let files = RunFiles::write(&engine.data_dir, api.local_addr)?;
+    let files = RunFiles::write(&engine.data_dir, api.local_addr, serve.tls.as_deref())?;
+    if let Some(tls) = serve.tls.clone() {
+        tokio::spawn(reload_certificate_on_sighup(tls, stopping.clone()));
+    }
     let policy_watcher = crate::ops::reload::start_watcher(&engine.policies().dir)?;
     let watcher = tokio::spawn(crate::ops::reload::watch(engine.clone(), policy_watcher, stopping.clone()));
     crate::ops::status::write_status_file(&engine)?;
@@ -101,6 +115,30 @@ pub async fn run(engine: Arc<Engine>, serve: ServeSettings) -> Result<()> {
         Some(Ok(Ok(()))) | None => Ok(()),
         Some(Ok(Err(e))) => Err(Error::Internal(format!("the HTTP server failed: {e}"))),
         Some(Err(e)) => Err(Error::Internal(format!("the HTTP server panicked: {e}"))),
+    }
+}
+
+/// Reads the API's certificate and key again on every SIGHUP (the signal that also reloads the
+/// policy directory), until `stopping` fires; a pair that cannot serve is refused and the one
+/// in use goes on.
+async fn reload_certificate_on_sighup(tls: Arc<api::tls::ApiTls>, mut stopping: tokio::sync::watch::Receiver<bool>) {
+    let Ok(mut hangup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) else {
+        tracing::error!("cannot listen for SIGHUP: the API's certificate will not be reloaded");
+        return;
+    };
+    loop {
+        tokio::select! {
+            _ = stopping.changed() => return,
+            _ = hangup.recv() => {}
+        }
+        let reloading = tls.clone();
+        match tokio::task::spawn_blocking(move || reloading.reload()).await {
+            Ok(Ok(())) => tracing::info!("SIGHUP: the API's TLS certificate and key were read again"),
+            Ok(Err(e)) => {
+                tracing::error!(error = %e, "SIGHUP: the new TLS certificate was refused; the one in use stays")
+            }
+            Err(e) => tracing::error!(error = %e, "SIGHUP: reloading the TLS certificate panicked"),
+        }
     }
 }
 

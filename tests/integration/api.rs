@@ -30,6 +30,9 @@ const WAIT: Duration = Duration::from_secs(180);
 
 /// Environment a test must not inherit.
 const SCRUBBED: &[&str] = &[
+    "FROSTLINE_TLS_CERT",
+    "FROSTLINE_TLS_KEY",
+    "FROSTLINE_CA_FILE",
     "FROSTLINE_TOKENS",
     "FROSTLINE_ADMIN_TOKENS",
     "FROSTLINE_TOKEN_FILE",
@@ -546,6 +549,129 @@ fn without_tokens_a_browsers_requests_are_refused_and_change_nothing() {
     );
     assert_eq!(status, 200, "its own origin is served: {body}");
     assert_eq!(count_records(&server), 1);
+}
+
+/// The status of `GET url` from a client trusting only `authority` (DER) and the system's
+/// authorities; 0 when no answer came (a refused handshake, a plain-HTTP request to TLS).
+fn https_status(url: &str, authority: &[u8]) -> u16 {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(10)))
+        .tls_config(frostline::storage::trust::tls_config(&[authority.to_vec()]))
+        .build()
+        .into();
+    agent.get(url).call().map(|r| r.status().as_u16()).unwrap_or(0)
+}
+
+/// `--tls-cert` and `--tls-key` serve the API over TLS with a certificate made in the test:
+/// a client trusting its authority is answered, plain HTTP and a client trusting another
+/// authority are not; the local CLI reaches the engine over TLS (with FROSTLINE_CA_FILE);
+/// SIGHUP reads a rotated pair, and a pair that cannot serve is refused while the one in use
+/// goes on. A pair that cannot serve at start stops the start with the reason.
+#[test]
+fn the_api_serves_tls_and_reads_its_certificate_again_on_sighup() {
+    let d = dirs();
+    let dir = d.root.path();
+    let TestCertificates { ca_pem, ca_der, cert_pem, key_pem, .. } = test_certificates();
+    let (cert, key, ca_file) = (dir.join("api.pem"), dir.join("api.key"), dir.join("ca.pem"));
+    std::fs::write(&cert, &cert_pem).unwrap();
+    std::fs::write(&key, &key_pem).unwrap();
+    std::fs::write(&ca_file, &ca_pem).unwrap();
+    let (cert_arg, key_arg) = (cert.to_str().unwrap(), key.to_str().unwrap());
+
+    // Refused at start: a lone flag, a key of another certificate, a certificate file without one.
+    let out = command(&d).args(["run", "--tls-cert", cert_arg]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("--tls-key"), "{}", text(&out.stderr));
+    let other_key = dir.join("other.key");
+    std::fs::write(&other_key, rcgen::KeyPair::generate().unwrap().serialize_pem()).unwrap();
+    let out =
+        command(&d).args(["run", "--tls-cert", cert_arg, "--tls-key", other_key.to_str().unwrap()]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("does not match the certificate"), "{}", text(&out.stderr));
+    let out = command(&d).args(["run", "--tls-cert", key_arg, "--tls-key", key_arg]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("holds no certificate"), "{}", text(&out.stderr));
+
+    let log = dir.join("tls-run.log");
+    let mut child = command(&d)
+        .args(["run", "--listen", "127.0.0.1:0", "--tls-cert", cert_arg, "--tls-key", key_arg])
+        .env("FROSTLINE_TOKENS", USER)
+        .env("FROSTLINE_ADMIN_TOKENS", ADMIN)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let addr_file = d.data.join(frostline::api::ADDR_FILE);
+    let started = Instant::now();
+    let addr = loop {
+        if let Ok(text) = std::fs::read_to_string(&addr_file)
+            && text.ends_with('\n')
+        {
+            break text.trim().to_string();
+        }
+        assert!(started.elapsed() < WAIT, "the engine did not start: {}", std::fs::read_to_string(&log).unwrap());
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let health = format!("https://{addr}/health");
+    let wait_for = |what: &str, check: &dyn Fn() -> bool| {
+        let started = Instant::now();
+        while !check() {
+            assert!(started.elapsed() < WAIT, "{what}: {}", std::fs::read_to_string(&log).unwrap());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    wait_for("the first answer over TLS", &|| https_status(&health, &ca_der) == 200);
+    assert!(agent().get(&format!("http://{addr}/health")).call().is_err(), "plain HTTP is not served");
+    let other_der = test_certificates().ca_der;
+    assert_eq!(https_status(&health, &other_der), 0, "a client trusting another authority refuses the certificate");
+
+    // The local CLI reaches the running engine over TLS, trusting the authority it is given.
+    let query = |ca: Option<&Path>| {
+        let mut cli = command(&d);
+        cli.args(["query", "--table", "events", "--limit", "1"]).env("FROSTLINE_TOKEN", USER);
+        if let Some(ca) = ca {
+            cli.env("FROSTLINE_CA_FILE", ca);
+        }
+        cli.output().unwrap()
+    };
+    let out = query(Some(&ca_file));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = query(None);
+    assert!(!out.status.success(), "the served chain alone does not name its authority");
+    assert!(text(&out.stderr).contains("cannot reach the running engine"), "{}", text(&out.stderr));
+
+    // Rotation: a new pair under the same paths is read on SIGHUP.
+    let TestCertificates { ca_der: new_der, cert_pem: new_cert, key_pem: new_key, .. } = test_certificates();
+    std::fs::write(&cert, new_cert).unwrap();
+    std::fs::write(&key, new_key).unwrap();
+    let reload = command(&d).args(["reload"]).output().unwrap();
+    assert!(reload.status.success(), "{}", text(&reload.stderr));
+    wait_for("the rotated certificate", &|| https_status(&health, &new_der) == 200);
+    assert_eq!(https_status(&health, &ca_der), 0, "the old certificate is no longer served");
+
+    // A pair that cannot serve is refused on SIGHUP; the one in use goes on.
+    std::fs::write(&key, "not a key").unwrap();
+    let reload = command(&d).args(["reload"]).output().unwrap();
+    assert!(reload.status.success(), "{}", text(&reload.stderr));
+    wait_for("the refusal in the log", &|| {
+        std::fs::read_to_string(&log).unwrap_or_default().contains("the new TLS certificate was refused")
+    });
+    assert_eq!(https_status(&health, &new_der), 200);
+
+    // SAFETY: signalling our own child process.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let stopped = Instant::now();
+    let code = loop {
+        if let Some(code) = child.try_wait().unwrap() {
+            break code;
+        }
+        assert!(stopped.elapsed() < WAIT, "no exit after SIGTERM");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(code.success(), "{code:?}");
+    assert!(!d.data.join(frostline::ops::wire::TLS_FILE).exists(), "the TLS marker goes with the engine");
 }
 
 #[test]

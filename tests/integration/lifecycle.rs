@@ -383,27 +383,21 @@ fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     out
 }
 
-/// A certificate authority and a certificate for `localhost` and `127.0.0.1` it signed, made
-/// in the test: the authority's PEM and rustls's server configuration with the certificate.
-fn test_certificates() -> (String, Arc<rustls::ServerConfig>) {
-    let ca_key = rcgen::KeyPair::generate().unwrap();
-    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    let ca = ca_params.self_signed(&ca_key).unwrap();
-    let key = rcgen::KeyPair::generate().unwrap();
-    let params = rcgen::CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()]).unwrap();
-    let certificate = params.signed_by(&key, &ca, &ca_key).unwrap();
+/// `test_certificates` as the authority's PEM and rustls's server configuration serving the
+/// certificate.
+fn authority_and_server() -> (String, Arc<rustls::ServerConfig>) {
+    let certificates = test_certificates();
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let config = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .unwrap()
         .with_no_client_auth()
         .with_single_cert(
-            vec![certificate.der().clone()],
-            rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
+            vec![certificates.cert_der.into()],
+            rustls::pki_types::PrivateKeyDer::Pkcs8(certificates.key_der.into()),
         )
         .unwrap();
-    (ca.pem(), Arc::new(config))
+    (certificates.ca_pem, Arc::new(config))
 }
 
 /// An https webhook is delivered to over rustls. A server whose certificate no trusted
@@ -412,7 +406,7 @@ fn test_certificates() -> (String, Arc<rustls::ServerConfig>) {
 /// refused at load.)
 #[test]
 fn an_https_webhook_trusts_its_ca_file_and_refuses_an_unknown_certificate() {
-    let (ca_pem, server_config) = test_certificates();
+    let (ca_pem, server_config) = authority_and_server();
     let (address, keys) = serve_webhook(Some(server_config));
     let url = format!("https://localhost:{}/events", address.port());
     let e = archived_engine(&format!("[[sink]]\nname = \"hook\"\nkind = \"webhook\"\nurl = \"{url}\"\n"));
@@ -440,7 +434,7 @@ fn an_https_webhook_trusts_its_ca_file_and_refuses_an_unknown_certificate() {
 /// the reason, and nothing starts.
 #[test]
 fn a_ca_file_that_cannot_serve_is_refused_at_load_with_the_reason() {
-    let (ca_pem, _) = test_certificates();
+    let ca_pem = test_certificates().ca_pem;
     let key_pem = rcgen::KeyPair::generate().unwrap().serialize_pem();
     let https = "url = \"https://localhost:9/events\"";
     for (sink, file, reason) in [

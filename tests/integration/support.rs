@@ -253,3 +253,32 @@ pub fn sorted(mut records: Vec<frostline::model::Record>) -> Vec<frostline::mode
     });
     records
 }
+
+/// A certificate authority and a certificate it signed for `localhost` and `127.0.0.1` with
+/// its key, made in the test (rcgen), as PEM and DER.
+pub struct TestCertificates {
+    pub ca_pem: String,
+    pub ca_der: Vec<u8>,
+    pub cert_pem: String,
+    pub cert_der: Vec<u8>,
+    pub key_pem: String,
+    pub key_der: Vec<u8>,
+}
+
+pub fn test_certificates() -> TestCertificates {
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let params = rcgen::CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()]).unwrap();
+    let certificate = params.signed_by(&key, &ca, &ca_key).unwrap();
+    TestCertificates {
+        ca_pem: ca.pem(),
+        ca_der: ca.der().to_vec(),
+        cert_pem: certificate.pem(),
+        cert_der: certificate.der().to_vec(),
+        key_pem: key.serialize_pem(),
+        key_der: key.serialize_der(),
+    }
+}

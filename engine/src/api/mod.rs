@@ -16,6 +16,7 @@ pub mod auth;
 pub mod browser;
 mod handlers;
 pub mod metrics;
+pub mod tls;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -113,11 +114,24 @@ pub struct ServeArgs {
     /// FROSTLINE_ADMIN_TOKENS, comma-separated.
     #[arg(long, env = "FROSTLINE_ADMIN_TOKEN_FILE")]
     pub admin_token_file: Option<PathBuf>,
+    /// Serve the API over TLS with this PEM certificate chain (with --tls-key); read again on
+    /// SIGHUP.
+    #[arg(long, env = "FROSTLINE_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The PEM private key of --tls-cert; read again on SIGHUP.
+    #[arg(long, env = "FROSTLINE_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
 }
 
 impl Default for ServeArgs {
     fn default() -> Self {
-        ServeArgs { listen: LISTEN_DEFAULT.into(), token_file: None, admin_token_file: None }
+        ServeArgs {
+            listen: LISTEN_DEFAULT.into(),
+            token_file: None,
+            admin_token_file: None,
+            tls_cert: None,
+            tls_key: None,
+        }
     }
 }
 
@@ -126,6 +140,8 @@ impl Default for ServeArgs {
 pub struct ServeSettings {
     pub listen: SocketAddr,
     pub auth: Auth,
+    /// The certificate and key when the API serves TLS.
+    pub tls: Option<Arc<tls::ApiTls>>,
 }
 
 impl ServeArgs {
@@ -150,7 +166,18 @@ impl ServeArgs {
                  address such as 127.0.0.1"
             )));
         }
-        Ok(ServeSettings { listen, auth })
+        let tls = match (&self.tls_cert, &self.tls_key) {
+            (Some(cert), Some(key)) => Some(tls::ApiTls::load(cert, key)?),
+            (None, None) => None,
+            _ => {
+                return Err(Error::InvalidInput(
+                    "--tls-cert and --tls-key go together (FROSTLINE_TLS_CERT, FROSTLINE_TLS_KEY): give both, or \
+                     neither to serve plain HTTP"
+                        .into(),
+                ));
+            }
+        };
+        Ok(ServeSettings { listen, auth, tls })
     }
 }
 
@@ -207,14 +234,18 @@ pub async fn start(state: Arc<ApiState>, settings: &ServeSettings) -> Result<Run
         );
     }
     let mut stopping = state.stopping.clone();
+    let stopped = async move {
+        let _ = stopping.wait_for(|stop| *stop).await;
+    };
     let app = router(state);
-    let task = tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async move {
-                let _ = stopping.wait_for(|stop| *stop).await;
-            })
-            .await
-    });
+    let task = match &settings.tls {
+        None => tokio::spawn(async move { axum::serve(listener, app).with_graceful_shutdown(stopped).await }),
+        Some(certificate) => {
+            let listener = tls::TlsListener::new(listener, certificate.server_config()?)
+                .map_err(|e| Error::Internal(format!("TLS listener: {e}")))?;
+            tokio::spawn(async move { axum::serve(listener, app).with_graceful_shutdown(stopped).await })
+        }
+    };
     Ok(RunningApi { local_addr, task })
 }
 

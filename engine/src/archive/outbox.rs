@@ -42,20 +42,6 @@ pub fn event_json(event: &OutboxEvent, sink: &str) -> serde_json::Value {
     })
 }
 
-/// The system's certificate authorities (rustls-native-certs: the platform's store, or the
-/// files `SSL_CERT_FILE` and `SSL_CERT_DIR` name), loaded once; unreadable ones are logged and
-/// skipped.
-fn system_roots() -> &'static [Vec<u8>] {
-    static ROOTS: OnceLock<Vec<Vec<u8>>> = OnceLock::new();
-    ROOTS.get_or_init(|| {
-        let loaded = rustls_native_certs::load_native_certs();
-        for error in &loaded.errors {
-            tracing::warn!(%error, "a system certificate authority could not be loaded");
-        }
-        loaded.certs.iter().map(|c| c.to_vec()).collect()
-    })
-}
-
 /// The HTTP client of one webhook, made on its first delivery and again when its
 /// configuration changes: its timeout, and for `https://` rustls trusting the system's
 /// certificate authorities and the sink's `ca_file`. Kept, so deliveries reuse connections and
@@ -74,15 +60,9 @@ fn webhook_agent(sink: &SinkConfig) -> ureq::Agent {
 }
 
 fn new_webhook_agent(sink: &SinkConfig) -> ureq::Agent {
-    let roots: Vec<ureq::tls::Certificate<'static>> = system_roots()
-        .iter()
-        .chain(&sink.ca_certificates)
-        .map(|der| ureq::tls::Certificate::from_der(der).to_owned())
-        .collect();
-    let tls = ureq::tls::TlsConfig::builder().root_certs(ureq::tls::RootCerts::Specific(Arc::new(roots))).build();
     ureq::Agent::config_builder()
         .timeout_global(Some(Duration::from_millis(sink.timeout_ms)))
-        .tls_config(tls)
+        .tls_config(crate::storage::trust::tls_config(&sink.ca_certificates))
         .build()
         .into()
 }

@@ -46,6 +46,8 @@ pub const CLIENT_CONNECT_SECONDS_MAX: u64 = 5;
 /// The running engine's API.
 pub struct Client {
     addr: SocketAddr,
+    /// `http`, or `https` when the engine serves TLS.
+    scheme: &'static str,
     token: Option<String>,
     admin_token: Option<String>,
     agent: ureq::Agent,
@@ -86,18 +88,57 @@ fn non_empty(value: Option<String>) -> Option<String> {
 }
 
 impl Client {
+    /// A plain-HTTP client of the API at `addr`.
     pub fn new(addr: SocketAddr, token: Option<String>, admin_token: Option<String>) -> Client {
-        let agent = ureq::Agent::config_builder()
-            .http_status_as_error(false)
-            .timeout_connect(Some(Duration::from_secs(CLIENT_CONNECT_SECONDS_MAX)))
-            .build()
-            .into();
-        Client { addr, token: non_empty(token), admin_token: non_empty(admin_token), agent }
+        Client::with_tls(addr, token, admin_token, None)
     }
 
-    /// A client with the tokens of FROSTLINE_TOKEN and FROSTLINE_ADMIN_TOKEN.
-    pub fn from_env(addr: SocketAddr) -> Client {
-        Client::new(addr, std::env::var("FROSTLINE_TOKEN").ok(), std::env::var("FROSTLINE_ADMIN_TOKEN").ok())
+    /// A client of the API at `addr`; over TLS trusting the system's authorities and `tls`
+    /// (DER certificates) when `tls` is given.
+    pub fn with_tls(
+        addr: SocketAddr,
+        token: Option<String>,
+        admin_token: Option<String>,
+        tls: Option<&[Vec<u8>]>,
+    ) -> Client {
+        let mut config = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_connect(Some(Duration::from_secs(CLIENT_CONNECT_SECONDS_MAX)));
+        if let Some(extra) = tls {
+            config = config.tls_config(crate::storage::trust::tls_config(extra));
+        }
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        Client {
+            addr,
+            scheme,
+            token: non_empty(token),
+            admin_token: non_empty(admin_token),
+            agent: config.build().into(),
+        }
+    }
+
+    /// The client of the engine running on `data_dir` at `addr` (its `frostline.addr`), with
+    /// the tokens of FROSTLINE_TOKEN and FROSTLINE_ADMIN_TOKEN; over TLS when the engine
+    /// serves it (`frostline.tls`), trusting the certificate chain it serves, the system's
+    /// authorities and FROSTLINE_CA_FILE.
+    pub fn for_running_engine(data_dir: &std::path::Path, addr: SocketAddr) -> crate::Result<Client> {
+        let (token, admin) = (std::env::var("FROSTLINE_TOKEN").ok(), std::env::var("FROSTLINE_ADMIN_TOKEN").ok());
+        let marker = data_dir.join(crate::ops::wire::TLS_FILE);
+        let served = match std::fs::read_to_string(&marker) {
+            Ok(path) => std::path::PathBuf::from(path.trim()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Client::new(addr, token, admin)),
+            Err(e) => return Err(crate::Error::io(&marker, e)),
+        };
+        let mut trusted = crate::storage::trust::read_pem_certificates(&served).map_err(|why| {
+            crate::Error::InvalidInput(format!("the running engine's certificate chain {}: {why}", served.display()))
+        })?;
+        if let Some(ca_file) = std::env::var_os("FROSTLINE_CA_FILE") {
+            let ca_file = std::path::PathBuf::from(ca_file);
+            trusted.extend(crate::storage::trust::read_pem_certificates(&ca_file).map_err(|why| {
+                crate::Error::InvalidInput(format!("FROSTLINE_CA_FILE {}: {why}", ca_file.display()))
+            })?);
+        }
+        Ok(Client::with_tls(addr, token, admin, Some(&trusted)))
     }
 
     pub fn addr(&self) -> SocketAddr {
@@ -115,7 +156,7 @@ impl Client {
     /// Sends a request; a 2xx answer's body is returned, anything else becomes an error with
     /// the server's kind and message. Admin routes send the admin token (else the ordinary one).
     fn send(&self, method: &str, path_and_query: &str, body: Option<(&str, &[u8])>, admin: bool) -> Result<String> {
-        let url = format!("http://{}{path_and_query}", self.addr);
+        let url = format!("{}://{}{path_and_query}", self.scheme, self.addr);
         let token = if admin {
             self.admin_token.as_ref().or(self.token.as_ref())
         } else {

@@ -259,7 +259,11 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     // A running engine holds the database: ask its API, or, as a last resort,
                     // read the status file it publishes.
                     match crate::ops::wire::read_addr_file(&args.data)? {
-                        Some(addr) => remote::status(&crate::cli::client::Client::from_env(addr), &args, json)?,
+                        Some(addr) => remote::status(
+                            &crate::cli::client::Client::for_running_engine(&args.data, addr)?,
+                            &args,
+                            json,
+                        )?,
                         None => {
                             let path = args.data.join(crate::engine::STATUS_FILE);
                             let text = std::fs::read_to_string(&path).with_context(|| {

@@ -52,7 +52,7 @@ pub fn run(args: PolicyCheckArgs) -> anyhow::Result<ExitCode> {
                     check_dir(&dir, &data, &host, &settings, Some(&store), now)
                 }
                 Err(crate::Error::AlreadyOpen { .. }) => match crate::ops::wire::read_addr_file(&data)? {
-                    Some(addr) => crate::cli::client::Client::from_env(addr).check_policies(&dir)?,
+                    Some(addr) => crate::cli::client::Client::for_running_engine(&data, addr)?.check_policies(&dir)?,
                     None => anyhow::bail!(
                         "{} is held by another process that publishes no API address; if it is `frostline run`, \
                          wait until it has started",

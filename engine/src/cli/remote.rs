@@ -169,7 +169,7 @@ pub fn open(args: &EngineArgs) -> anyhow::Result<Box<dyn EngineHandle>> {
         Err(e) if is_already_open(&e) => match crate::ops::wire::read_addr_file(&args.data)? {
             Some(addr) => {
                 tracing::debug!(%addr, "the data directory is held by a running engine; using its API");
-                Ok(Box::new(Client::from_env(addr)))
+                Ok(Box::new(Client::for_running_engine(&args.data, addr)?))
             }
             None => Err(e.context(format!(
                 "the process holding it publishes no API address ({}); if it is `frostline run`, wait until it \

@@ -84,6 +84,10 @@ pub const HTTP_RECORDS_PER_REQUEST_MAX: usize = 10_000;
 const _: () = assert!(HTTP_RECORDS_PER_REQUEST_MAX <= crate::engine::APPEND_BATCH_RECORDS_MAX);
 /// File in the data directory holding the running engine's API address (`host:port`, one line).
 pub const ADDR_FILE: &str = "frostline.addr";
+/// Written beside `ADDR_FILE` while the running engine serves TLS: the path of the
+/// certificate chain it serves, which the local CLI trusts (with the system's authorities and
+/// `FROSTLINE_CA_FILE`).
+pub const TLS_FILE: &str = "frostline.tls";
 
 /// The address a client on this host should use: an unspecified address (0.0.0.0, ::)
 /// becomes the loopback address of its family.

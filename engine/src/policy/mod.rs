@@ -556,29 +556,12 @@ fn validate_sink(dir: &Path, file: &Path, raw: RawSink) -> Result<SinkConfig> {
         }
         Some(path) => {
             let path = if path.is_absolute() { path } else { dir.join(path) };
-            let certificates = read_ca_file(&path)
+            let certificates = crate::storage::trust::read_pem_certificates(&path)
                 .map_err(|why| invalid(file, format!("sink `{}`: ca_file {}: {why}", raw.name, path.display())))?;
             (Some(path.display().to_string()), certificates)
         }
     };
     Ok(SinkConfig { name: raw.name, kind: raw.kind, destination, timeout_ms, ca_file, ca_certificates })
-}
-
-/// The certificates of a PEM file, as DER; an unreadable file, a malformed one or one without
-/// a certificate is refused with the reason.
-fn read_ca_file(path: &Path) -> std::result::Result<Vec<Vec<u8>>, String> {
-    let pem = std::fs::read(path).map_err(|e| format!("cannot be read ({e})"))?;
-    let mut certificates = Vec::new();
-    for item in ureq::tls::parse_pem(&pem) {
-        match item.map_err(|e| format!("is not valid PEM ({e})"))? {
-            ureq::tls::PemItem::Certificate(certificate) => certificates.push(certificate.der().to_vec()),
-            _ => return Err("holds something other than certificates (a key?); give it only CA certificates".into()),
-        }
-    }
-    if certificates.is_empty() {
-        return Err("holds no PEM certificate (-----BEGIN CERTIFICATE-----)".into());
-    }
-    Ok(certificates)
 }
 
 impl PluginRecord {

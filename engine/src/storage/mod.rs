@@ -1,7 +1,8 @@
 //! Object storage: the backend trait the coordinator speaks to, its object_store
 //! implementation (local directory, S3-compatible, GCS, Azure Blob, memory; built from the
 //! policy directory's targets in `target`), the probe that refuses a store which would break
-//! the protocol (`probe`), the key layout, and a fault-injecting decorator for tests.
+//! the protocol (`probe`), the key layout, a fault-injecting decorator for tests, and the
+//! certificate authorities frostline's own HTTPS clients trust (`trust`).
 //!
 //! Imports the core; knows nothing of redb or the coordinator.
 
@@ -9,6 +10,7 @@ pub mod faults;
 pub mod keys;
 pub mod probe;
 pub mod target;
+pub mod trust;
 
 use std::sync::Arc;
 
