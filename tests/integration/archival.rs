@@ -999,6 +999,26 @@ fn a_data_directory_written_by_schema_1_is_upgraded_in_place() {
     assert_eq!(query_fixture(&data, &policies), schema_1_answer());
 }
 
+/// A schema-1 directory whose `records` table holds a key that names no bucket is refused
+/// before the upgrade changes anything: it stays at version 1 with every row in place, so the
+/// binary that wrote it still opens it, and the error says what to do.
+#[test]
+fn a_schema_1_key_that_names_no_bucket_refuses_the_upgrade_before_it_starts() {
+    let (_dir, data, _policies) = schema_1_fixture();
+    {
+        let db = redb::Database::open(data.join("hot.redb")).unwrap();
+        let txn = db.begin_write().unwrap();
+        txn.open_table(frostline::store::schema::SCHEMA_1_RECORDS)
+            .unwrap()
+            .insert(b"\xffnot a bucket".as_slice(), b"".as_slice())
+            .unwrap();
+        txn.commit().unwrap();
+    }
+    let err = frostline::store::Store::open(&data.join("hot.redb")).err().unwrap().to_string();
+    assert!(err.contains("names no bucket") && err.contains("did not start"), "{err}");
+    assert_eq!(schema_of(&data), (1, true), "nothing changed");
+}
+
 /// An upgrade cut short (the process died after recording version 2 and moving some rows) is
 /// finished by the next open: each row was in exactly one of the two places, and all of them
 /// read back.

@@ -5,7 +5,8 @@
 //! new pair serves every handshake after it, and a pair that cannot serve (unreadable, not
 //! PEM, a key that does not match the certificate) is refused with the reason while the one
 //! in use goes on. Handshakes run in their own tasks, each bounded by
-//! `TLS_HANDSHAKE_SECONDS_MAX`, so a client that never finishes one holds up no other.
+//! `TLS_HANDSHAKE_SECONDS_MAX` and at most `TLS_HANDSHAKES_MAX` at once, so a client that never
+//! finishes one holds up no other.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -26,6 +27,10 @@ use crate::error::{Error, Result};
 pub const TLS_HANDSHAKE_SECONDS_MAX: u64 = 10;
 /// Connections whose handshake finished, waiting for the server to take them.
 const READY_CONNECTIONS_MAX: usize = 64;
+/// Handshakes under way at once: each holds a socket for up to `TLS_HANDSHAKE_SECONDS_MAX`,
+/// so a flood of connections that never finish one waits here instead of taking every file
+/// descriptor the process has (redb and the object stores need theirs).
+pub const TLS_HANDSHAKES_MAX: usize = 256;
 
 /// The certificate chain and key the API serves, reloadable.
 pub struct ApiTls {
@@ -116,8 +121,13 @@ impl TlsListener {
         let local_addr = tcp.local_addr()?;
         let acceptor = tokio_rustls::TlsAcceptor::from(config);
         let (sender, ready) = mpsc::channel(READY_CONNECTIONS_MAX);
+        let handshakes = Arc::new(tokio::sync::Semaphore::new(TLS_HANDSHAKES_MAX));
         tokio::spawn(async move {
             loop {
+                let permit = tokio::select! {
+                    _ = sender.closed() => return,
+                    permit = handshakes.clone().acquire_owned() => permit.expect("the semaphore is never closed"),
+                };
                 let accepted = tokio::select! {
                     _ = sender.closed() => return,
                     accepted = tcp.accept() => accepted,
@@ -133,6 +143,7 @@ impl TlsListener {
                 };
                 let (acceptor, sender) = (acceptor.clone(), sender.clone());
                 tokio::spawn(async move {
+                    let _permit = permit;
                     let handshake = acceptor.accept(stream);
                     match tokio::time::timeout(Duration::from_secs(TLS_HANDSHAKE_SECONDS_MAX), handshake).await {
                         Ok(Ok(tls)) => {

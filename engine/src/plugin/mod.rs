@@ -299,6 +299,11 @@ impl PluginHost {
         let mut config = Config::new();
         config.epoch_interruption(true);
         config.wasm_component_model(true);
+        // Off (as by default) on purpose: with them wasmtime may report a failed growth the
+        // limiter never approved, and `Budget::grow_failed` would then give back an earlier
+        // growth's charge.
+        config.wasm_custom_page_sizes(false);
+        config.wasm_memory64(false);
         let engine =
             Engine::new(&config).map_err(|e| Error::Internal(format!("cannot create the wasm engine: {e}")))?;
 

@@ -2,7 +2,8 @@
 //!
 //! Schema 1 kept every hot row in one `records` table keyed by bucket id ‖ event_time ‖
 //! sort_key; schema 2 keeps each bucket's rows in a table of its own (`schema::rows_table`).
-//! The upgrade first records version 2 (so an older binary refuses the directory instead of
+//! The upgrade first reads every key (one that names no bucket refuses the upgrade before
+//! anything changes), records version 2 (so an older binary refuses the directory instead of
 //! reading it half moved), then moves the rows in transactions of at most
 //! `UPGRADE_ROWS_PER_TRANSACTION`, each deleting from `records` exactly what it inserted
 //! elsewhere, and deletes the emptied table last. A crash anywhere leaves every row in exactly
@@ -16,11 +17,37 @@ pub const UPGRADE_ROWS_PER_TRANSACTION: usize = 50_000;
 /// Upgrades a database of an older schema in place; does nothing on a current one.
 pub(super) fn upgrade(db: &Database, stored_version: u32) -> Result<()> {
     if stored_version < 2 {
+        check_schema_1_keys(db)?;
         let txn = db.begin_write()?;
         txn.open_table(META)?.insert(META_SCHEMA_VERSION, 2u32.to_be_bytes().as_slice())?;
         txn.commit()?;
     }
     move_schema_1_records(db)
+}
+
+/// Reads every key of schema 1's `records` table before anything changes: a key that names no
+/// bucket would stop the move half way, on a directory that says version 2 (which the older
+/// binary refuses), so it is refused here while the directory still opens with that binary.
+fn check_schema_1_keys(db: &Database) -> Result<()> {
+    let read = db.begin_read()?;
+    let records = match read.open_table(SCHEMA_1_RECORDS) {
+        Ok(table) => table,
+        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(()),
+        Err(e) => return Err(e.into()),
+    };
+    for (position, entry) in records.iter()?.enumerate() {
+        let (key, _) = entry?;
+        if let Err(e) = BucketId::decode(&mut encoding::Reader::new(key.value())) {
+            return Err(Error::Corruption(format!(
+                "the hot store's records table holds a key that names no bucket (row {position}, key {}: {e}); \
+                 the upgrade to schema 2 did not start, and the data directory still opens with the frostline that \
+                 wrote it: export its records with that version (`frostline query`) and ingest them into a new \
+                 data directory",
+                hex::encode(key.value())
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Moves every row of schema 1's `records` table into its bucket's rows table, if the table
