@@ -74,7 +74,7 @@ pub struct ArchiverArgs {
     /// Memory for the hot store's page cache, in MiB (4 to 65536).
     #[arg(long, env = "FROSTLINE_STORE_CACHE_MIB", default_value_t = STORE_CACHE_MIB_DEFAULT)]
     pub store_cache_mib: u64,
-    /// Hot rows a cleanup deletes per transaction (1 to 1,000,000); a bucket with at most two
+    /// Hot rows a cleanup deletes per transaction (1 to 1,000,000); a bucket with at most four
     /// slices of rows left drops its rows table whole instead.
     #[arg(long, env = "ARCHIVER_CLEANUP_SLICE_ROWS", default_value_t = CLEANUP_SLICE_ROWS_DEFAULT)]
     pub cleanup_slice_rows: usize,

@@ -242,16 +242,16 @@ fn rows_tables(store: &frostline::store::Store) -> Vec<String> {
         .unwrap()
 }
 
-/// Schema 2 keeps each bucket's rows in a table of its own. A cleanup with at most two slices
-/// of rows left drops the table in one transaction (on schema 1, 10 rows in slices of 5 took
-/// two slices); a larger bucket is deleted slice by slice until then. Either way the bucket's
+/// Schema 2 keeps each bucket's rows in a table of its own. A cleanup with at most four slices
+/// of rows left drops the table in one transaction (on schema 1, 20 rows in slices of 5 took
+/// four slices); a larger bucket is deleted slice by slice until then. Either way the bucket's
 /// table is gone afterwards and the other buckets' rows are untouched.
 #[test]
 fn a_cleanup_drops_a_small_buckets_rows_table_whole_and_slices_a_large_one() {
     for (rows, slices) in [
-        (10usize, vec![(10, true)]),
-        (11, vec![(5, false), (6, true)]),
-        (23, vec![(5, false), (5, false), (5, false), (8, true)]),
+        (20usize, vec![(20, true)]),
+        (21, vec![(5, false), (16, true)]),
+        (33, vec![(5, false), (5, false), (5, false), (18, true)]),
     ] {
         // Three partitions of `rows` rows each: the first bucket (p0) is cleaned up.
         let (e, id, a) = one_bucket_claimed_by_a(records("2024-03-01T00:00:00Z", 1, rows as i64 * 3));
@@ -466,11 +466,11 @@ fn one_bucket_claimed_by_a(input: Vec<Record>) -> (TestEngine, BucketId, frostli
 #[test]
 fn a_cleanup_cut_off_between_slices_is_finished_by_the_next_worker() {
     let one_partition: Vec<Record> =
-        records("2024-03-01T00:00:00Z", 1, 30).into_iter().filter(|r| r.partition_key == b"p0").collect();
+        records("2024-03-01T00:00:00Z", 1, 90).into_iter().filter(|r| r.partition_key == b"p0").collect();
     let (e, id, a) = one_bucket_claimed_by_a(one_partition);
     let (store, lease) = (e.engine.store.clone(), LEASE_US);
     let rows = store.rows(&id, None, usize::MAX).unwrap();
-    assert_eq!(rows.len(), 10);
+    assert_eq!(rows.len(), 30);
     store
         .publish(
             id.clone(),
@@ -484,13 +484,13 @@ fn a_cleanup_cut_off_between_slices_is_finished_by_the_next_worker() {
     let proven = store.prove_cleanup(&id, "A", a.generation, e.clock.now()).unwrap();
     let first = store.cleanup_slice(&id, "A", a.generation, e.clock.now(), proven, 3).unwrap();
     assert_eq!((first.deleted, first.finished), (3, false));
-    assert_eq!(store.rows(&id, None, usize::MAX).unwrap().len(), 7);
+    assert_eq!(store.rows(&id, None, usize::MAX).unwrap().len(), 27);
     // A stops here; B takes the cleanup over after A's lease.
     e.clock.advance(lease + 1);
     let b = store.claim(id.clone(), "B".into(), e.clock.now(), lease).unwrap().unwrap();
     let stale = store.cleanup_slice(&id, "A", a.generation, e.clock.now(), proven, 3);
     assert!(matches!(stale, Err(Error::LeaseLost { .. })), "{stale:?}");
-    assert_eq!(clean_up(&store, &id, "B", b.generation, e.clock.now(), 3).unwrap(), 7);
+    assert_eq!(clean_up(&store, &id, "B", b.generation, e.clock.now(), 3).unwrap(), 27);
     let meta = store.bucket(&id).unwrap().unwrap();
     assert_eq!(meta.state, BucketState::Archived { hot_deleted: true });
     assert_eq!(meta.cleanup_proven, None);

@@ -3,7 +3,9 @@
 //! key by key in slices of `SLICE_ROWS` from one table of every row (schema 1), redb's range
 //! primitives on that table (`retain_in`, `extract_from_if`), and dropping the bucket's own
 //! table. Each is timed over every bucket of the data set, with its longest single write
-//! transaction (how long it holds the single writer, so how long an append may wait).
+//! transaction (how long it holds the single writer, so how long an append may wait). Then a
+//! drop of a bucket of 1 to 8 slices of rows is weighed against one slice deleted key by key:
+//! how large a bucket the cleanup may drop whole within a slice's hold of the writer.
 
 use std::time::{Duration, Instant};
 
@@ -137,6 +139,45 @@ fn run(method: Method, rows: usize) -> Result<(f64, Duration)> {
     Ok((seconds, longest))
 }
 
+/// Milliseconds to drop one bucket's table of `rows` rows, and to delete one slice of
+/// `SLICE_ROWS` rows key by key (oldest first, as the cleanup does) from another of the same size.
+fn drop_against_slice(rows: usize) -> Result<(f64, f64)> {
+    let dir = tempfile::tempdir()?;
+    let db = Database::create(dir.path().join("drop.redb"))?;
+    let body = vec![b'x'; BODY_BYTES];
+    let (dropped, sliced) =
+        (TableDefinition::<&[u8], &[u8]>::new("dropped"), TableDefinition::<&[u8], &[u8]>::new("sliced"));
+    for table in [dropped, sliced] {
+        let txn = db.begin_write()?;
+        {
+            let mut t = txn.open_table(table)?;
+            for i in 0..rows {
+                t.insert(row_key(i as i64 * 1_000_000, format!("{i:08}").as_bytes()).as_slice(), body.as_slice())?;
+            }
+        }
+        txn.commit()?;
+    }
+    let started = Instant::now();
+    let txn = db.begin_write()?;
+    txn.delete_table(dropped)?;
+    txn.commit()?;
+    let drop_ms = started.elapsed().as_secs_f64() * 1e3;
+    let started = Instant::now();
+    let txn = db.begin_write()?;
+    {
+        let mut t = txn.open_table(sliced)?;
+        for _ in 0..SLICE_ROWS.min(rows) {
+            t.pop_first()?;
+        }
+    }
+    txn.commit()?;
+    Ok((drop_ms, started.elapsed().as_secs_f64() * 1e3))
+}
+
+/// Bucket sizes, in slices, at which a drop is weighed against one slice deleted key by key:
+/// what `CLEANUP_DROP_WHOLE_SLICES` was chosen by.
+const DROP_SIZES_IN_SLICES: [usize; 4] = [1, 2, 4, 8];
+
 pub fn hot_layout(bench: &mut Bench) -> Result<()> {
     let rows = if bench.options.full { ROWS_FULL } else { ROWS_DEFAULT };
     let methods = [Method::KeyByKey, Method::RetainIn, Method::ExtractFromIf, Method::DropTable];
@@ -179,6 +220,32 @@ pub fn hot_layout(bench: &mut Bench) -> Result<()> {
             longest[i].clone(),
             1,
         ));
+    }
+    for slices in DROP_SIZES_IN_SLICES {
+        let rows = slices * SLICE_ROWS;
+        let (mut drops, mut one_slice) = (Vec::new(), Vec::new());
+        for _ in 0..bench.options.repeats {
+            let (drop_ms, slice_ms) = drop_against_slice(rows)?;
+            drops.push(drop_ms);
+            one_slice.push(slice_ms);
+        }
+        let slice = Figure::new(
+            bench.scenario,
+            format!("one slice of {SLICE_ROWS} rows deleted key by key (pop_first) from a bucket table of {rows} rows"),
+            Unit::Millis,
+            one_slice,
+            1,
+        );
+        let dropped = Figure::new(
+            bench.scenario,
+            format!("delete_table of a bucket table of {rows} rows ({slices} slices), one write transaction"),
+            Unit::Millis,
+            drops,
+            1,
+        )
+        .against(&slice);
+        bench.push(slice);
+        bench.push(dropped);
     }
     Ok(())
 }

@@ -594,11 +594,11 @@ pub(super) fn published_generation(txn: &WriteTransaction, id: &BucketId) -> Res
 }
 
 /// A cleanup drops a bucket's rows table whole (one transaction) once at most this many
-/// slices of rows are left. Dropping a table frees its pages without visiting its rows and
-/// costs 0.3-0.8 µs a row on the reference machine, against about 1.8 µs a row deleted key by
-/// key (BENCHMARKS.md, "hot-row layout"), so a drop of two slices holds the single writer no
-/// longer than one slice deleted row by row.
-pub const CLEANUP_DROP_WHOLE_SLICES: u64 = 2;
+/// slices of rows are left. Dropping a table frees its pages without visiting its rows: on the
+/// reference machine a drop of 4 slices (40,000 rows) took 11 ms against 20 ms for one slice
+/// deleted key by key, and a drop of 8 slices 36 ms against 21 ms (BENCHMARKS.md, scenario
+/// `hot-layout`), so a drop of up to 4 slices holds the single writer no longer than a slice.
+pub const CLEANUP_DROP_WHOLE_SLICES: u64 = 4;
 
 /// What one slice of a cleanup did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
