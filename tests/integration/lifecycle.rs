@@ -233,6 +233,16 @@ fn answer_webhook(mut stream: impl Read + Write) -> Option<String> {
     Some(key.unwrap_or_default())
 }
 
+/// Runs passes until every outbox event is delivered; a sink that failed is backed off first.
+fn drain_outbox(e: &TestEngine) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while e.engine.store.outbox_len().unwrap() > 0 {
+        assert!(std::time::Instant::now() < deadline, "backlog never drained");
+        std::thread::sleep(std::time::Duration::from_millis(250));
+        e.pass();
+    }
+}
+
 #[test]
 fn a_sink_that_is_down_delays_delivery_but_never_blocks_archival() {
     // A port that nothing listens on.
@@ -252,12 +262,7 @@ fn a_sink_that_is_down_delays_delivery_but_never_blocks_archival() {
     .unwrap();
     assert!(frostline::ops::reload::reload(&e.engine, "test").accepted);
     // The sink is backed off after its failure; delivery resumes once the backoff passes.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    while e.engine.store.outbox_len().unwrap() > 0 {
-        assert!(std::time::Instant::now() < deadline, "backlog never drained");
-        std::thread::sleep(std::time::Duration::from_millis(250));
-        e.pass();
-    }
+    drain_outbox(&e);
     let keys = keys.lock().unwrap().clone();
     assert_eq!(keys.len() as u64, backlog, "each event delivered once here: {keys:?}");
     assert!(keys.iter().all(|k| k.starts_with("frostline-hook-")));
@@ -419,12 +424,7 @@ fn an_https_webhook_trusts_its_ca_file_and_refuses_an_unknown_certificate() {
     let sink = format!("[[sink]]\nname = \"hook\"\nkind = \"webhook\"\nurl = \"{url}\"\nca_file = \"authority.pem\"\n");
     std::fs::write(dir.join("tables.toml"), policy(&sink)).unwrap();
     assert!(frostline::ops::reload::reload(&e.engine, "test").accepted);
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while e.engine.store.outbox_len().unwrap() > 0 {
-        assert!(std::time::Instant::now() < deadline, "backlog never drained");
-        std::thread::sleep(std::time::Duration::from_millis(250));
-        e.pass();
-    }
+    drain_outbox(&e);
     let keys = keys.lock().unwrap().clone();
     assert_eq!(keys.len() as u64, backlog, "each event delivered once over TLS: {keys:?}");
     assert!(keys.iter().all(|k| k.starts_with("frostline-hook-")), "{keys:?}");
