@@ -301,6 +301,48 @@ fn descriptor_cache_calls_the_plugin_only_for_unknown_buckets() {
     assert_eq!(calls, 1, "one batch call for the unknown years, none for known ones");
 }
 
+/// `plugin check --times FILE` prints the bucket a strategy answers for each time, checked as
+/// the engine checks it, and fails on an answer the engine would refuse.
+#[test]
+fn plugin_check_prints_the_buckets_for_chosen_times() {
+    let times = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(times.path(), "# leap day, as text and as microseconds\n2024-02-29T12:00:00Z\n\n1709208000000000\n")
+        .unwrap();
+    let file = times.path().to_str().unwrap();
+    let ok =
+        run_frostline(&["plugin", "check", "builtin:calendar-month-utc", "--role", "bucket-strategy", "--times", file]);
+    assert_eq!(ok.status.code(), Some(0), "{}{}", text(&ok.stdout), text(&ok.stderr));
+    let line = "2024-02-29T12:00:00Z  month:2024-02  [2024-02-01T00:00:00Z, 2024-03-01T00:00:00Z)";
+    assert_eq!(text(&ok.stdout).matches(line).count(), 2, "{}", text(&ok.stdout));
+
+    let config = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(config.path(), r#"{"mode":"bad-key"}"#).unwrap();
+    let hostile = format!("{}/hostile_strategy.wasm", builtin::GUEST_DIR);
+    let refused = run_frostline(&[
+        "plugin",
+        "check",
+        &hostile,
+        "--role",
+        "bucket-strategy",
+        "--config",
+        config.path().to_str().unwrap(),
+        "--times",
+        file,
+    ]);
+    assert_eq!(refused.status.code(), Some(1));
+    assert!(text(&refused.stdout).contains("2024-02-29T12:00:00Z  REFUSED: bucket key"), "{}", text(&refused.stdout));
+
+    std::fs::write(times.path(), "2024-02-29T12:00:00Z\nyesterday\n").unwrap();
+    let bad_line =
+        run_frostline(&["plugin", "check", "builtin:calendar-month-utc", "--role", "bucket-strategy", "--times", file]);
+    assert_ne!(bad_line.status.code(), Some(0));
+    assert!(text(&bad_line.stderr).contains("line 2: `yesterday`"), "{}", text(&bad_line.stderr));
+    let wrong_role =
+        run_frostline(&["plugin", "check", "builtin:eligible-before", "--role", "retention-policy", "--times", file]);
+    assert_ne!(wrong_role.status.code(), Some(0));
+    assert!(text(&wrong_role.stderr).contains("--times is for bucket strategies"), "{}", text(&wrong_role.stderr));
+}
+
 #[test]
 fn plugin_check_command_exits_zero_on_pass_and_one_on_fail() {
     let ok =

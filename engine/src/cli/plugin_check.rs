@@ -27,6 +27,11 @@ pub struct CheckArgs {
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
+    /// Bucket strategies only: a file of event times, one per line (RFC 3339 or integer
+    /// microseconds; blank lines and lines starting with `#` are skipped). After the checks,
+    /// prints the bucket the strategy answers for each, checked as the engine checks it.
+    #[arg(long, value_name = "FILE")]
+    pub times: Option<PathBuf>,
     /// Archivers only: preopen a host directory, `HOST:GUEST:MODE` with MODE `ro` or `rw`
     /// (for example `/srv/archive:/data:rw`). Repeatable. Nothing is preopened otherwise.
     #[arg(long, value_name = "HOST:GUEST:MODE")]
@@ -87,20 +92,105 @@ pub fn run(args: CheckArgs) -> anyhow::Result<ExitCode> {
         };
     let seed = args.seed.unwrap_or_else(rand::random);
     let capabilities = capabilities(&args, role)?;
+    let times = match &args.times {
+        Some(_) if role != Role::BucketStrategy => {
+            anyhow::bail!("--times is for bucket strategies; a {role} does not map times to buckets")
+        }
+        Some(path) => Some(read_times(path)?),
+        None => None,
+    };
     let host = PluginHost::new(args.cache_dir.clone())?;
-    let report = match check_with(&host, &source, role, config, seed, capabilities) {
+    let report = match check_with(&host, &source, role, config.clone(), seed, capabilities) {
         Ok(report) => report,
         Err(e) => {
             eprintln!("FAILED: {e}");
             return Ok(ExitCode::from(1));
         }
     };
+    let buckets = match &times {
+        Some(times) => {
+            let loaded = host.load(&source, role, PluginLimits::default())?;
+            let strategy = plugin::strategy::WasmStrategy::new(loaded, config)?;
+            Some(buckets_for(&strategy, times)?)
+        }
+        None => None,
+    };
+    let buckets_passed = buckets.as_ref().is_none_or(|b| b.iter().all(|b| b.error.is_none()));
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        let mut value = serde_json::to_value(&report)?;
+        if let (Some(object), Some(buckets)) = (value.as_object_mut(), &buckets) {
+            object.insert("buckets".into(), serde_json::to_value(buckets)?);
+        }
+        println!("{}", serde_json::to_string_pretty(&value)?);
     } else {
         println!("{report}");
+        for b in buckets.iter().flatten() {
+            println!("{b}");
+        }
     }
-    Ok(if report.passed() { ExitCode::SUCCESS } else { ExitCode::from(1) })
+    Ok(if report.passed() && buckets_passed { ExitCode::SUCCESS } else { ExitCode::from(1) })
+}
+
+/// The times of a `--times` file, in order.
+fn read_times(path: &std::path::Path) -> anyhow::Result<Vec<crate::model::Micros>> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading --times {}", path.display()))?;
+    let mut times = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let time = crate::model::time::parse_time_arg(line).map_err(|e| {
+            anyhow::anyhow!(
+                "--times {} line {}: `{line}` is neither RFC 3339 nor integer microseconds ({e})",
+                path.display(),
+                n + 1
+            )
+        })?;
+        times.push(time);
+    }
+    anyhow::ensure!(!times.is_empty(), "--times {}: no times in the file", path.display());
+    Ok(times)
+}
+
+/// One line of `--times`: the time asked about and the bucket answered, or why the engine
+/// would refuse the answer.
+#[derive(Debug, serde::Serialize)]
+pub struct TimeBucket {
+    pub time: crate::model::Micros,
+    pub key: Option<String>,
+    pub start: Option<crate::model::Micros>,
+    pub end: Option<crate::model::Micros>,
+    pub error: Option<String>,
+}
+
+impl std::fmt::Display for TimeBucket {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use crate::model::time::format_rfc3339;
+        match (&self.key, self.start, self.end, &self.error) {
+            (Some(key), Some(start), Some(end), None) => {
+                write!(f, "{}  {key}  [{}, {})", format_rfc3339(self.time), format_rfc3339(start), format_rfc3339(end))
+            }
+            (_, _, _, error) => write!(f, "{}  REFUSED: {}", format_rfc3339(self.time), error.as_deref().unwrap_or("")),
+        }
+    }
+}
+
+/// Asks `strategy` for each time in one batch, as the engine does, and checks each answer as
+/// the engine does (`check_descriptor`).
+pub fn buckets_for(
+    strategy: &plugin::strategy::WasmStrategy,
+    times: &[crate::model::Micros],
+) -> crate::Result<Vec<TimeBucket>> {
+    let answers = strategy.ask_uncached(times)?;
+    Ok(times
+        .iter()
+        .zip(answers)
+        .map(|(&time, answer)| match answer.and_then(|d| plugin::strategy::check_descriptor(time, &d).map(|()| d)) {
+            Ok(d) => TimeBucket { time, key: Some(d.key), start: Some(d.start), end: Some(d.end), error: None },
+            Err(error) => TimeBucket { time, key: None, start: None, end: None, error: Some(error) },
+        })
+        .collect())
 }
 
 /// Loads and checks one plugin; an error means it could not even be loaded or initialised.

@@ -201,3 +201,79 @@ impl model::BucketStrategy for WasmStrategy {
         Ok(out.into_iter().map(|d| d.expect("filled above")).collect())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bucket(key: &str) -> BucketDescriptor {
+        BucketDescriptor { key: key.to_string(), start: 0, end: 10 }
+    }
+
+    /// The test vectors of plugins/CONTRACT.md, section 2: every key a strategy may answer is
+    /// accepted, with the object path segment it becomes; every other is refused.
+    #[test]
+    fn the_key_grammar_vectors_of_the_plugin_contract() {
+        let long_slashes = format!("{}ab", "/".repeat(42));
+        let hashed_slashes = format!("{}abc", "/".repeat(42));
+        let valid: &[(&str, &str)] = &[
+            ("year:2024", "year:2024"),
+            ("month:2024-02", "month:2024-02"),
+            ("day:2024-02-29", "day:2024-02-29"),
+            ("week:2020-W53", "week:2020-W53"),
+            ("fquarter:2025-Q1", "fquarter:2025-Q1"),
+            ("A_b-c.d:e", "A_b-c.d:e"),
+            ("..", ".."),
+            ("a/b", "a%2Fb"),
+            ("50%", "50%25"),
+            ("~x", "%7Ex"),
+            ("key=v,w", "key%3Dv%2Cw"),
+            ("!", "%21"),
+            ("\"q\"", "%22q%22"),
+            ("tenant@acme", "tenant%40acme"),
+            (&long_slashes, &format!("{}ab", "%2F".repeat(42))),
+            (&hashed_slashes, "~1fbf24aa2978b8c8a1b11f4bb4045e9cb1addcc16da9befcde0e2ce47c493062"),
+        ];
+        for (key, segment) in valid {
+            assert_eq!(check_descriptor(5, &bucket(key)), Ok(()), "{key}");
+            let prefix = crate::storage::keys::bucket_prefix("t", key, b"p");
+            assert_eq!(prefix, format!("table=t/bucket={segment}/partition=p/"), "{key}");
+        }
+        let a128 = "a".repeat(128);
+        assert_eq!(check_descriptor(5, &bucket(&a128)), Ok(()));
+        assert_eq!(
+            crate::storage::keys::bucket_prefix("t", &a128, b"p"),
+            format!("table=t/bucket={a128}/partition=p/")
+        );
+        let tildes = "~".repeat(128);
+        assert_eq!(
+            crate::storage::keys::bucket_prefix("t", &tildes, b"p"),
+            "table=t/bucket=~ccd84e9b9272a277a771aedb433ce98d4a7014356b7e1adb6ce182aa0580e875/partition=p/"
+        );
+
+        let invalid = [
+            String::new(),
+            "year 2024".into(),
+            "day:2024-02-29\n".into(),
+            "a\tb".into(),
+            "\0".into(),
+            "\u{7f}".into(),
+            "é".into(),
+            "2024\u{2013}Q1".into(),
+            "a\u{a0}".into(),
+            "a".repeat(129),
+            "é".repeat(64),
+        ];
+        for key in &invalid {
+            let refused = check_descriptor(5, &bucket(key)).expect_err(key);
+            assert!(refused.contains("is not canonical: it must be 1 to 128 bytes of visible ASCII"), "{refused}");
+        }
+    }
+
+    #[test]
+    fn a_descriptor_must_be_non_empty_and_contain_its_time() {
+        assert!(check_descriptor(5, &BucketDescriptor { key: "k".into(), start: 5, end: 5 }).is_err());
+        assert!(check_descriptor(10, &bucket("k")).unwrap_err().contains("does not contain the time asked for"));
+        assert!(check_descriptor(0, &bucket("k")).is_ok());
+    }
+}
