@@ -368,3 +368,68 @@ fn plugin_check_command_exits_zero_on_pass_and_one_on_fail() {
     assert_eq!(failing.status.code(), Some(1));
     assert!(text(&failing.stdout).contains("FAIL"), "{}", text(&failing.stdout));
 }
+
+/// `frostline plugin new` for every role in every language writes a project whose own
+/// `build.sh` builds a component that passes `frostline plugin check` (the script runs it).
+/// The Python and JavaScript builds reuse the componentizers `plugins/examples/build.sh`
+/// installed (./scripts/test runs it first); the Rust builds fetch wit-bindgen from crates.io.
+#[test]
+fn plugin_new_writes_projects_that_build_and_pass_plugin_check_in_every_language() {
+    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf();
+    let componentize_py = repo.join("plugins/examples/.tools/venv/bin/componentize-py");
+    let componentize_js = repo.join("plugins/examples/fiscal-quarter-js/node_modules/.bin/componentize-js");
+    for tool in [&componentize_py, &componentize_js] {
+        assert!(
+            tool.exists(),
+            "{} is missing: run the tests with ./scripts/test, or run plugins/examples/build.sh DIR first",
+            tool.display()
+        );
+    }
+    let dir = tempfile::tempdir().unwrap();
+    // One target directory for the three Rust projects, kept between runs.
+    let rust_target = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("scaffold-target");
+    for lang in ["rust", "python", "js"] {
+        for role in ["bucket-strategy", "retention-policy", "archiver"] {
+            let name = format!("my-{lang}-{role}");
+            let made = run_frostline(&[
+                "plugin",
+                "new",
+                &name,
+                "--role",
+                role,
+                "--lang",
+                lang,
+                "--dir",
+                dir.path().to_str().unwrap(),
+            ]);
+            assert_eq!(made.status.code(), Some(0), "{}{}", text(&made.stdout), text(&made.stderr));
+            let project = dir.path().join(&name);
+            let started = std::time::Instant::now();
+            let built = std::process::Command::new(project.join("build.sh"))
+                .env("FROSTLINE", frostline_bin())
+                .env("COMPONENTIZE_PY", &componentize_py)
+                .env("COMPONENTIZE_JS", &componentize_js)
+                .env("CARGO_TARGET_DIR", &rust_target)
+                .output()
+                .unwrap();
+            let output = format!("{}{}", text(&built.stdout), text(&built.stderr));
+            assert_eq!(built.status.code(), Some(0), "{lang} {role}: {output}");
+            assert!(output.contains("PASSED"), "{lang} {role}: {output}");
+            eprintln!("{lang} {role}: built and checked in {:.1} s", started.elapsed().as_secs_f64());
+        }
+    }
+    // A second project of the same name is refused and the first is untouched.
+    let again = run_frostline(&[
+        "plugin",
+        "new",
+        "my-rust-archiver",
+        "--role",
+        "archiver",
+        "--lang",
+        "rust",
+        "--dir",
+        dir.path().to_str().unwrap(),
+    ]);
+    assert_ne!(again.status.code(), Some(0));
+    assert!(text(&again.stderr).contains("already exists"), "{}", text(&again.stderr));
+}

@@ -6,6 +6,7 @@ pub mod client;
 pub mod ingest;
 pub mod lifecycle;
 pub mod plugin_check;
+pub mod plugin_new;
 pub mod policy_check;
 pub mod remote;
 pub mod status;
@@ -173,6 +174,9 @@ pub enum PolicyCommand {
 pub enum PluginCommand {
     /// Load a component, check that it implements a role, and run that role's conformance checks.
     Check(plugin_check::CheckArgs),
+    /// Write a new plugin project (WIT, a working plugin, build and check scripts) for a role
+    /// in Rust, Python or JavaScript.
+    New(plugin_new::NewArgs),
 }
 
 /// A progress bar on a terminal; hidden otherwise (scripts and tests).
@@ -199,6 +203,7 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Plugin(PluginCommand::Check(args)) => plugin_check::run(args),
+        Command::Plugin(PluginCommand::New(args)) => plugin_new::run(args),
         Command::Policy(PolicyCommand::Check(args)) => policy_check::run(args),
         Command::Hold(command) => lifecycle::run_hold(command),
         Command::Verify { engine, table, sample, json } => lifecycle::run_verify(engine, table, sample, json),
