@@ -21,6 +21,14 @@ TARGETS = {
         ("max", 50.0),  # a 1,000-record append during a pass under 50 ms at the 99th percentile
         ("ratio_min", 1.5),  # a pass at >= 1.5x restic backing up the same bytes
     ],
+    "archive-large": [
+        ("ratio_min", 0.6),  # the same pass ratio with 2,000,000 rows in the same buckets
+        ("ratio_min", 1.5),  # and against restic
+    ],
+    "reload": [
+        ("max", 250.0),  # a renamed policy file with built-in plugins active within 250 ms (median)
+        ("max", 250.0),  # the same with a plugin file from the compiled cache
+    ],
     "formats": [("ratio_min", 1 / 3)],  # a cold query of one bucket within 3x of the hot query
     "scale": [("ratio_min", 0.5)],  # a pass over 1,000,000 buckets within 2x of one over 1,000
     "read": [

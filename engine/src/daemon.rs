@@ -56,13 +56,18 @@ impl Drop for RunFiles {
 }
 
 /// Runs the engine until SIGTERM or Ctrl-C.
-pub async fn run(engine: Arc<Engine>, serve: ServeSettings) -> Result<()> {
+/// Passes run on `archive` (`ops::passes::background_runtime`).
+pub async fn run(engine: Arc<Engine>, serve: ServeSettings, archive: tokio::runtime::Handle) -> Result<()> {
     // Take over SIGTERM before anything else, so a stop during start-up is graceful too.
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|e| Error::Internal(format!("cannot listen for SIGTERM: {e}")))?;
     let metrics = Arc::new(Metrics::new()?);
     let observed = metrics.clone();
-    let passes = Arc::new(Passes::new(engine.new_owner_token(), Box::new(move |result| observed.record_pass(result))));
+    let passes = Arc::new(Passes::new(
+        engine.new_owner_token(),
+        Arc::new(move |result| observed.record_pass(result)),
+        Some(archive),
+    ));
     let (stop, stopping) = tokio::sync::watch::channel(false);
     let state = Arc::new(ApiState {
         engine: engine.clone(),

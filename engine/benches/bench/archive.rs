@@ -19,17 +19,51 @@ use crate::data::{
     APPEND_NOW_MICROS, ARCHIVE_NOW_MICROS, DATASET_DAYS, DATASET_PARTITIONS, DATASET_TABLE, Dirs, MEGABYTE, dataset,
     passes_until_idle, policy_toml,
 };
-use crate::harness::{Bench, Figure, Phases, Unit, push_phases};
+use crate::harness::{Bench, Figure, Phases, Unit, percentile, push_phases};
 
-const ARCHIVE_RECORDS_DEFAULT: usize = 200_000;
-const ARCHIVE_RECORDS_FULL: usize = 1_000_000;
+/// Rows of the `archive` scenario's data set, in 32 buckets.
+const ARCHIVE_RECORDS: usize = 200_000;
+/// Rows of the `archive-large` scenario's: ten times as many in the same 32 buckets, so each
+/// bucket holds 62,500 rows (seven segments) and its cleanup slices rows before the drop.
+const ARCHIVE_RECORDS_LARGE: usize = 2_000_000;
+/// Rounds of `archive-large` at most (each copies a 2 GB hot store).
+const ARCHIVE_LARGE_REPEATS_MAX: usize = 3;
 /// A pass should archive at >= 60% of the I/O floor for the same bytes.
 const ARCHIVE_RATIO_MIN: f64 = 0.6;
 /// The password of the throwaway restic repositories.
 const RESTIC_PASSWORD: &str = "frostline-bench";
 
 pub fn archive(bench: &mut Bench) -> Result<()> {
-    let count = if bench.options.full { ARCHIVE_RECORDS_FULL } else { ARCHIVE_RECORDS_DEFAULT };
+    let runtime = pass_runtime()?;
+    let template = pass_against_baselines(bench, &runtime, ARCHIVE_RECORDS, bench.options.repeats)?;
+    appends_during_a_pass(bench, &template, &runtime)
+}
+
+/// The same figures as `archive` with ten times the rows in the same buckets: the ratio to
+/// the floor must not fall as buckets grow.
+pub fn archive_large(bench: &mut Bench) -> Result<()> {
+    let runtime = pass_runtime()?;
+    let repeats = bench.options.repeats.min(ARCHIVE_LARGE_REPEATS_MAX);
+    pass_against_baselines(bench, &runtime, ARCHIVE_RECORDS_LARGE, repeats)?;
+    Ok(())
+}
+
+/// The passes run where `frostline run` runs them: on the archival runtime, whose threads
+/// yield the CPU to the rest of the process (`ops::passes::background_runtime`).
+fn pass_runtime() -> Result<tokio::runtime::Runtime> {
+    let threads = Settings::default().archive_concurrency;
+    Ok(frostline::ops::passes::background_runtime(threads)?)
+}
+
+/// Appends `count` rows, then times `repeats` passes over copies of that hot store against
+/// the I/O floor and restic for the segments they write, one of each per round; returns the
+/// hot store.
+fn pass_against_baselines(
+    bench: &mut Bench,
+    runtime: &tokio::runtime::Runtime,
+    count: usize,
+    repeats: usize,
+) -> Result<Dirs> {
     // One ingest, copied before every run: each pass starts from the same hot store.
     let template = Dirs::new(&policy_toml("1s"))?;
     {
@@ -38,7 +72,6 @@ pub fn archive(bench: &mut Bench) -> Result<()> {
             engine.append(DATASET_TABLE, batch.to_vec())?;
         }
     }
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let restic = restic_binary();
     if let Err(reason) = &restic {
         bench.skip(&["restic backup"], reason.clone());
@@ -48,7 +81,7 @@ pub fn archive(bench: &mut Bench) -> Result<()> {
     let mut archived_bytes = 0;
     let (mut engine_samples, mut floor_samples, mut restic_samples) = (Vec::new(), Vec::new(), Vec::new());
     let mut phases: Vec<Phases> = Vec::new();
-    for round in 0..bench.options.repeats {
+    for round in 0..repeats {
         // The first run finds the segments; later rounds alternate which goes first.
         let baselines_first = round % 2 == 1;
         let mut baselines = |segments: &[Vec<u8>], bytes: u64| -> Result<()> {
@@ -137,7 +170,7 @@ pub fn archive(bench: &mut Bench) -> Result<()> {
         bench.push(restic);
         bench.push(against_restic);
     }
-    appends_during_a_pass(bench, &template, &runtime)
+    Ok(template)
 }
 
 /// Records per append in the appends-during-a-pass figures.
@@ -296,13 +329,6 @@ fn process_cpu_seconds() -> f64 {
     unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) };
     let seconds = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
     seconds(usage.ru_utime) + seconds(usage.ru_stime)
-}
-
-/// The `q` quantile of `samples` (nearest rank).
-fn percentile(samples: &mut [f64], q: f64) -> f64 {
-    samples.sort_by(f64::total_cmp);
-    let rank = ((samples.len() as f64 * q).ceil() as usize).clamp(1, samples.len());
-    samples[rank - 1]
 }
 
 /// `restic` on the PATH and its version line, or why it cannot be used.

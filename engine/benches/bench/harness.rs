@@ -187,6 +187,13 @@ impl Target {
     }
 }
 
+/// The `q` quantile of `samples` (nearest rank).
+pub fn percentile(samples: &mut [f64], q: f64) -> f64 {
+    samples.sort_by(f64::total_cmp);
+    let rank = ((samples.len() as f64 * q).ceil() as usize).clamp(1, samples.len());
+    samples[rank - 1]
+}
+
 /// The median of `samples` (the mean of the middle two for an even count).
 pub fn median(samples: &[f64]) -> f64 {
     let mut sorted = samples.to_vec();

@@ -39,6 +39,7 @@ mod layout;
 mod native;
 mod plugins;
 mod read;
+mod reload;
 mod report;
 mod scale;
 
@@ -79,6 +80,11 @@ const SCENARIOS: &[Scenario] = &[
         run: archive::archive,
     },
     Scenario {
+        name: "archive-large",
+        about: "the archive scenario's pass against the floor and restic with 2,000,000 rows in the same 32 buckets (at most 3 rounds)",
+        run: archive::archive_large,
+    },
+    Scenario {
         name: "hot-layout",
         about: "deleting archived buckets' hot rows from redb: key by key from one table (schema 1), redb's range primitives, and dropping a table per bucket (schema 2), with the longest write transaction of each",
         run: layout::hot_layout,
@@ -97,6 +103,11 @@ const SCENARIOS: &[Scenario] = &[
         name: "read",
         about: "a query across ten years of one partition written as JSON lines, hot and archived as Parquet, against DuckDB reading the same Parquet files",
         run: read::read,
+    },
+    Scenario {
+        name: "reload",
+        about: "from a file renamed into the policy directory to the new set active, through the watcher `frostline run` runs: built-in plugins, a cached plugin file, a plugin file never compiled (p50 and p95)",
+        run: reload::reload,
     },
     Scenario {
         name: "footprint",
@@ -234,7 +245,7 @@ fn usage() -> String {
         "usage: cargo bench --bench frostline-bench -- [--full] [--json FILE] [--only NAME]... [--repeats N] [--list]\n\
          \n\
          --full        longer samples, every compile repeated R times, extra batch sizes,\n\
-                       1,000,000 records in append and archive (default 100,000 and 200,000)\n\
+                       1,000,000 records in append (default 100,000)\n\
                        and ten years of 1,000 records a day in the range query (default 100)\n\
          --json FILE   also write every figure as JSON (relative to engine/)\n\
          --only NAME   run only this scenario (repeatable, or comma-separated): {}\n\

@@ -322,9 +322,11 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let serve = api.validate()?;
             let engine = engine.open()?;
             let runtime = runtime()?;
-            let result = runtime.block_on(crate::daemon::run(engine, serve));
+            let archive = crate::ops::passes::background_runtime(engine.settings.archive_concurrency)?;
+            let result = runtime.block_on(crate::daemon::run(engine, serve, archive.handle().clone()));
             // Whatever is still running after a forced stop is abandoned, not waited for.
             runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+            archive.shutdown_timeout(std::time::Duration::from_secs(1));
             result.context("running the engine")?;
             Ok(ExitCode::SUCCESS)
         }
