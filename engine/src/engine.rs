@@ -322,11 +322,15 @@ impl Engine {
             for _ in 0..n {
                 match policy.strategy.bucket_for(current.end) {
                     Ok(next) => current = next,
-                    // Past the strategy's range there is no newer bucket that could exist.
-                    Err(_) => {
+                    // The strategy answers that the time has no bucket: past its range there
+                    // is no newer bucket that could exist.
+                    Err(Error::InvalidInput(_)) => {
                         current.start = i64::MAX;
                         break;
                     }
+                    // A fault or a refused answer says nothing about newer buckets: the batch
+                    // cannot be checked, so it is refused.
+                    Err(e) => return Err(e),
                 }
             }
             out.insert(d.key.clone(), current.start);

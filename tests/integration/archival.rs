@@ -700,6 +700,55 @@ strategy = { plugin = "builtin:calendar-day-utc" }
     e.engine.append("r", vec![Record { partition_key: b"q".to_vec(), ..rec("2024-03-03T10:00:00Z") }]).unwrap();
 }
 
+/// A strategy that faults while the engine looks ahead for `writable_buckets` refuses the
+/// batch with the fault and writes nothing. (The fault was taken as "no newer bucket exists",
+/// and the record went into a bucket the guard refuses.)
+#[test]
+fn a_strategy_fault_while_looking_ahead_refuses_the_batch() {
+    /// Delegates, but faults for every time from `from` on.
+    struct FaultsFrom {
+        real: std::sync::Arc<dyn frostline::model::BucketStrategy>,
+        from: i64,
+    }
+    impl frostline::model::BucketStrategy for FaultsFrom {
+        fn identity(&self) -> &frostline::model::StrategyIdentity {
+            self.real.identity()
+        }
+        fn buckets_for(&self, times: &[i64]) -> frostline::Result<Vec<frostline::model::BucketDescriptor>> {
+            if times.iter().any(|&t| t >= self.from) {
+                return Err(Error::PluginFault {
+                    plugin: "faulty".into(),
+                    hash: "0".into(),
+                    call: "buckets-for".into(),
+                    cause: "trap: injected".into(),
+                });
+            }
+            self.real.buckets_for(times)
+        }
+    }
+    let policy = r#"
+[[table]]
+id = "r"
+writable_buckets = 1
+strategy = { plugin = "builtin:calendar-day-utc" }
+"#;
+    let e = TestEngine::new(policy, "2024-03-10T00:00:00Z");
+    let rec = |day: &str| Record {
+        partition_key: b"p".to_vec(),
+        event_time: t(day),
+        sort_key: day.as_bytes().to_vec(),
+        tenant: None,
+        kind: None,
+        body: "1".into(),
+    };
+    e.engine.append("r", vec![rec("2024-03-05T00:00:00Z")]).unwrap();
+    e.with_strategy("r", |real| std::sync::Arc::new(FaultsFrom { real, from: t("2024-03-05T00:00:00Z") }));
+    // 2024-03-04 is no longer the newest bucket; finding that out asks about 2024-03-05.
+    let err = e.engine.append("r", vec![rec("2024-03-04T10:00:00Z")]).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::PluginFault, "{err}");
+    assert_eq!(e.query_all("r").len(), 1, "nothing of the refused batch is written");
+}
+
 #[test]
 fn concurrent_appends_are_group_committed_and_all_acknowledged() {
     let e = TestEngine::new(DAILY, "2024-03-10T00:00:00Z");

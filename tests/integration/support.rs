@@ -161,13 +161,33 @@ impl TestEngine {
 
     /// Replaces one table's archive backend (to inject faults).
     pub fn with_backend(&self, table: &str, backend: std::sync::Arc<dyn frostline::storage::ArchiveBackend>) {
+        self.with_table(table, |old| frostline::policy::TablePolicy { backend, ..old.clone() });
+    }
+
+    /// Replaces one table's bucket strategy with what `wrap` makes of it (to inject faults).
+    pub fn with_strategy(
+        &self,
+        table: &str,
+        wrap: impl FnOnce(
+            std::sync::Arc<dyn frostline::model::BucketStrategy>,
+        ) -> std::sync::Arc<dyn frostline::model::BucketStrategy>,
+    ) {
+        self.with_table(table, |old| frostline::policy::TablePolicy {
+            strategy: wrap(old.strategy.clone()),
+            ..old.clone()
+        });
+    }
+
+    /// Installs the running set with one table's policy replaced by `change` of it.
+    fn with_table(
+        &self,
+        table: &str,
+        change: impl FnOnce(&frostline::policy::TablePolicy) -> frostline::policy::TablePolicy,
+    ) {
         let current = self.engine.policies();
         let mut tables = current.tables.clone();
         let old = tables.get(table).unwrap().clone();
-        tables.insert(
-            table.to_string(),
-            std::sync::Arc::new(frostline::policy::TablePolicy { backend, ..(*old).clone() }),
-        );
+        tables.insert(table.to_string(), std::sync::Arc::new(change(&old)));
         self.engine
             .install_policies(frostline::policy::PolicySet {
                 tables,
