@@ -122,6 +122,34 @@ fn repeated_faults_suspend_the_plugin() {
     assert!(matches!(err, Error::PluginSuspended { .. }), "{err}");
 }
 
+/// Invalid answers count towards the crash-loop breaker as faults do: five in a row suspend
+/// the plugin. (A call that returned cleared the count before its answer was checked, so
+/// invalid answers alone never suspended it.)
+#[test]
+fn repeated_invalid_answers_suspend_the_plugin() {
+    let s = hostile("bad-key", PluginLimits::default());
+    for _ in 0..frostline::plugin::instance::PLUGIN_FAULTS_BEFORE_SUSPEND {
+        let err = s.buckets_for(&[10]).unwrap_err();
+        assert!(matches!(err, Error::PluginInvalidAnswer { .. }), "{err}");
+    }
+    let err = s.buckets_for(&[10]).unwrap_err();
+    assert!(matches!(err, Error::PluginSuspended { .. }), "{err}");
+}
+
+/// An accepted answer starts the count again: four faults, an answer, four faults do not
+/// suspend the plugin.
+#[test]
+fn an_accepted_answer_starts_the_fault_count_again() {
+    let s = hostile("normal", PluginLimits::default());
+    let faults = frostline::plugin::instance::PLUGIN_FAULTS_BEFORE_SUSPEND - 1;
+    for round in 0..2 {
+        for _ in 0..faults {
+            assert!(matches!(s.ask_one_uncached(-3), Err(Error::PluginFault { .. })), "round {round}");
+        }
+        assert!(s.ask_one_uncached(7).unwrap().is_ok(), "round {round}: not suspended");
+    }
+}
+
 #[test]
 fn invalid_answers_are_refused_by_the_host() {
     for (mode, expected) in

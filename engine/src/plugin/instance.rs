@@ -51,6 +51,10 @@ struct Slot<W> {
     live: Option<(Store<PluginState>, W)>,
     consecutive_faults: u32,
     suspended_until: Option<Instant>,
+    /// The last call returned an answer that has not been refused (yet): the next call starts
+    /// the fault count again. The count is not cleared when the guest returns, since the host
+    /// checks the answer after that and an invalid answer counts as a fault.
+    answered: bool,
 }
 
 pub(crate) struct PluginInstance<W> {
@@ -79,7 +83,7 @@ impl<W: WorldBindings> PluginInstance<W> {
             plugin,
             config,
             capabilities,
-            slot: Mutex::new(Slot { live: None, consecutive_faults: 0, suspended_until: None }),
+            slot: Mutex::new(Slot { live: None, consecutive_faults: 0, suspended_until: None, answered: false }),
             counters: PluginCounters::default(),
         };
         let live = instance.instantiate()?;
@@ -130,6 +134,9 @@ impl<W: WorldBindings> PluginInstance<W> {
             }
             slot.suspended_until = None;
         }
+        if std::mem::take(&mut slot.answered) {
+            slot.consecutive_faults = 0;
+        }
         if slot.live.is_none() {
             match self.instantiate() {
                 Ok(live) => slot.live = Some(live),
@@ -144,7 +151,7 @@ impl<W: WorldBindings> PluginInstance<W> {
         store.data_mut().memory_refused_bytes = None;
         match f(bindings, store) {
             Ok(value) => {
-                slot.consecutive_faults = 0;
+                slot.answered = true;
                 Ok(value)
             }
             Err(e) => {
@@ -162,6 +169,7 @@ impl<W: WorldBindings> PluginInstance<W> {
     pub(crate) fn invalid_answer(&self, call: &str, reason: String) -> Error {
         self.counters.invalid_answers.fetch_add(1, Ordering::Relaxed);
         let mut slot = self.slot.lock().expect("plugin slot");
+        slot.answered = false;
         self.note_fault_locked(&mut slot);
         tracing::warn!(plugin = %self.plugin.name, hash = %self.plugin.hash_short(), call, %reason, "plugin answer refused");
         Error::PluginInvalidAnswer {
