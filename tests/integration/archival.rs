@@ -673,31 +673,38 @@ fn rows_stored_in_the_older_named_form_read_and_deduplicate_unchanged() {
     assert_eq!(e.query_all("r"), input);
 }
 
-#[test]
-fn writable_buckets_guard_refuses_old_buckets_and_accepts_recent_ones() {
-    let policy = r#"
-[[table]]
-id = "r"
-writable_buckets = 2
-strategy = { plugin = "builtin:calendar-day-utc" }
-"#;
-    let e = TestEngine::new(policy, "2024-03-10T00:00:00Z");
-    let rec = |day: &str| Record {
+/// A table `r` of UTC-day buckets where only the `n` newest buckets of a partition take
+/// appends.
+fn day_table_with_writable_buckets(n: u32) -> TestEngine {
+    let policy = format!(
+        "[[table]]\nid = \"r\"\nwritable_buckets = {n}\nstrategy = {{ plugin = \"builtin:calendar-day-utc\" }}\n"
+    );
+    TestEngine::new(&policy, "2024-03-10T00:00:00Z")
+}
+
+/// One record of partition `p` at `day` (RFC 3339).
+fn day_record(day: &str) -> Record {
+    Record {
         partition_key: b"p".to_vec(),
         event_time: t(day),
         sort_key: day.as_bytes().to_vec(),
         tenant: None,
         kind: None,
         body: "1".into(),
-    };
-    e.engine.append("r", vec![rec("2024-03-05T00:00:00Z")]).unwrap();
+    }
+}
+
+#[test]
+fn writable_buckets_guard_refuses_old_buckets_and_accepts_recent_ones() {
+    let e = day_table_with_writable_buckets(2);
+    e.engine.append("r", vec![day_record("2024-03-05T00:00:00Z")]).unwrap();
     // Obeyed: the previous day is among the 2 newest buckets.
-    e.engine.append("r", vec![rec("2024-03-04T10:00:00Z")]).unwrap();
+    e.engine.append("r", vec![day_record("2024-03-04T10:00:00Z")]).unwrap();
     // Violated: two days back is not.
-    let err = e.engine.append("r", vec![rec("2024-03-03T10:00:00Z")]).unwrap_err();
+    let err = e.engine.append("r", vec![day_record("2024-03-03T10:00:00Z")]).unwrap_err();
     assert!(matches!(err, Error::BucketNotWritable { writable_buckets: 2, .. }), "{err}");
     // Another partition has its own newest buckets.
-    e.engine.append("r", vec![Record { partition_key: b"q".to_vec(), ..rec("2024-03-03T10:00:00Z") }]).unwrap();
+    e.engine.append("r", vec![Record { partition_key: b"q".to_vec(), ..day_record("2024-03-03T10:00:00Z") }]).unwrap();
 }
 
 /// A strategy that faults while the engine looks ahead for `writable_buckets` refuses the
@@ -726,25 +733,11 @@ fn a_strategy_fault_while_looking_ahead_refuses_the_batch() {
             self.real.buckets_for(times)
         }
     }
-    let policy = r#"
-[[table]]
-id = "r"
-writable_buckets = 1
-strategy = { plugin = "builtin:calendar-day-utc" }
-"#;
-    let e = TestEngine::new(policy, "2024-03-10T00:00:00Z");
-    let rec = |day: &str| Record {
-        partition_key: b"p".to_vec(),
-        event_time: t(day),
-        sort_key: day.as_bytes().to_vec(),
-        tenant: None,
-        kind: None,
-        body: "1".into(),
-    };
-    e.engine.append("r", vec![rec("2024-03-05T00:00:00Z")]).unwrap();
+    let e = day_table_with_writable_buckets(1);
+    e.engine.append("r", vec![day_record("2024-03-05T00:00:00Z")]).unwrap();
     e.with_strategy("r", |real| std::sync::Arc::new(FaultsFrom { real, from: t("2024-03-05T00:00:00Z") }));
     // 2024-03-04 is no longer the newest bucket; finding that out asks about 2024-03-05.
-    let err = e.engine.append("r", vec![rec("2024-03-04T10:00:00Z")]).unwrap_err();
+    let err = e.engine.append("r", vec![day_record("2024-03-04T10:00:00Z")]).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::PluginFault, "{err}");
     assert_eq!(e.query_all("r").len(), 1, "nothing of the refused batch is written");
 }

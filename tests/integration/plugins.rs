@@ -416,20 +416,14 @@ fn plugin_new_writes_projects_that_build_and_pass_plugin_check_in_every_language
     let dir = tempfile::tempdir().unwrap();
     // One target directory for the three Rust projects, kept between runs.
     let rust_target = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("scaffold-target");
+    let plugin_new = |name: &str, role: &str, lang: &str| {
+        let dir = dir.path().to_str().unwrap();
+        run_frostline(&["plugin", "new", name, "--role", role, "--lang", lang, "--dir", dir])
+    };
     for lang in ["rust", "python", "js"] {
         for role in ["bucket-strategy", "retention-policy", "archiver"] {
             let name = format!("my-{lang}-{role}");
-            let made = run_frostline(&[
-                "plugin",
-                "new",
-                &name,
-                "--role",
-                role,
-                "--lang",
-                lang,
-                "--dir",
-                dir.path().to_str().unwrap(),
-            ]);
+            let made = plugin_new(&name, role, lang);
             assert_eq!(made.status.code(), Some(0), "{}{}", text(&made.stdout), text(&made.stderr));
             let project = dir.path().join(&name);
             let started = std::time::Instant::now();
@@ -447,17 +441,7 @@ fn plugin_new_writes_projects_that_build_and_pass_plugin_check_in_every_language
         }
     }
     // A second project of the same name is refused and the first is untouched.
-    let again = run_frostline(&[
-        "plugin",
-        "new",
-        "my-rust-archiver",
-        "--role",
-        "archiver",
-        "--lang",
-        "rust",
-        "--dir",
-        dir.path().to_str().unwrap(),
-    ]);
+    let again = plugin_new("my-rust-archiver", "archiver", "rust");
     assert_ne!(again.status.code(), Some(0));
     assert!(text(&again.stderr).contains("already exists"), "{}", text(&again.stderr));
 }
