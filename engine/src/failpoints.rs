@@ -35,6 +35,9 @@ pub const FAIL_POINTS: &[&str] = &[
     "after_outbox_delivery",
     // The orphan sweep, before each delete.
     "mid_sweep_delete",
+    // A Delta log sync, before and after each commit.
+    "before_delta_commit",
+    "after_delta_commit",
 ];
 
 pub const FAILPOINTS_ENV: &str = "FROSTLINE_FAILPOINTS";

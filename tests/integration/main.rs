@@ -6,6 +6,8 @@ mod api;
 mod archival;
 mod archivers;
 mod crash;
+#[cfg(feature = "delta")]
+mod delta;
 mod e2e;
 mod formats;
 mod layers;

@@ -26,9 +26,9 @@ use crate::support::{TestEngine, runtime, sorted, t, text};
 
 const NOW: &str = "2026-03-01T00:00:00Z";
 /// Secrets written to the policy directory's secret files; none may appear in any output.
-const KEY_ID: &str = "AKIDFROSTLINETEST42";
-const SECRET_KEY: &str = "fR0stL1ne/SecretAccessKey+NeverPrinted0123";
-const SESSION_TOKEN: &str = "FrostlineSessionTokenNeverPrinted9876";
+pub(crate) const KEY_ID: &str = "AKIDFROSTLINETEST42";
+pub(crate) const SECRET_KEY: &str = "fR0stL1ne/SecretAccessKey+NeverPrinted0123";
+pub(crate) const SESSION_TOKEN: &str = "FrostlineSessionTokenNeverPrinted9876";
 const SERVER_START_SECONDS_MAX: u64 = 60;
 const RETRY_US: i64 = 15_000_000;
 
@@ -57,7 +57,7 @@ fn agent() -> ureq::Agent {
 }
 
 /// A server process, killed (with its whole life's log kept for failures) when dropped.
-struct Server {
+pub(crate) struct Server {
     kind: &'static str,
     port: u16,
     child: Option<Child>,
@@ -66,7 +66,7 @@ struct Server {
 }
 
 impl Server {
-    fn moto() -> Server {
+    pub(crate) fn moto() -> Server {
         Self::moto_on(free_port())
     }
 
@@ -148,12 +148,12 @@ impl Server {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
-    fn endpoint(&self) -> String {
+    pub(crate) fn endpoint(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
     }
 
     /// Creates a bucket (moto) or a container (Azurite): object_store cannot.
-    fn create_bucket(&self, name: &str) {
+    pub(crate) fn create_bucket(&self, name: &str) {
         let (status, body) = match self.kind {
             "moto" => {
                 let mut response = agent().put(&format!("{}/{name}", self.endpoint())).send_empty().unwrap();
@@ -220,10 +220,10 @@ fn azurite_create_container(port: u16, container: &str) -> (u16, String) {
 // Policies and data
 
 /// Secret files for S3 targets, relative to the policy directory.
-const SECRET_FILES: [(&str, &str); 3] =
+pub(crate) const SECRET_FILES: [(&str, &str); 3] =
     [("secrets/s3-key-id", KEY_ID), ("secrets/s3-secret", SECRET_KEY), ("secrets/s3-token", SESSION_TOKEN)];
 
-fn s3_target(endpoint: &str, bucket: &str, extra: &str) -> String {
+pub(crate) fn s3_target(endpoint: &str, bucket: &str, extra: &str) -> String {
     format!(
         r#"
 [[target]]

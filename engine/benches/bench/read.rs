@@ -140,7 +140,7 @@ fn duckdb_figure(bench: &Bench, python: &str, archive: &Path, count: usize) -> R
     let script = r#"
 import sys, tempfile, time, duckdb
 root, table, lo, hi, runs = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
-pattern = f"{root}/table={table}/**/*.parquet"
+pattern = f"{root}/delta/{table}/installation=*/**/*.parquet"
 out = tempfile.NamedTemporaryFile(suffix=".jsonl")
 query = f"""COPY (SELECT partition_key, epoch_us(event_time) AS event_time, sort_key, tenant, kind, body::JSON AS body
     FROM read_parquet('{pattern}') WHERE event_time >= make_timestamp({lo}) AND event_time < make_timestamp({hi})

@@ -137,10 +137,12 @@ async fn manifests_by_folder(
     table: &str,
 ) -> Result<BTreeMap<String, Vec<(String, u64, String)>>> {
     let mut folders: BTreeMap<String, Vec<(String, u64, String)>> = BTreeMap::new();
-    for object in backend.list(&keys::table_prefix(table)).await? {
-        if let Some((writer, generation)) = keys::manifest_origin(&object.key) {
-            let entry = (writer.to_string(), generation, object.key.clone());
-            folders.entry(keys::folder_of(&object.key).to_string()).or_default().push(entry);
+    for prefix in keys::table_folders(table) {
+        for object in backend.list(&prefix).await? {
+            if let Some((writer, generation)) = keys::manifest_origin(&object.key) {
+                let entry = (writer.to_string(), generation, object.key.clone());
+                folders.entry(keys::folder_of(&object.key).to_string()).or_default().push(entry);
+            }
         }
     }
     Ok(folders)
@@ -188,7 +190,10 @@ async fn read_verified(
         )));
     }
     let id = BucketId { table: table.to_string(), bucket_key: manifest.bucket.key.clone(), partition_key };
-    if keys::bucket_prefix(&id.table, &id.bucket_key, &id.partition_key) != folder {
+    let writer = keys::manifest_origin(key).map_or("", |(writer, _)| writer);
+    let layouts = [keys::Layout::Hive, keys::Layout::Delta];
+    if !layouts.iter().any(|l| keys::bucket_folder(*l, &id.table, writer, &id.bucket_key, &id.partition_key) == folder)
+    {
         return Err(Error::Corruption(format!(
             "the manifest describes bucket {id}, which does not live in `{folder}`"
         )));

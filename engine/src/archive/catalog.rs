@@ -1,6 +1,7 @@
 //! The catalog: one object per table, `table=<table>/_catalog.json`, listing every published
 //! manifest with its bounds and segments, so a reader (DuckDB, Spark, a script) finds every
-//! segment without listing every bucket.
+//! segment without listing every bucket. A table whose archive is a Delta table has none: its
+//! Delta log lists its files, those of every installation sharing the target (`super::delta`).
 //!
 //! It is derived data, never the only copy of anything: it is rebuilt from the recorded
 //! manifests after every pass that published or expired something, and by `frostline

@@ -78,6 +78,12 @@ pub(super) async fn finish(
             return Ok(ExpiryOutcome::Held);
         }
     }
+    // A reader of the Delta log's newest version is never sent to a deleted file: the bucket
+    // is no longer published, so the sync commits its removes first.
+    #[cfg(feature = "delta")]
+    if table.delta_log() {
+        super::delta::sync(engine, table).await?;
+    }
     for key in &tombstone.keys {
         backend.delete(key).await?;
         crate::failpoints::hit("mid_expiry_delete")?;

@@ -12,6 +12,8 @@
 
 pub mod adopt;
 pub mod catalog;
+#[cfg(feature = "delta")]
+pub mod delta;
 pub mod expiry;
 pub mod outbox;
 mod pipeline;
@@ -280,9 +282,26 @@ pub async fn run_pass(engine: &Arc<Engine>, owner: &str) -> Result<PassReport> {
     // The catalogs are derived from the manifests; refresh them when archives changed.
     if report.archived + report.expired > 0 {
         lap.lap();
-        for table in engine.policies().tables.keys() {
+        // A table with a Delta log has no catalog: its log lists its files, for every
+        // installation that shares the target (each catalog would list one installation's).
+        for (table, policy) in &engine.policies().tables {
+            if policy.delta_log() {
+                continue;
+            }
             if let Err(e) = catalog::write(engine, table).await {
                 report.errors.push(format!("catalog of `{table}`: {e}"));
+            }
+        }
+        report.seconds.add(Phase::Catalog, lap.lap());
+    }
+    // The Delta logs too, and any whose last sync failed or that this process has not synced.
+    #[cfg(feature = "delta")]
+    {
+        lap.lap();
+        let changed = report.archived + report.expired > 0;
+        for table in engine.policies().tables.values() {
+            if let Some(Err(e)) = delta::sync_if_needed(engine, table, changed).await {
+                report.errors.push(format!("Delta log of `{}`: {e}", table.id));
             }
         }
         report.seconds.add(Phase::Catalog, lap.lap());
@@ -660,7 +679,8 @@ async fn upload_segments(
     mut receiver: tokio::sync::mpsc::Receiver<pipeline::Encoded>,
 ) -> Result<(Vec<SegmentInfo>, Option<PreparedManifest>)> {
     let id = &meta.id;
-    let prefix = keys::bucket_prefix(&id.table, &id.bucket_key, &id.partition_key);
+    let prefix =
+        keys::bucket_folder(table.layout(), &id.table, &engine.installation_id, &id.bucket_key, &id.partition_key);
     let mut segments: Vec<SegmentInfo> = Vec::new();
     let mut prepared = None;
     while let Some(pipeline::Encoded { segment, last }) = receiver.recv().await {
@@ -728,7 +748,8 @@ fn prepare_manifest(
     };
     manifest.check_consistent()?;
     let bytes = Bytes::from(manifest.to_bytes());
-    let prefix = keys::bucket_prefix(&id.table, &id.bucket_key, &id.partition_key);
+    let prefix =
+        keys::bucket_folder(table.layout(), &id.table, &engine.installation_id, &id.bucket_key, &id.partition_key);
     let key = keys::manifest_key(&prefix, &engine.installation_id, meta.generation, &sha256_hex(&bytes));
     Ok((manifest, bytes, key))
 }

@@ -53,7 +53,7 @@ struct References {
 }
 
 async fn references(engine: &Arc<Engine>) -> Result<References> {
-    let store = engine.store.clone();
+    let (store, engine_installation) = (engine.store.clone(), engine.installation_id.clone());
     blocking(move || {
         let snapshot = store.snapshot()?;
         let mut keys = HashSet::new();
@@ -65,8 +65,11 @@ async fn references(engine: &Arc<Engine>) -> Result<References> {
             Ok(())
         })?;
         snapshot.visit_buckets(|meta| {
-            let folder = keys::bucket_prefix(&meta.id.table, &meta.id.bucket_key, &meta.id.partition_key);
-            generations.insert(folder, meta.generation);
+            for layout in [keys::Layout::Hive, keys::Layout::Delta] {
+                let (id, installation) = (&meta.id, &engine_installation);
+                let folder = keys::bucket_folder(layout, &id.table, installation, &id.bucket_key, &id.partition_key);
+                generations.insert(folder, meta.generation);
+            }
             if let Some(key) = &meta.manifest_key {
                 // Written where today's layout may no longer say (longer keys changed form).
                 generations.insert(keys::folder_of(key).to_string(), meta.generation);
@@ -117,15 +120,20 @@ pub async fn sweep(engine: &Arc<Engine>, dry_run: bool) -> Result<SweepReport> {
     // `.frostline-probe/`): nothing names a scratch object, so only the grace protects one.
     let mut folders: Vec<(Arc<dyn ArchiveBackend>, String, bool)> = Vec::new();
     for (id, table) in &policies.tables {
-        folders.push((table.backend.clone(), keys::table_prefix(id), false));
+        let mut backends = vec![table.backend.clone()];
         for (_, target) in archive_targets.iter().filter(|(t, _)| t == id) {
             // A target gone from the directory cannot be swept; its archives are refused
             // elsewhere (reads say so), and nothing is lost by leaving it alone.
             if let Ok(backend) = policies.archive_backend(table, target)
-                && !folders.iter().any(|(b, p, _)| Arc::ptr_eq(b, &backend) && *p == keys::table_prefix(id))
+                && !backends.iter().any(|b| Arc::ptr_eq(b, &backend))
             {
-                folders.push((backend, keys::table_prefix(id), false));
+                backends.push(backend);
             }
+        }
+        // Both layouts: archives written before the table's archive became a Delta table
+        // stay where they were written.
+        for backend in backends {
+            folders.extend(keys::table_folders(id).map(|folder| (backend.clone(), folder, false)));
         }
     }
     for backend in policies.targets.values() {
@@ -149,7 +157,7 @@ pub async fn sweep(engine: &Arc<Engine>, dry_run: bool) -> Result<SweepReport> {
     }
     for (backend, listed, scratch) in listings {
         for object in listed {
-            if object.key.ends_with(super::catalog::CATALOG_FILE) {
+            if object.key.ends_with(super::catalog::CATALOG_FILE) || keys::in_delta_log(&object.key) {
                 continue; // derived, rewritten by every pass that changes archives
             }
             report.listed += 1;

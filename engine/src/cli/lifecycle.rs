@@ -127,6 +127,39 @@ pub fn run_sweep(engine: EngineArgs, dry_run: bool) -> anyhow::Result<ExitCode> 
     Ok(ExitCode::SUCCESS)
 }
 
+/// `frostline delta sync`: one line of JSON per table; exit 1 when a table's sync failed.
+#[cfg(feature = "delta")]
+pub fn run_delta_sync(engine: EngineArgs, table: Option<String>) -> anyhow::Result<ExitCode> {
+    let engine = engine.open()?;
+    let runtime = runtime()?;
+    let policies = engine.policies();
+    let tables: Vec<_> = match &table {
+        Some(id) => {
+            let table = policies.table(id)?.clone();
+            if !table.delta_log() {
+                anyhow::bail!("table `{id}` has no Delta log: only Parquet tables on object-store targets have one");
+            }
+            vec![table]
+        }
+        None => policies.tables.values().filter(|t| t.delta_log()).cloned().collect(),
+    };
+    let mut clean = true;
+    for table in tables {
+        match runtime.block_on(crate::archive::delta::sync(&engine, &table)) {
+            Ok(report) => println!(
+                "{}",
+                serde_json::json!({"table": report.table, "added": report.added, "removed": report.removed,
+                    "version": report.version, "created": report.created})
+            ),
+            Err(e) => {
+                clean = false;
+                eprintln!("table `{}`: {e}", table.id);
+            }
+        }
+    }
+    Ok(if clean { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+}
+
 pub fn run_adopt(engine: EngineArgs, dry_run: bool) -> anyhow::Result<ExitCode> {
     let engine = engine.open()?;
     let report = runtime()?.block_on(crate::archive::adopt::adopt(&engine, dry_run))?;

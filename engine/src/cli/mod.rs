@@ -160,6 +160,25 @@ pub enum Command {
         #[arg(long)]
         dry_run: bool,
     },
+    /// Work with the Delta Lake tables of Parquet archives.
+    #[cfg(feature = "delta")]
+    #[command(subcommand)]
+    Delta(DeltaCommand),
+}
+
+#[cfg(feature = "delta")]
+#[derive(Debug, Subcommand)]
+pub enum DeltaCommand {
+    /// Make this installation's files in each table's Delta log match its published
+    /// manifests (what every pass does after publishing or expiring); rebuilds a lost or
+    /// damaged log from the manifests. Run it with the engine stopped.
+    Sync {
+        #[command(flatten)]
+        engine: EngineArgs,
+        /// Only this table.
+        #[arg(long)]
+        table: Option<String>,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -209,6 +228,8 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Verify { engine, table, sample, json } => lifecycle::run_verify(engine, table, sample, json),
         Command::Sweep { engine, dry_run } => lifecycle::run_sweep(engine, dry_run),
         Command::Adopt { engine, dry_run } => lifecycle::run_adopt(engine, dry_run),
+        #[cfg(feature = "delta")]
+        Command::Delta(DeltaCommand::Sync { engine, table }) => lifecycle::run_delta_sync(engine, table),
         Command::Ingest { engine, table, file } => {
             let validated = match ingest::validate(file.as_deref())? {
                 ingest::Validation::Valid(validated) => validated,

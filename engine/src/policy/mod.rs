@@ -169,6 +169,20 @@ pub struct TablePolicy {
     pub components: Vec<PluginSource>,
 }
 
+impl TablePolicy {
+    /// Whether the table's archive is also a Delta Lake table: each publication and expiry is
+    /// committed to its Delta log. Parquet tables on object-store targets, in builds with the
+    /// `delta` feature (an archiver plugin is no object store delta-rs can write to).
+    pub fn delta_log(&self) -> bool {
+        cfg!(feature = "delta") && self.format == Format::Parquet && self.backend.object_store().is_some()
+    }
+
+    /// Where the table's new archives go.
+    pub fn layout(&self) -> crate::storage::keys::Layout {
+        if self.delta_log() { crate::storage::keys::Layout::Delta } else { crate::storage::keys::Layout::Hive }
+    }
+}
+
 /// A whole, validated policy directory.
 #[derive(Clone)]
 pub struct PolicySet {

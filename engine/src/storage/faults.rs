@@ -240,6 +240,14 @@ impl ArchiveBackend for FaultyBackend {
         self.inner.target()
     }
 
+    fn object_store(&self) -> Option<Arc<dyn object_store::ObjectStore>> {
+        self.inner.object_store()
+    }
+
+    fn local_dir(&self) -> Option<std::path::PathBuf> {
+        self.inner.local_dir()
+    }
+
     async fn put_create(&self, key: &str, bytes: Bytes) -> Result<PutOutcome> {
         self.put_with_faults(key, bytes, false).await
     }

@@ -14,6 +14,22 @@
 //! appears in an encoding), so no key exceeds the limits of a target (255 bytes per file name on
 //! local disks, 1,024 bytes per key on S3): the real value is in the manifest.
 //!
+//! A table whose archive is also a Delta Lake table (Parquet, in builds with the `delta`
+//! feature) is laid out below its Delta table root instead, where every `k=v` folder is one of
+//! the Delta table's partition columns and the root itself has no `=` (readers such as polars
+//! take partition values from the path):
+//!
+//! ```text
+//! delta/<table>/_delta_log/...
+//! delta/<table>/installation=<installation>/bucket=<bucket key>/partition=<partition key>/seg-....parquet
+//! delta/<table>/installation=<installation>/bucket=<bucket key>/partition=<partition key>/manifest-....json
+//! ```
+//!
+//! Values there are encoded as above, except that an empty value is Hive's
+//! `__HIVE_DEFAULT_PARTITION__` (a null partition value to every Delta reader) and a value's
+//! leading `_` is written `%5F`, so no other value encodes to that name. Archives written in
+//! either layout stay readable through their manifests, which name every key in full.
+//!
 //! `<installation>` is the data directory's installation id: two installations that share a
 //! target never write the same key, and the orphan sweep deletes only keys that carry its own.
 //! (Archives written before installation ids lack it; they are read through their manifests
@@ -63,6 +79,71 @@ pub fn bucket_prefix(table: &str, bucket_key: &str, partition_key: &[u8]) -> Str
 /// The folder of a whole table.
 pub fn table_prefix(table: &str) -> String {
     format!("table={}/", encode_value(table.as_bytes()))
+}
+
+/// Where a table's new archives go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    /// `table=<table>/bucket=<bucket key>/partition=<partition key>/`.
+    Hive,
+    /// Below the Delta table root `delta/<table>/`:
+    /// `installation=<installation>/bucket=<bucket key>/partition=<partition key>/`.
+    Delta,
+}
+
+/// The folder above every Delta table root.
+pub const DELTA_PREFIX: &str = "delta/";
+
+/// The root of a table's Delta Lake table (its `_delta_log/` sits right below).
+pub fn delta_table_root(table: &str) -> String {
+    format!("{DELTA_PREFIX}{}/", encode_value(table.as_bytes()))
+}
+
+/// Hive's name for a null partition value, which Delta readers understand.
+pub const DELTA_NULL_PARTITION_VALUE: &str = "__HIVE_DEFAULT_PARTITION__";
+
+/// A value as a folder name below a Delta table root (see the module documentation).
+pub fn delta_partition_value(value: &[u8]) -> String {
+    if value.is_empty() {
+        return DELTA_NULL_PARTITION_VALUE.to_string();
+    }
+    let encoded = encode_value(value);
+    match encoded.strip_prefix('_') {
+        Some(rest) => format!("%5F{rest}"),
+        None => encoded,
+    }
+}
+
+/// The folder of one bucket of one partition written by `installation` in `layout`.
+pub fn bucket_folder(
+    layout: Layout,
+    table: &str,
+    installation: &str,
+    bucket_key: &str,
+    partition_key: &[u8],
+) -> String {
+    match layout {
+        Layout::Hive => bucket_prefix(table, bucket_key, partition_key),
+        Layout::Delta => format!(
+            "{}installation={}/bucket={}/partition={}/",
+            delta_table_root(table),
+            delta_partition_value(installation.as_bytes()),
+            delta_partition_value(bucket_key.as_bytes()),
+            delta_partition_value(partition_key)
+        ),
+    }
+}
+
+/// Every folder a table's archives may lie in, whatever layout wrote them: what listings of a
+/// whole table (the orphan sweep, adoption) cover.
+pub fn table_folders(table: &str) -> [String; 2] {
+    [table_prefix(table), delta_table_root(table)]
+}
+
+/// Whether `key` belongs to a Delta log (`.../_delta_log/...`): written by delta-rs, named by
+/// no manifest, never a segment.
+pub fn in_delta_log(key: &str) -> bool {
+    key.starts_with(DELTA_PREFIX) && key.contains("/_delta_log/")
 }
 
 pub fn segment_key(
@@ -179,6 +260,21 @@ mod tests {
         assert!(check_content_address(&manifest, &"f".repeat(64)).is_err());
         assert_eq!(bucket_prefix("..", "b", b""), "table=../bucket=b/partition=%/");
         assert_eq!(folder_of(&seg), prefix);
+    }
+
+    #[test]
+    fn delta_folders_are_partition_columns_below_a_root_without_equals_signs() {
+        let folder = bucket_folder(Layout::Delta, "a=b", "00aa", "day:2024-03-01", b"host/1");
+        assert_eq!(folder, "delta/a%3Db/installation=00aa/bucket=day:2024-03-01/partition=host%2F1/");
+        assert!(!delta_table_root("a=b").contains('='));
+        // Empty is Hive's null; a literal value of that name, or any leading `_`, is escaped.
+        assert_eq!(delta_partition_value(b""), DELTA_NULL_PARTITION_VALUE);
+        assert_eq!(delta_partition_value(DELTA_NULL_PARTITION_VALUE.as_bytes()), "%5F_HIVE_DEFAULT_PARTITION__");
+        assert_eq!(delta_partition_value(b"_x"), "%5Fx");
+        assert_eq!(bucket_folder(Layout::Hive, "t", "00aa", "b", b"p"), bucket_prefix("t", "b", b"p"));
+        assert!(in_delta_log("delta/t/_delta_log/00000000000000000000.json"));
+        assert!(!in_delta_log("table=t/_delta_log/x") && !in_delta_log(&folder));
+        assert_eq!(table_folders("t"), ["table=t/".to_string(), "delta/t/".to_string()]);
     }
 
     #[test]

@@ -18,7 +18,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use futures::TryStreamExt;
 use object_store::path::Path as ObjectPath;
-use object_store::{ObjectStore, PutMode, PutOptions, PutPayload};
+use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
 
 use crate::error::{Error, Result};
 use target::{MULTIPART_PART_BYTES, MULTIPART_THRESHOLD_BYTES, Redactor};
@@ -99,6 +99,15 @@ pub trait ArchiveBackend: Send + Sync + std::fmt::Debug {
     async fn delete(&self, key: &str) -> Result<()>;
     /// Every object under `prefix`, in ascending key order.
     async fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>>;
+    /// The object store under the target's root, for a table format's own writer (the Delta
+    /// log); `None` for targets that are not object stores (archiver plugins).
+    fn object_store(&self) -> Option<Arc<dyn ObjectStore>> {
+        None
+    }
+    /// The directory of a local target (the object store's root on disk).
+    fn local_dir(&self) -> Option<std::path::PathBuf> {
+        None
+    }
 }
 
 /// One listed object.
@@ -128,7 +137,7 @@ pub fn classify_scrubbed(error: object_store::Error, key: &str, redactor: &Redac
         e @ (E::PermissionDenied { .. } | E::Unauthenticated { .. }) => {
             Error::Storage(text(format!("`{key}`: access denied: {e}")))
         }
-        e @ (E::NotSupported { .. } | E::NotImplemented | E::UnknownConfigurationKey { .. }) => {
+        e @ (E::NotSupported { .. } | E::NotImplemented { .. } | E::UnknownConfigurationKey { .. }) => {
             Error::Storage(text(format!("`{key}`: not supported by this store: {e}")))
         }
         other => Error::StorageUnavailable(text(format!("`{key}`: {other}"))),
@@ -266,6 +275,17 @@ impl ArchiveBackend for ObjectStoreBackend {
         &self.target
     }
 
+    fn object_store(&self) -> Option<Arc<dyn ObjectStore>> {
+        Some(self.store.clone())
+    }
+
+    fn local_dir(&self) -> Option<std::path::PathBuf> {
+        let local = self.local_fsync.as_ref()?;
+        // The root is the folder of any top-level key.
+        let probe = local.path_to_filesystem(&ObjectPath::from("probe")).ok()?;
+        probe.parent().map(std::path::Path::to_path_buf)
+    }
+
     async fn put_create(&self, key: &str, bytes: Bytes) -> Result<PutOutcome> {
         let outcome = if bytes.len() as u64 > self.multipart_threshold_bytes {
             self.put_create_staged(key, bytes).await?
@@ -354,7 +374,8 @@ mod error_tests {
         let denied = classify(object_store::Error::PermissionDenied { path: "k".into(), source: "no".into() }, "k");
         assert!(!denied.is_retryable(), "{denied}");
         assert_ne!(denied.kind(), crate::ErrorKind::Unavailable);
-        let unsupported = classify(object_store::Error::NotImplemented, "k");
+        let unsupported =
+            classify(object_store::Error::NotImplemented { operation: "put".into(), implementer: "test".into() }, "k");
         assert!(!unsupported.is_retryable(), "{unsupported}");
         let outage = classify(object_store::Error::Generic { store: "S3", source: "connection reset".into() }, "k");
         assert!(outage.is_retryable() && outage.kind() == crate::ErrorKind::Unavailable, "{outage}");

@@ -396,6 +396,14 @@ impl ArchiveBackend for GatedBackend {
         self.inner.target()
     }
 
+    fn object_store(&self) -> Option<Arc<dyn object_store::ObjectStore>> {
+        self.inner.object_store()
+    }
+
+    fn local_dir(&self) -> Option<std::path::PathBuf> {
+        self.inner.local_dir()
+    }
+
     async fn put_create(&self, key: &str, bytes: Bytes) -> Result<PutOutcome> {
         self.probe.open(self.inner.as_ref()).await?;
         self.inner.put_create(key, bytes).await

@@ -3,14 +3,15 @@
 usage: read_parquet.py duckdb|pyarrow ARCHIVE_DIR TABLE FROM_MICROS TO_MICROS
 
 Prints one JSON object per record, in (event_time, sort_key, partition_key) order, in the
-shape `frostline query` prints. The files are found by the Hive-style layout
-table=<t>/bucket=<b>/partition=<p>/*.parquet.
+shape `frostline query` prints. The files are found by the layout of a table whose archive is
+also a Delta table: delta/<t>/installation=<i>/bucket=<b>/partition=<p>/*.parquet (the Delta
+log's checkpoints, also Parquet, sit in delta/<t>/_delta_log/ and are left out).
 """
 import json
 import sys
 
 engine, root, table, lo, hi = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
-pattern = f"{root}/table={table}/**/*.parquet"
+pattern = f"{root}/delta/{table}/installation=*/**/*.parquet"
 rows = []
 if engine == "duckdb":
     import duckdb

@@ -1,0 +1,461 @@
+//! The Delta log of a table's archive (feature `delta`): every Parquet table's archive on an
+//! object store is also a Delta Lake table at `delta/<table>/`, which Spark, polars, DuckDB
+//! and delta-rs read without frostline.
+//!
+//! The log is derived, like the catalog: frostline's manifests stay the source of truth, and
+//! [`sync`] makes this installation's files in the log match them. It lists the files of
+//! every published bucket of the table (on the target the log lives on) and the files the
+//! log's newest version holds below `installation=<this installation>/`, then commits remove
+//! actions for what is no longer published and add actions (with partition values and
+//! statistics) for what is. Other installations' files are never touched, so several engines
+//! can share one table: their commits race through the store's conditional create, and a
+//! commit that lost the race, or whose outcome is unknown, is not retried blindly; the log is
+//! read again and the difference recomputed, so no file is added twice and none is lost.
+//! Every commit carries an application transaction (`frostline-<installation>`, one version
+//! more than the last) for readers that track what a writer committed.
+//!
+//! When it runs: after every pass that published or expired a bucket, on the first pass of a
+//! process and after a failed sync (so a crash between publication and commit is caught up),
+//! before an expiry deletes its first object (so a reader of the newest version is never sent
+//! to a deleted file), and by `frostline delta sync`, which also rebuilds a lost log.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use deltalake::DeltaTable;
+use deltalake::kernel::transaction::{CommitBuilder, CommitProperties, TableReference};
+use deltalake::kernel::{Action, Add, Remove, Transaction};
+use deltalake::logstore::{CommitOrBytes, LogStoreRef, StorageConfig, default_logstore};
+use deltalake::protocol::{DeltaOperation, SaveMode};
+use object_store::ObjectStore;
+use object_store::prefix::PrefixStore;
+
+use super::blocking;
+use crate::engine::Engine;
+use crate::error::{Error, Result};
+use crate::format::manifest::{Manifest, SegmentInfo};
+use crate::model::Micros;
+use crate::policy::TablePolicy;
+use crate::storage::keys;
+
+/// The Delta table's partition columns, in the order of the folders below its root.
+pub const DELTA_PARTITION_COLUMNS: [&str; 3] = ["installation", "bucket", "partition"];
+
+/// Commits between two checkpoints of the log (`delta.checkpointInterval`).
+pub const DELTA_CHECKPOINT_INTERVAL: u32 = 10;
+
+/// Times a sync reads the log again after a commit that lost a race or failed.
+pub const DELTA_COMMIT_ATTEMPTS_MAX: u32 = 20;
+
+/// What one sync changed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DeltaSync {
+    pub table: String,
+    /// Files added and removed by this installation's commits.
+    pub added: usize,
+    pub removed: usize,
+    /// The log's version after the sync.
+    pub version: u64,
+    /// Whether this sync wrote the table's first version.
+    pub created: bool,
+}
+
+/// Syncs the Delta log of every table that has one.
+pub async fn sync_all(engine: &Arc<Engine>) -> Vec<(String, Result<DeltaSync>)> {
+    let mut out = Vec::new();
+    for (id, table) in &engine.policies().tables {
+        if table.delta_log() {
+            out.push((id.clone(), sync(engine, table).await));
+        }
+    }
+    out
+}
+
+/// Syncs when the table's log may lag its manifests: `changed` (the pass published or expired
+/// something), or no sync of this process has succeeded since it started or since the last
+/// failure.
+pub async fn sync_if_needed(
+    engine: &Arc<Engine>,
+    table: &Arc<TablePolicy>,
+    changed: bool,
+) -> Option<Result<DeltaSync>> {
+    if !table.delta_log()
+        || (!changed && in_sync().lock().expect("delta sync state").contains(&state_key(engine, table)))
+    {
+        return None;
+    }
+    Some(sync(engine, table).await)
+}
+
+/// A table of one installation: (installation id, table id).
+type TableOf = (String, String);
+
+fn in_sync() -> &'static Mutex<HashSet<TableOf>> {
+    static IN_SYNC: OnceLock<Mutex<HashSet<TableOf>>> = OnceLock::new();
+    IN_SYNC.get_or_init(Default::default)
+}
+
+fn state_key(engine: &Engine, table: &TablePolicy) -> TableOf {
+    (engine.installation_id.clone(), table.id.clone())
+}
+
+/// One sync at a time per installation and table: two at once would each see a file missing
+/// and both add it.
+fn sync_lock(engine: &Engine, table: &TablePolicy) -> Arc<tokio::sync::Mutex<()>> {
+    static LOCKS: OnceLock<Mutex<HashMap<TableOf, Arc<tokio::sync::Mutex<()>>>>> = OnceLock::new();
+    let mut locks = LOCKS.get_or_init(Default::default).lock().expect("delta sync locks");
+    locks.entry(state_key(engine, table)).or_default().clone()
+}
+
+/// Makes this installation's files in the table's Delta log match its published manifests
+/// (module documentation). Errors are retryable: nothing is deleted on the strength of a
+/// sync, and the next one starts again from what the log holds.
+pub async fn sync(engine: &Arc<Engine>, table: &Arc<TablePolicy>) -> Result<DeltaSync> {
+    let lock = sync_lock(engine, table);
+    let _serialized = lock.lock().await;
+    let key = state_key(engine, table);
+    in_sync().lock().expect("delta sync state").remove(&key);
+    let result = sync_serialized(engine, table).await;
+    if result.is_ok() {
+        in_sync().lock().expect("delta sync state").insert(key);
+    }
+    result
+}
+
+async fn sync_serialized(engine: &Arc<Engine>, table: &Arc<TablePolicy>) -> Result<DeltaSync> {
+    let store = table.backend.object_store().ok_or_else(|| {
+        Error::InvalidInput(format!("table `{}`: its target is not an object store; it has no Delta log", table.id))
+    })?;
+    let root = keys::delta_table_root(&table.id);
+    let mine = format!("installation={}/", keys::delta_partition_value(engine.installation_id.as_bytes()));
+    let wanted = published_files(engine, table, &root).await?;
+    let log_store = log_store(store, table.backend.local_dir(), &root)?;
+    let created = create_if_absent(&log_store, &table.id, engine.clock.now()).await?;
+    let mut report = DeltaSync { table: table.id.clone(), created, ..Default::default() };
+    let app_id = format!("frostline-{}", engine.installation_id);
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let mut delta = DeltaTable::new(log_store.clone());
+        delta.load().await.map_err(|e| unavailable(&table.id, "cannot read its Delta log", e))?;
+        let state = delta.snapshot().map_err(|e| unavailable(&table.id, "cannot read its Delta log", e))?;
+        let present: BTreeMap<String, i64> = state
+            .log_data()
+            .into_iter()
+            .map(|file| (file.path().into_owned(), file.size()))
+            .filter(|(path, _)| path.starts_with(&mine))
+            .collect();
+        let now_ms = engine.clock.now().div_euclid(1_000);
+        let removes: Vec<Action> = present
+            .iter()
+            .filter(|(path, _)| !wanted.contains_key(*path))
+            .map(|(path, size)| Action::Remove(remove_action(path, *size, now_ms)))
+            .collect();
+        let adds: Vec<Action> = wanted
+            .iter()
+            .filter(|(path, _)| !present.contains_key(*path))
+            .map(|(path, file)| Action::Add(add_action(path, file)))
+            .collect();
+        if removes.is_empty() && adds.is_empty() {
+            report.version = delta.version().unwrap_or(0);
+            return Ok(report);
+        }
+        let last = state
+            .transaction_version(log_store.as_ref(), &app_id)
+            .await
+            .map_err(|e| unavailable(&table.id, "cannot read its Delta log", e))?
+            .unwrap_or(0);
+        let (n_removes, n_adds) = (removes.len(), adds.len());
+        // Removes and adds in separate commits, each the operation a reader expects of it
+        // (a delete, an append); both carry the next application transaction version.
+        let mut outcome = Ok(());
+        let mut version = last;
+        for (actions, operation) in [
+            (removes, DeltaOperation::Delete { predicate: None }),
+            (adds, DeltaOperation::Write { mode: SaveMode::Append, partition_by: None, predicate: None }),
+        ] {
+            if actions.is_empty() {
+                continue;
+            }
+            version += 1;
+            let properties = CommitProperties::default()
+                .with_application_transaction(Transaction::new_with_last_update(&app_id, version, Some(now_ms)))
+                // A lost race is resolved here, by reading the log again, never by delta-rs
+                // rebasing a commit whose first attempt may have landed.
+                .with_max_retries(0);
+            crate::failpoints::hit("before_delta_commit")?;
+            let snapshot = delta.snapshot().map_err(|e| unavailable(&table.id, "cannot read its Delta log", e))?;
+            let committed = CommitBuilder::from(properties)
+                .with_actions(actions)
+                .build(Some(snapshot as &dyn TableReference), log_store.clone(), operation)
+                .await;
+            match committed {
+                Ok(done) => {
+                    report.version = done.version();
+                    crate::failpoints::hit("after_delta_commit")?;
+                }
+                Err(e) => {
+                    outcome = Err(e);
+                    break;
+                }
+            }
+            delta.update_state().await.map_err(|e| unavailable(&table.id, "cannot read its Delta log", e))?;
+        }
+        match outcome {
+            Ok(()) => {
+                report.removed += n_removes;
+                report.added += n_adds;
+                tracing::info!(table = %table.id, added = n_adds, removed = n_removes, version = report.version, "Delta log synced");
+                return Ok(report);
+            }
+            Err(e) if attempt < DELTA_COMMIT_ATTEMPTS_MAX => {
+                tracing::debug!(table = %table.id, attempt, error = %e, "Delta commit lost a race; reading the log again");
+                let pause = 10 * u64::from(attempt) + rand::random::<u64>() % 20;
+                tokio::time::sleep(std::time::Duration::from_millis(pause)).await;
+            }
+            Err(e) => return Err(unavailable(&table.id, "cannot commit to its Delta log", e)),
+        }
+    }
+}
+
+fn unavailable(table: &str, what: &str, error: impl std::fmt::Display) -> Error {
+    Error::StorageUnavailable(format!("table `{table}`: {what}: {error}; the next pass tries again"))
+}
+
+/// One file of a published bucket, as the log should hold it.
+struct PublishedFile {
+    segment: SegmentInfo,
+    installation: String,
+    bucket_key: String,
+    partition_key: String,
+    created_at: Micros,
+}
+
+/// This installation's published segments of `table` below the Delta root on the table's
+/// current target, by path relative to the root.
+async fn published_files(
+    engine: &Arc<Engine>,
+    table: &Arc<TablePolicy>,
+    root: &str,
+) -> Result<BTreeMap<String, PublishedFile>> {
+    let (store, id, target) = (engine.store.clone(), table.id.clone(), table.backend.target().to_string());
+    let installation = engine.installation_id.clone();
+    let root = root.to_string();
+    blocking(move || {
+        let mut files = BTreeMap::new();
+        for (meta, manifest) in store.published(&id)? {
+            if manifest.target != target {
+                continue; // archived on another target, whose log is not this one
+            }
+            let Manifest { segments, partition_key, created_at, .. } = manifest;
+            for segment in segments {
+                let Some(relative) = segment.key.strip_prefix(&root) else { continue };
+                if !written_by_installation(relative, &installation) {
+                    continue;
+                }
+                files.insert(
+                    relative.to_string(),
+                    PublishedFile {
+                        installation: installation.clone(),
+                        bucket_key: meta.id.bucket_key.clone(),
+                        partition_key: partition_key.clone(),
+                        created_at,
+                        segment,
+                    },
+                );
+            }
+        }
+        Ok(files)
+    })
+    .await
+}
+
+fn written_by_installation(relative: &str, installation: &str) -> bool {
+    relative.starts_with(&format!("installation={}/", keys::delta_partition_value(installation.as_bytes())))
+}
+
+/// A log store over the target's own object store (the same client, credentials and limits
+/// as every other request of the target), rooted at `root`. A local directory is the
+/// exception: delta-rs sorts listings and opens files by absolute path only for `file://`
+/// tables, so it gets a local file system of its own over the same directory.
+fn log_store(store: Arc<dyn ObjectStore>, local_dir: Option<std::path::PathBuf>, root: &str) -> Result<LogStoreRef> {
+    if let Some(dir) = local_dir {
+        let table_dir = dir.join(root);
+        std::fs::create_dir_all(&table_dir).map_err(|e| Error::io(&table_dir, e))?;
+        let location = url::Url::from_directory_path(&table_dir)
+            .map_err(|()| Error::Internal(format!("`{}` is no absolute directory", table_dir.display())))?;
+        let prefixed = object_store::local::LocalFileSystem::new_with_prefix(&table_dir)
+            .map_err(|e| unavailable(root, "cannot open its Delta table's folder", e))?;
+        let root_store: Arc<dyn ObjectStore> = Arc::new(object_store::local::LocalFileSystem::new());
+        return Ok(default_logstore(Arc::new(prefixed), root_store, &location, &StorageConfig::default()));
+    }
+    let prefixed: Arc<dyn ObjectStore> = Arc::new(PrefixStore::new(store.clone(), root.trim_end_matches('/')));
+    // delta-rs maps the URL's path onto the root store, percent-decoded: a `%` of a key is
+    // written `%25`. The scheme names no store; every request goes to `store`.
+    let location = url::Url::parse(&format!("memory:///{}", url_path(root)))
+        .map_err(|e| Error::Internal(format!("Delta table root `{root}` is no URL path: {e}")))?;
+    Ok(default_logstore(prefixed, store, &location, &StorageConfig::default()))
+}
+
+/// A key as a URL path: the Delta log's paths are URL-encoded, and frostline's keys hold only
+/// `A-Z a-z 0-9 - _ . : % ~ = /`, of which only `%` needs it.
+fn url_path(key: &str) -> String {
+    key.replace('%', "%25")
+}
+
+/// Writes the table's first version unless it exists: protocol, schema and partition columns,
+/// created conditionally, so that engines creating the table at once agree on one.
+async fn create_if_absent(log_store: &LogStoreRef, table: &str, now: Micros) -> Result<bool> {
+    let exists = log_store
+        .get_latest_version(0)
+        .await
+        .map(|_| true)
+        .or_else(|e| match e {
+            deltalake::DeltaTableError::InvalidVersion(_) | deltalake::DeltaTableError::NotATable(_) => Ok(false),
+            other => Err(other),
+        })
+        .map_err(|e| unavailable(table, "cannot read its Delta log", e))?;
+    if exists {
+        return Ok(false);
+    }
+    let bytes = first_version(table, now);
+    match log_store.write_commit_entry(0, CommitOrBytes::LogBytes(bytes.into()), uuid::Uuid::new_v4()).await {
+        Ok(()) => {
+            tracing::info!(table, "Delta table created");
+            Ok(true)
+        }
+        Err(deltalake::kernel::transaction::TransactionError::VersionAlreadyExists(_)) => Ok(false),
+        Err(e) => Err(unavailable(table, "cannot create its Delta table", e)),
+    }
+}
+
+/// The first version of a table's log, as the Delta protocol writes it: commit info,
+/// protocol (reader 1, writer 2), metadata with the schema of frostline's Parquet segments
+/// and the partition columns of the layout.
+fn first_version(table: &str, now: Micros) -> Vec<u8> {
+    let column = |name: &str, kind: &str, nullable: bool| serde_json::json!({"name": name, "type": kind, "nullable": nullable, "metadata": {}});
+    let mut fields = vec![
+        column("partition_key", "string", false),
+        column("event_time", "timestamp", false),
+        column("sort_key", "string", false),
+        column("tenant", "string", true),
+        column("kind", "string", true),
+        column("body", "string", false),
+    ];
+    fields.extend(DELTA_PARTITION_COLUMNS.iter().map(|name| column(name, "string", true)));
+    let schema = serde_json::json!({"type": "struct", "fields": fields});
+    let now_ms = now.div_euclid(1_000);
+    let lines = [
+        serde_json::json!({"commitInfo": {
+            "timestamp": now_ms,
+            "operation": "CREATE TABLE",
+            "operationParameters": {"mode": "ErrorIfExists"},
+            "clientVersion": format!("frostline-{}", env!("CARGO_PKG_VERSION")),
+        }}),
+        serde_json::json!({"protocol": {"minReaderVersion": 1, "minWriterVersion": 2}}),
+        serde_json::json!({"metaData": {
+            "id": uuid::Uuid::new_v4().to_string(),
+            "name": table,
+            "description": "frostline archive: one file per archived segment; see frostline's docs/DELTA.md",
+            "format": {"provider": "parquet", "options": {}},
+            "schemaString": schema.to_string(),
+            "partitionColumns": DELTA_PARTITION_COLUMNS,
+            "configuration": {"delta.checkpointInterval": DELTA_CHECKPOINT_INTERVAL.to_string()},
+            "createdTime": now_ms,
+        }}),
+    ];
+    lines.iter().map(|line| format!("{line}\n")).collect::<String>().into_bytes()
+}
+
+fn partition_values(file: &PublishedFile) -> HashMap<String, Option<String>> {
+    let value = |v: &str| (!v.is_empty()).then(|| v.to_string());
+    HashMap::from([
+        ("installation".to_string(), value(&file.installation)),
+        ("bucket".to_string(), value(&file.bucket_key)),
+        ("partition".to_string(), value(&file.partition_key)),
+    ])
+}
+
+fn add_action(path: &str, file: &PublishedFile) -> Add {
+    let segment = &file.segment;
+    // Times to the millisecond, the minimum rounded down and the maximum up, so a reader that
+    // skips files by these bounds never skips a row.
+    let min = segment.min_event_time.div_euclid(1_000) * 1_000;
+    let max = (segment.max_event_time + 999).div_euclid(1_000) * 1_000;
+    let stats = serde_json::json!({
+        "numRecords": segment.rows,
+        "minValues": {"event_time": stats_time(min)},
+        "maxValues": {"event_time": stats_time(max)},
+    });
+    Add {
+        path: url_path(path),
+        partition_values: partition_values(file),
+        size: segment.bytes as i64,
+        modification_time: file.created_at.div_euclid(1_000),
+        data_change: true,
+        stats: Some(stats.to_string()),
+        tags: None,
+        deletion_vector: None,
+        base_row_id: None,
+        default_row_commit_version: None,
+        clustering_provider: None,
+    }
+}
+
+fn stats_time(micros: Micros) -> String {
+    ::time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(micros) * 1_000)
+        .ok()
+        .and_then(|t| {
+            t.format(::time::macros::format_description!(
+                "[year]-[month]-[day]T[hour]:[minute]:[second].[subsecond digits:3]Z"
+            ))
+            .ok()
+        })
+        .unwrap_or_default()
+}
+
+fn remove_action(path: &str, size: i64, now_ms: i64) -> Remove {
+    Remove {
+        path: url_path(path),
+        data_change: true,
+        deletion_timestamp: Some(now_ms),
+        extended_file_metadata: Some(false),
+        partition_values: None,
+        size: Some(size),
+        tags: None,
+        deletion_vector: None,
+        base_row_id: None,
+        default_row_commit_version: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statistics_round_the_bounds_outwards_to_the_millisecond() {
+        assert_eq!(stats_time(1_700_000_000_123_000), "2023-11-14T22:13:20.123Z");
+        let file = PublishedFile {
+            segment: SegmentInfo {
+                key: String::new(),
+                sha256: String::new(),
+                bytes: 10,
+                rows: 2,
+                min_event_time: 1_700_000_000_123_456,
+                max_event_time: 1_700_000_000_124_001,
+                summary: crate::model::rows::RowSummary { rows: 2, first: None, last: None, checksum: String::new() },
+            },
+            installation: "i".into(),
+            bucket_key: "b".into(),
+            partition_key: String::new(),
+            created_at: 0,
+        };
+        let add = add_action("installation=i/bucket=b/partition=__HIVE_DEFAULT_PARTITION__/seg-a%b.parquet", &file);
+        let stats: serde_json::Value = serde_json::from_str(add.stats.as_deref().unwrap()).unwrap();
+        assert_eq!(stats["minValues"]["event_time"], "2023-11-14T22:13:20.123Z");
+        assert_eq!(stats["maxValues"]["event_time"], "2023-11-14T22:13:20.125Z");
+        assert_eq!(add.path, "installation=i/bucket=b/partition=__HIVE_DEFAULT_PARTITION__/seg-a%25b.parquet");
+        assert_eq!(add.partition_values["partition"], None, "an empty partition key is a null partition value");
+    }
+}

@@ -1,0 +1,364 @@
+//! The fleet archive: engines of three installations archive one Parquet table into one
+//! target at once, and the Delta Lake table they commit to together is read by delta-rs's
+//! Python package and by polars, record for record what `frostline query` returns on each
+//! engine, on a local directory and on moto's S3. Expiry removes files from the log before
+//! deleting them (an older version then fails honestly), commits are idempotent, the log is
+//! checkpointed, and a lost log is rebuilt from the manifests.
+
+use std::path::Path;
+use std::process::Command;
+
+use frostline::archive::delta::{DELTA_CHECKPOINT_INTERVAL, sync};
+use frostline::model::Record;
+
+use crate::object_stores::{KEY_ID, SECRET_FILES, SECRET_KEY, SESSION_TOKEN, Server, s3_target};
+use crate::support::*;
+
+const ENGINES: usize = 3;
+const NOW: &str = "2024-03-01T12:00:00Z";
+
+fn policy(target: &str) -> String {
+    format!(
+        r#"{target}
+[[table]]
+id = "events"
+format = "parquet"
+target = "cold"
+strategy = {{ plugin = "builtin:calendar-day-utc" }}
+retention = {{ plugin = "builtin:eligible-before", config = {{ archive_after = "1d", expire_after = "30d" }} }}
+"#
+    )
+}
+
+/// Where a test's table lives and how a reader outside frostline reaches it.
+struct Fleet {
+    /// The Delta table's URI for Python readers.
+    uri: String,
+    /// The environment those readers need (S3 endpoint and credentials).
+    env: Vec<(String, String)>,
+    /// The target's directory, when it is local (for the plain Parquet readers).
+    local_root: Option<std::path::PathBuf>,
+    engines: Vec<TestEngine>,
+}
+
+impl Fleet {
+    fn open(policy: String, uri: String, env: Vec<(String, String)>, local_root: Option<std::path::PathBuf>) -> Fleet {
+        let engines = (0..ENGINES)
+            .map(|_| {
+                TestEngine::open(&policy, NOW, &SECRET_FILES, Default::default()).unwrap_or_else(|e| panic!("{e}"))
+            })
+            .collect();
+        Fleet { uri, env, local_root, engines }
+    }
+
+    /// Runs one pass on every engine at once.
+    fn passes(&self) -> Vec<frostline::archive::PassReport> {
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = self.engines.iter().map(|e| scope.spawn(|| e.pass())).collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        })
+    }
+
+    fn set_clock(&self, now: &str) {
+        for e in &self.engines {
+            e.clock.set(t(now));
+        }
+    }
+
+    fn read(&self, reader: &str, version: Option<i64>) -> std::process::Output {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/integration/readers/read_delta.py");
+        let mut command = Command::new(python());
+        command.arg(&script).args([reader, &self.uri]).args(version.map(|v| v.to_string()));
+        command.envs(self.env.iter().map(|(k, v)| (k, v)));
+        command.output().unwrap()
+    }
+
+    /// The records a Delta reader returns, as JSON values.
+    fn records(&self, reader: &str, version: Option<i64>) -> Vec<serde_json::Value> {
+        let out = self.read(reader, version);
+        assert!(out.status.success(), "{reader}: {}", text(&out.stderr));
+        text(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+    }
+
+    /// What every engine's `query` returns, as the Delta readers print it (with the partition
+    /// columns each record's file carries).
+    fn expected(&self) -> Vec<serde_json::Value> {
+        let mut rows = Vec::new();
+        for e in &self.engines {
+            let buckets = e.engine.store.buckets("events", None).unwrap();
+            for record in e.query_all("events") {
+                let bucket = buckets
+                    .iter()
+                    .find(|m| m.id.partition_key == record.partition_key && m.descriptor.contains(record.event_time))
+                    .expect("every record lies in a bucket");
+                rows.push((record.clone(), e.engine.installation_id.clone(), bucket.id.bucket_key.clone()));
+            }
+        }
+        rows.sort_by(|(a, ..), (b, ..)| {
+            (a.event_time, &a.sort_key, &a.partition_key).cmp(&(b.event_time, &b.sort_key, &b.partition_key))
+        });
+        rows.into_iter().map(|(r, installation, bucket)| as_json(&r, &installation, &bucket)).collect()
+    }
+
+    fn files(&self, version: Option<i64>) -> std::result::Result<usize, String> {
+        let out = self.read("files", version);
+        if !out.status.success() {
+            return Err(text(&out.stderr));
+        }
+        Ok(text(&out.stdout).trim().parse().unwrap())
+    }
+}
+
+fn python() -> String {
+    std::env::var("FROSTLINE_PYTHON").unwrap_or_else(|_| {
+        panic!("FROSTLINE_PYTHON is not set: run the tests with ./scripts/test (scripts/install-python-tools installs the readers)")
+    })
+}
+
+fn as_json(r: &Record, installation: &str, bucket: &str) -> serde_json::Value {
+    let mut v = serde_json::json!({
+        "partition_key": String::from_utf8_lossy(&r.partition_key),
+        "event_time": r.event_time,
+        "sort_key": String::from_utf8_lossy(&r.sort_key),
+    });
+    if let Some(tenant) = &r.tenant {
+        v["tenant"] = tenant.clone().into();
+    }
+    if let Some(kind) = &r.kind {
+        v["kind"] = kind.clone().into();
+    }
+    v["body"] = serde_json::from_str(&r.body).unwrap();
+    v["_delta"] = serde_json::json!({
+        "installation": installation,
+        "bucket": bucket,
+        "partition": String::from_utf8_lossy(&r.partition_key),
+    });
+    v
+}
+
+/// Three days of records in three partitions, for engine `n`: the same buckets on every
+/// engine, records of their own (`e<n>-` sort keys).
+fn engine_records(n: usize) -> Vec<Record> {
+    records("2024-03-01T00:00:00Z", 3, 12)
+        .into_iter()
+        .map(|mut r| {
+            r.sort_key = format!("e{n}-{}", String::from_utf8_lossy(&r.sort_key)).into_bytes();
+            r
+        })
+        .collect()
+}
+
+/// The whole life of a fleet archive on one target.
+fn fleet_archive(fleet: Fleet) {
+    for (n, e) in fleet.engines.iter().enumerate() {
+        e.engine.append("events", engine_records(n)).unwrap();
+    }
+    fleet.passes(); // plans
+    fleet.set_clock("2024-03-10T00:00:00Z");
+    for report in fleet.passes() {
+        assert_eq!(report.archived, 9, "three days of three partitions: {report:?}");
+        assert!(report.errors.is_empty(), "{report:?}");
+    }
+    let expected = fleet.expected();
+    assert_eq!(expected.len(), ENGINES * 36);
+    for reader in ["deltalake", "polars"] {
+        assert_eq!(fleet.records(reader, None), expected, "{reader} reads what the engines' queries return");
+    }
+    assert_eq!(fleet.files(None).unwrap(), ENGINES * 9, "one file per segment, none twice");
+    if let Some(root) = &fleet.local_root {
+        // Plain Parquet readers with Hive partitioning see the same records.
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/integration/readers/read_parquet.py");
+        let without_delta: Vec<serde_json::Value> = expected
+            .iter()
+            .map(|r| {
+                let mut r = r.clone();
+                r.as_object_mut().unwrap().remove("_delta");
+                r
+            })
+            .collect();
+        for reader in ["duckdb", "pyarrow"] {
+            let out = Command::new(python())
+                .arg(&script)
+                .args([reader, &root.display().to_string(), "events", "0", &t("2100-01-01T00:00:00Z").to_string()])
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "{reader}: {}", text(&out.stderr));
+            let got: Vec<serde_json::Value> =
+                text(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+            assert_eq!(got, without_delta, "{reader}");
+        }
+    }
+
+    // Idempotent: a sync with nothing new commits nothing, on every engine.
+    for e in &fleet.engines {
+        let table = e.engine.policies().table("events").unwrap().clone();
+        let report = runtime().block_on(sync(&e.engine, &table)).unwrap();
+        assert_eq!((report.added, report.removed, report.created), (0, 0, false), "{report:?}");
+    }
+
+    // A lost log is rebuilt from the manifests, each installation committing its own files.
+    let backend = fleet.engines[0].backend("events");
+    let log: Vec<String> =
+        runtime().block_on(backend.list("delta/events/_delta_log/")).unwrap().into_iter().map(|o| o.key).collect();
+    assert!(!log.is_empty());
+    for key in &log {
+        runtime().block_on(backend.delete(key)).unwrap();
+    }
+    assert!(fleet.files(None).is_err(), "the log is gone");
+    for e in &fleet.engines {
+        let table = e.engine.policies().table("events").unwrap().clone();
+        let report = runtime().block_on(sync(&e.engine, &table)).unwrap();
+        assert_eq!(report.added, 9, "{report:?}");
+    }
+    assert_eq!(fleet.records("deltalake", None), expected, "the rebuilt log lists every file again");
+    let before_expiry = versions(&fleet);
+
+    // Expiry: the removes are committed before the objects go; the newest version lists
+    // nothing, and the version before the removes still names the files, whose reading fails.
+    fleet.set_clock("2024-04-15T00:00:00Z");
+    for report in fleet.passes() {
+        assert_eq!(report.expired, 9, "{report:?}");
+        assert!(report.errors.is_empty(), "{report:?}");
+    }
+    assert_eq!(fleet.files(None).unwrap(), 0);
+    assert!(fleet.records("polars", None).is_empty());
+    assert_eq!(fleet.files(Some(before_expiry)).unwrap(), ENGINES * 9, "time travel still lists the expired files");
+    let old = fleet.read("deltalake", Some(before_expiry));
+    assert!(!old.status.success(), "reading an expired version fails instead of returning part of it");
+}
+
+/// The newest version of the fleet's table, from its log.
+fn versions(fleet: &Fleet) -> i64 {
+    let backend = fleet.engines[0].backend("events");
+    runtime()
+        .block_on(backend.list("delta/events/_delta_log/"))
+        .unwrap()
+        .iter()
+        .filter_map(|o| o.key.rsplit('/').next()?.strip_suffix(".json")?.parse::<i64>().ok())
+        .max()
+        .unwrap()
+}
+
+#[test]
+fn three_engines_share_one_delta_table_on_a_local_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = format!("[[target]]\nname = \"cold\"\nurl = \"file://{}\"\n", dir.path().display());
+    let uri = dir.path().join("delta/events").display().to_string();
+    fleet_archive(Fleet::open(policy(&target), uri, Vec::new(), Some(dir.path().to_path_buf())));
+}
+
+#[test]
+fn three_engines_share_one_delta_table_on_moto_s3() {
+    let server = Server::moto();
+    server.create_bucket("fleet");
+    let env = vec![
+        ("AWS_ENDPOINT_URL".to_string(), server.endpoint()),
+        ("AWS_ACCESS_KEY_ID".to_string(), KEY_ID.to_string()),
+        ("AWS_SECRET_ACCESS_KEY".to_string(), SECRET_KEY.to_string()),
+        ("AWS_SESSION_TOKEN".to_string(), SESSION_TOKEN.to_string()),
+        ("AWS_REGION".to_string(), "us-east-1".to_string()),
+    ];
+    let target = s3_target(&server.endpoint(), "fleet", "");
+    fleet_archive(Fleet::open(policy(&target), "s3://fleet/archive/v1/delta/events".to_string(), env, None));
+}
+
+#[test]
+fn the_log_is_checkpointed() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = format!("[[target]]\nname = \"cold\"\nurl = \"file://{}\"\n", dir.path().display());
+    let e = TestEngine::new(&policy(&target), NOW);
+    // One day archived per pass: one commit each.
+    let days = DELTA_CHECKPOINT_INTERVAL as i64 + 1;
+    e.engine.append("events", records("2024-03-01T00:00:00Z", days, 1)).unwrap();
+    for day in 0..=days {
+        e.clock.set(t("2024-03-02T12:00:00Z") + day * 86_400_000_000);
+        let report = e.pass();
+        assert!(report.errors.is_empty(), "{report:?}");
+    }
+    // delta-rs checkpoints the version after every `interval` commits (version interval - 1).
+    let log = dir.path().join("delta/events/_delta_log");
+    let checkpoint = format!("{:020}.checkpoint.parquet", DELTA_CHECKPOINT_INTERVAL - 1);
+    let names: Vec<_> = std::fs::read_dir(&log).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert!(log.join(&checkpoint).exists(), "{checkpoint} in {names:?}");
+    assert!(log.join("_last_checkpoint").exists());
+    let table = e.engine.policies().table("events").unwrap().clone();
+    let report = runtime().block_on(sync(&e.engine, &table)).unwrap();
+    assert_eq!((report.added, report.removed), (0, 0), "read through the checkpoint, the log is whole: {report:?}");
+    assert!(report.version >= DELTA_CHECKPOINT_INTERVAL as u64, "{report:?}");
+}
+
+/// A process killed just before its Delta commit, or just after it, leaves manifests the log
+/// does not yet list, or a commit it never saw land: the next process's first pass catches the
+/// log up, adds nothing twice, and `frostline delta sync` reports it in step.
+#[test]
+fn a_kill_around_a_delta_commit_is_caught_up_without_duplicates() {
+    let root = tempfile::tempdir().unwrap();
+    let (policies, data) = (root.path().join("policies"), root.path().join("data"));
+    std::fs::create_dir_all(&policies).unwrap();
+    std::fs::write(
+        policies.join("tables.toml"),
+        "[[table]]\nid = \"events\"\nformat = \"parquet\"\nstrategy = { plugin = \"builtin:calendar-month-utc\" }\n\
+         retention = { plugin = \"builtin:eligible-before\", config = { cutoff = \"2025-01-01T00:00:00Z\" } }\n\
+         [[table]]\nid = \"notes\"\nstrategy = { plugin = \"builtin:calendar-month-utc\" }\n\
+         retention = { plugin = \"builtin:eligible-before\", config = { cutoff = \"2025-01-01T00:00:00Z\" } }\n",
+    )
+    .unwrap();
+    let (p, d) = (policies.to_str().unwrap(), data.to_str().unwrap());
+    let run = |args: &[&str], failpoints: Option<&str>| {
+        let mut command = Command::new(frostline_bin());
+        command.args(args).args(["--data", d, "--policies", p]);
+        match failpoints {
+            Some(spec) => command.env("FROSTLINE_FAILPOINTS", spec),
+            None => command.env_remove("FROSTLINE_FAILPOINTS"),
+        };
+        command.output().unwrap()
+    };
+    let files = || {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/integration/readers/read_delta.py");
+        let out =
+            Command::new(python()).arg(script).arg("files").arg(data.join("archive/delta/events")).output().unwrap();
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        text(&out.stdout).trim().parse::<usize>().unwrap()
+    };
+    let input = root.path().join("in.jsonl");
+    let month = |m: u32| -> String {
+        (0..30)
+            .map(|i| {
+                format!(
+                    "{{\"partition_key\":\"site\",\"event_time\":\"2024-{m:02}-02T00:00:{i:02}Z\",\"sort_key\":\"{i}\",\"body\":{{}}}}\n"
+                )
+            })
+            .collect()
+    };
+
+    // Killed before the commit: the bucket is published, the log does not list it.
+    std::fs::write(&input, month(1)).unwrap();
+    assert!(run(&["ingest", "--table", "events", input.to_str().unwrap()], None).status.success());
+    let killed = run(&["archive", "--once"], Some("before_delta_commit=return(abort)"));
+    assert!(!killed.status.success(), "the fail point killed the pass: {}", text(&killed.stderr));
+    assert!(text(&killed.stderr).contains("before_delta_commit"), "{}", text(&killed.stderr));
+    assert_eq!(files(), 0, "published, not yet committed");
+    // Killed after the commit of a second month: the log lists it, the process never knew.
+    std::fs::write(&input, month(2)).unwrap();
+    assert!(run(&["ingest", "--table", "events", input.to_str().unwrap()], None).status.success());
+    let killed = run(&["archive", "--once"], Some("after_delta_commit=return(abort)"));
+    assert!(!killed.status.success());
+    assert_eq!(files(), 2, "the first pass of that process caught the first month up, then added the second");
+
+    // The next process's first pass finds nothing to add twice.
+    let pass = run(&["archive", "--once"], None);
+    assert!(pass.status.success(), "{}", text(&pass.stderr));
+    assert_eq!(files(), 2);
+    let sync = run(&["delta", "sync"], None);
+    assert!(sync.status.success(), "{}", text(&sync.stderr));
+    let report: serde_json::Value = serde_json::from_str(text(&sync.stdout).trim()).unwrap();
+    assert_eq!(
+        (report["table"].as_str(), report["added"].as_u64(), report["removed"].as_u64()),
+        (Some("events"), Some(0), Some(0))
+    );
+
+    // A table without a Delta log is named as such.
+    let refused = run(&["delta", "sync", "--table", "notes"], None);
+    assert!(!refused.status.success());
+    assert!(text(&refused.stderr).contains("has no Delta log: only Parquet tables"), "{}", text(&refused.stderr));
+}
