@@ -14,7 +14,7 @@ use crate::replan::{Site, files_under, moved_policy, record, restored_copy};
 use crate::support::*;
 
 fn adopt_now(engine: &Arc<Engine>, dry_run: bool) -> AdoptReport {
-    runtime().block_on(adopt(engine, dry_run)).unwrap_or_else(|e| panic!("{e}"))
+    runtime().block_on(adopt(engine, dry_run, &[])).unwrap_or_else(|e| panic!("{e}"))
 }
 
 fn sweep(engine: &Arc<Engine>) -> frostline::Result<frostline::archive::sweep::SweepReport> {

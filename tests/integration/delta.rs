@@ -349,7 +349,7 @@ fn a_kill_around_a_delta_commit_is_caught_up_without_duplicates() {
     let pass = run(&["archive", "--once"], None);
     assert!(pass.status.success(), "{}", text(&pass.stderr));
     assert_eq!(files(), 2);
-    let sync = run(&["delta", "sync"], None);
+    let sync = run(&["delta", "rebuild"], None);
     assert!(sync.status.success(), "{}", text(&sync.stderr));
     let report: serde_json::Value = serde_json::from_str(text(&sync.stdout).trim()).unwrap();
     assert_eq!(
@@ -358,7 +358,57 @@ fn a_kill_around_a_delta_commit_is_caught_up_without_duplicates() {
     );
 
     // A table without a Delta log is named as such.
-    let refused = run(&["delta", "sync", "--table", "notes"], None);
+    let refused = run(&["delta", "rebuild", "--table", "notes"], None);
     assert!(!refused.status.success());
     assert!(text(&refused.stderr).contains("has no Delta log: only Parquet tables"), "{}", text(&refused.stderr));
+}
+
+/// A fleet host whose data directory is lost: a new installation on the same policies leaves
+/// the other hosts' archives alone (they may be alive), takes in the lost one's only when named,
+/// and then answers for them in the log: their expiry removes them from it.
+#[test]
+fn a_lost_hosts_archives_are_adopted_only_when_named_and_expire_from_the_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = format!("[[target]]\nname = \"cold\"\nurl = \"file://{}\"\n", dir.path().display());
+    let uri = dir.path().join("delta/events").display().to_string();
+    let fleet = Fleet::open(policy(&target), uri, Vec::new(), None);
+    for (n, e) in fleet.engines.iter().enumerate() {
+        e.engine.append("events", engine_records(n)).unwrap();
+    }
+    fleet.passes();
+    fleet.set_clock("2024-03-10T00:00:00Z");
+    fleet.passes();
+    assert_eq!(fleet.files(None).unwrap(), ENGINES * 9);
+    let Fleet { uri, env, local_root, mut engines } = fleet;
+    let lost = engines.pop().unwrap();
+    let lost_id = lost.engine.installation_id.clone();
+    let alive: std::collections::BTreeSet<String> = engines.iter().map(|e| e.engine.installation_id.clone()).collect();
+    let replacement = lost.rebuild().unwrap();
+    assert_ne!(replacement.engine.installation_id, lost_id);
+
+    let adopt = |from: &[String]| {
+        runtime().block_on(frostline::archive::adopt::adopt(&replacement.engine, false, from)).unwrap()
+    };
+    let report = adopt(&[]);
+    assert_eq!(report.adopted, 0, "{report:?}");
+    let mut others = alive.clone();
+    others.insert(lost_id.clone());
+    assert_eq!(report.other_installations, others, "every other host is named, none taken in");
+    let report = adopt(std::slice::from_ref(&lost_id));
+    assert_eq!(report.adopted, 9, "{report:?}");
+    assert_eq!(report.other_installations, alive, "the live hosts' archives stay theirs");
+
+    // Expiry everywhere: the replacement removes the adopted files from the log.
+    engines.push(replacement);
+    let fleet = Fleet { uri, env, local_root, engines };
+    fleet.set_clock("2024-04-15T00:00:00Z");
+    let mut expired = vec![0; ENGINES];
+    for _ in 0..3 {
+        for (n, report) in fleet.passes().into_iter().enumerate() {
+            assert!(report.errors.is_empty(), "{report:?}");
+            expired[n] += report.expired;
+        }
+    }
+    assert_eq!(expired, vec![9; ENGINES]);
+    assert_eq!(fleet.files(None).unwrap(), 0, "no expired file is left in the log");
 }

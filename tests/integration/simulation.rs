@@ -634,7 +634,7 @@ fn run_lifecycle_seed(seed: u64, ops: usize) -> LifecycleCounts {
                     .collect();
                 e = e.rebuild().unwrap_or_else(|err| panic!("seed {seed} op {op}: rebuild refused: {err}"));
                 let report = runtime()
-                    .block_on(frostline::archive::adopt::adopt(&e.engine, false))
+                    .block_on(frostline::archive::adopt::adopt(&e.engine, false, &[]))
                     .unwrap_or_else(|err| panic!("seed {seed} op {op}: adoption failed: {err}"));
                 assert!(report.conflicts.is_empty() && report.failures.is_empty(), "seed {seed} op {op}: {report:?}");
                 let (adopted, _) =

@@ -42,9 +42,16 @@ pub struct AdoptReport {
     /// Manifests that failed verification, and why (an older one of the folder may have been
     /// adopted instead).
     pub failures: Vec<String>,
+    /// Installations whose archives lie in a shared Delta table's folders and were left alone
+    /// (another host of a fleet, alive or not): named with `--from-installation` to be taken in.
+    pub other_installations: BTreeSet<String>,
 }
 
-pub async fn adopt(engine: &Arc<Engine>, dry_run: bool) -> Result<AdoptReport> {
+/// Takes in the archives this data directory does not record. In a Delta table's folders,
+/// where every installation of a fleet writes its own, only archives of this installation and
+/// of those in `from_installations` (lost hosts) are taken in: adopting a live host's archives
+/// would make two engines answer for them.
+pub async fn adopt(engine: &Arc<Engine>, dry_run: bool, from_installations: &[String]) -> Result<AdoptReport> {
     let policies = engine.policies();
     let known = recorded_manifest_keys(engine).await?;
     let mut report = AdoptReport { dry_run, ..Default::default() };
@@ -68,6 +75,14 @@ pub async fn adopt(engine: &Arc<Engine>, dry_run: bool) -> Result<AdoptReport> {
                         writers.len(),
                         writers.iter().map(|w| if w.is_empty() { "none" } else { w }).collect::<Vec<_>>().join(", ")
                     ));
+                    continue;
+                }
+                if let Some(writer) = writers.first()
+                    && folder.starts_with(keys::DELTA_PREFIX)
+                    && *writer != engine.installation_id
+                    && !from_installations.iter().any(|f| f == writer)
+                {
+                    report.other_installations.insert(writer.to_string());
                     continue;
                 }
                 manifests.sort_by_key(|(_, generation, _)| std::cmp::Reverse(*generation));
@@ -112,7 +127,9 @@ pub async fn adopt(engine: &Arc<Engine>, dry_run: bool) -> Result<AdoptReport> {
         }
     }
     for table in changed_tables {
-        super::catalog::write(engine, &table).await?;
+        if !policies.table(&table)?.delta_log() {
+            super::catalog::write(engine, &table).await?;
+        }
     }
     Ok(report)
 }

@@ -7,7 +7,8 @@
 //! every published bucket of the table (on the target the log lives on) and the files the
 //! log's newest version holds below `installation=<this installation>/`, then commits remove
 //! actions for what is no longer published and add actions (with partition values and
-//! statistics) for what is. Other installations' files are never touched, so several engines
+//! statistics) for what is. Other installations' files are never touched (except those of
+//! archives it adopted from a lost installation, which it now answers for), so several engines
 //! can share one table: their commits race through the store's conditional create, and a
 //! commit that lost the race, or whose outcome is unknown, is not retried blindly; the log is
 //! read again and the difference recomputed, so no file is added twice and none is lost.
@@ -19,7 +20,7 @@
 //! before an expiry deletes its first object (so a reader of the newest version is never sent
 //! to a deleted file), and by `frostline delta sync`, which also rebuilds a lost log.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use deltalake::DeltaTable;
@@ -37,6 +38,7 @@ use crate::format::manifest::{Manifest, SegmentInfo};
 use crate::model::Micros;
 use crate::policy::TablePolicy;
 use crate::storage::keys;
+use crate::store::schema::DeltaLogState;
 
 /// The Delta table's partition columns, in the order of the folders below its root.
 pub const DELTA_PARTITION_COLUMNS: [&str; 3] = ["installation", "bucket", "partition"];
@@ -119,7 +121,33 @@ pub async fn sync(engine: &Arc<Engine>, table: &Arc<TablePolicy>) -> Result<Delt
     if result.is_ok() {
         in_sync().lock().expect("delta sync state").insert(key);
     }
+    record(engine, table, &result).await?;
     result
+}
+
+/// Records the sync's outcome for `status`: the version and the last commit of a success, the
+/// error of a failure (keeping the last success's figures).
+async fn record(engine: &Arc<Engine>, table: &TablePolicy, result: &Result<DeltaSync>) -> Result<()> {
+    let (store, id, now) = (engine.store.clone(), table.id.clone(), engine.clock.now());
+    let outcome = result.as_ref().map(|r| (r.version, r.added + r.removed > 0)).map_err(|e| e.to_string());
+    blocking(move || {
+        let previous = store.delta_log_state(&id)?;
+        let state = match outcome {
+            Ok((version, committed)) => DeltaLogState {
+                version,
+                synced_at: now,
+                last_commit_at: if committed { Some(now) } else { previous.and_then(|p| p.last_commit_at) },
+                error: None,
+            },
+            Err(error) => DeltaLogState {
+                error: Some(error),
+                synced_at: now,
+                ..previous.unwrap_or(DeltaLogState { version: 0, synced_at: now, last_commit_at: None, error: None })
+            },
+        };
+        store.set_delta_log_state(&id, &state)
+    })
+    .await
 }
 
 async fn sync_serialized(engine: &Arc<Engine>, table: &Arc<TablePolicy>) -> Result<DeltaSync> {
@@ -127,8 +155,7 @@ async fn sync_serialized(engine: &Arc<Engine>, table: &Arc<TablePolicy>) -> Resu
         Error::InvalidInput(format!("table `{}`: its target is not an object store; it has no Delta log", table.id))
     })?;
     let root = keys::delta_table_root(&table.id);
-    let mine = format!("installation={}/", keys::delta_partition_value(engine.installation_id.as_bytes()));
-    let wanted = published_files(engine, table, &root).await?;
+    let (wanted, owned) = published_files(engine, table, &root).await?;
     let log_store = log_store(store, table.backend.local_dir(), &root)?;
     let created = create_if_absent(&log_store, &table.id, engine.clock.now()).await?;
     let mut report = DeltaSync { table: table.id.clone(), created, ..Default::default() };
@@ -143,7 +170,7 @@ async fn sync_serialized(engine: &Arc<Engine>, table: &Arc<TablePolicy>) -> Resu
             .log_data()
             .into_iter()
             .map(|file| (file.path().into_owned(), file.size()))
-            .filter(|(path, _)| path.starts_with(&mine))
+            .filter(|(path, _)| owned.iter().any(|folder| path.starts_with(folder.as_str())))
             .collect();
         let now_ms = engine.clock.now().div_euclid(1_000);
         let removes: Vec<Action> = present
@@ -165,7 +192,6 @@ async fn sync_serialized(engine: &Arc<Engine>, table: &Arc<TablePolicy>) -> Resu
             .await
             .map_err(|e| unavailable(&table.id, "cannot read its Delta log", e))?
             .unwrap_or(0);
-        let (n_removes, n_adds) = (removes.len(), adds.len());
         // Removes and adds in separate commits, each the operation a reader expects of it
         // (a delete, an append); both carry the next application transaction version.
         let mut outcome = Ok(());
@@ -177,6 +203,8 @@ async fn sync_serialized(engine: &Arc<Engine>, table: &Arc<TablePolicy>) -> Resu
             if actions.is_empty() {
                 continue;
             }
+            let removing = matches!(operation, DeltaOperation::Delete { .. });
+            let count = actions.len();
             version += 1;
             let properties = CommitProperties::default()
                 .with_application_transaction(Transaction::new_with_last_update(&app_id, version, Some(now_ms)))
@@ -192,6 +220,13 @@ async fn sync_serialized(engine: &Arc<Engine>, table: &Arc<TablePolicy>) -> Resu
             match committed {
                 Ok(done) => {
                     report.version = done.version();
+                    if removing {
+                        report.removed += count;
+                    } else {
+                        report.added += count;
+                    }
+                    tracing::info!(table = %table.id, version = report.version, removed = if removing { count } else { 0 },
+                        added = if removing { 0 } else { count }, "Delta log commit");
                     crate::failpoints::hit("after_delta_commit")?;
                 }
                 Err(e) => {
@@ -202,15 +237,10 @@ async fn sync_serialized(engine: &Arc<Engine>, table: &Arc<TablePolicy>) -> Resu
             delta.update_state().await.map_err(|e| unavailable(&table.id, "cannot read its Delta log", e))?;
         }
         match outcome {
-            Ok(()) => {
-                report.removed += n_removes;
-                report.added += n_adds;
-                tracing::info!(table = %table.id, added = n_adds, removed = n_removes, version = report.version, "Delta log synced");
-                return Ok(report);
-            }
+            Ok(()) => return Ok(report),
             Err(e) if attempt < DELTA_COMMIT_ATTEMPTS_MAX => {
                 tracing::debug!(table = %table.id, attempt, error = %e, "Delta commit lost a race; reading the log again");
-                let pause = 10 * u64::from(attempt) + rand::random::<u64>() % 20;
+                let pause = 10 * u64::from(attempt) + engine.random_u64() % 20;
                 tokio::time::sleep(std::time::Duration::from_millis(pause)).await;
             }
             Err(e) => return Err(unavailable(&table.id, "cannot commit to its Delta log", e)),
@@ -231,17 +261,33 @@ struct PublishedFile {
     created_at: Micros,
 }
 
-/// This installation's published segments of `table` below the Delta root on the table's
-/// current target, by path relative to the root.
+/// The published segments of `table` below the Delta root on the table's current target, by
+/// path relative to the root; and the installation folders this installation answers for in
+/// the log: its own, and those of archives it adopted from a lost installation (any folder a
+/// manifest it records names), whose files it removes when they expire.
 async fn published_files(
     engine: &Arc<Engine>,
     table: &Arc<TablePolicy>,
     root: &str,
-) -> Result<BTreeMap<String, PublishedFile>> {
+) -> Result<(BTreeMap<String, PublishedFile>, BTreeSet<String>)> {
     let (store, id, target) = (engine.store.clone(), table.id.clone(), table.backend.target().to_string());
     let installation = engine.installation_id.clone();
     let root = root.to_string();
     blocking(move || {
+        let folder_of = |key: &str| -> Option<String> {
+            let relative = key.strip_prefix(root.as_str())?;
+            relative
+                .starts_with("installation=")
+                .then(|| relative.split_inclusive('/').next().unwrap_or("").to_string())
+        };
+        let mut owned =
+            BTreeSet::from([format!("installation={}/", keys::delta_partition_value(installation.as_bytes()))]);
+        store.snapshot()?.visit_manifests(|manifest| {
+            if manifest.table == id && manifest.target == target {
+                owned.extend(manifest.segments.iter().filter_map(|s| folder_of(&s.key)));
+            }
+            Ok(())
+        })?;
         let mut files = BTreeMap::new();
         for (meta, manifest) in store.published(&id)? {
             if manifest.target != target {
@@ -250,13 +296,14 @@ async fn published_files(
             let Manifest { segments, partition_key, created_at, .. } = manifest;
             for segment in segments {
                 let Some(relative) = segment.key.strip_prefix(&root) else { continue };
-                if !written_by_installation(relative, &installation) {
+                let Some(writer) = relative.strip_prefix("installation=").and_then(|r| r.split('/').next()) else {
                     continue;
-                }
+                };
                 files.insert(
                     relative.to_string(),
                     PublishedFile {
-                        installation: installation.clone(),
+                        // Installation ids are hex digits: their folder names are the ids.
+                        installation: writer.to_string(),
                         bucket_key: meta.id.bucket_key.clone(),
                         partition_key: partition_key.clone(),
                         created_at,
@@ -265,13 +312,9 @@ async fn published_files(
                 );
             }
         }
-        Ok(files)
+        Ok((files, owned))
     })
     .await
-}
-
-fn written_by_installation(relative: &str, installation: &str) -> bool {
-    relative.starts_with(&format!("installation={}/", keys::delta_partition_value(installation.as_bytes())))
 }
 
 /// A log store over the target's own object store (the same client, credentials and limits
@@ -356,7 +399,7 @@ fn first_version(table: &str, now: Micros) -> Vec<u8> {
         serde_json::json!({"metaData": {
             "id": uuid::Uuid::new_v4().to_string(),
             "name": table,
-            "description": "frostline archive: one file per archived segment; see frostline's docs/DELTA.md",
+            "description": "frostline archive: one file per archived segment; see frostline's docs/FLEET.md",
             "format": {"provider": "parquet", "options": {}},
             "schemaString": schema.to_string(),
             "partitionColumns": DELTA_PARTITION_COLUMNS,

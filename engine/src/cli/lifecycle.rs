@@ -127,9 +127,9 @@ pub fn run_sweep(engine: EngineArgs, dry_run: bool) -> anyhow::Result<ExitCode> 
     Ok(ExitCode::SUCCESS)
 }
 
-/// `frostline delta sync`: one line of JSON per table; exit 1 when a table's sync failed.
+/// `frostline delta rebuild`: one line of JSON per table; exit 1 when a table's sync failed.
 #[cfg(feature = "delta")]
-pub fn run_delta_sync(engine: EngineArgs, table: Option<String>) -> anyhow::Result<ExitCode> {
+pub fn run_delta_rebuild(engine: EngineArgs, table: Option<String>) -> anyhow::Result<ExitCode> {
     let engine = engine.open()?;
     let runtime = runtime()?;
     let policies = engine.policies();
@@ -153,16 +153,22 @@ pub fn run_delta_sync(engine: EngineArgs, table: Option<String>) -> anyhow::Resu
             ),
             Err(e) => {
                 clean = false;
-                eprintln!("table `{}`: {e}", table.id);
+                eprintln!(
+                    "table `{}`: {e}\nif the log is damaged, move {}_delta_log/ on target `{}` aside and run \
+                     `frostline delta rebuild` on every installation that archives into the table",
+                    table.id,
+                    crate::storage::keys::delta_table_root(&table.id),
+                    table.target_name
+                );
             }
         }
     }
     Ok(if clean { ExitCode::SUCCESS } else { ExitCode::FAILURE })
 }
 
-pub fn run_adopt(engine: EngineArgs, dry_run: bool) -> anyhow::Result<ExitCode> {
+pub fn run_adopt(engine: EngineArgs, dry_run: bool, from_installations: &[String]) -> anyhow::Result<ExitCode> {
     let engine = engine.open()?;
-    let report = runtime()?.block_on(crate::archive::adopt::adopt(&engine, dry_run))?;
+    let report = runtime()?.block_on(crate::archive::adopt::adopt(&engine, dry_run, from_installations))?;
     println!("{}", serde_json::to_string_pretty(&report)?);
     Ok(if report.conflicts.is_empty() && report.failures.is_empty() { ExitCode::SUCCESS } else { ExitCode::FAILURE })
 }

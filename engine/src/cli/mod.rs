@@ -159,6 +159,11 @@ pub enum Command {
         /// Verify and count what would be adopted without recording anything.
         #[arg(long)]
         dry_run: bool,
+        /// Also take in the archives of this installation id (a lost host of a fleet sharing a
+        /// Delta table; repeatable). Without it, other installations' archives in a Delta
+        /// table's folders are left alone and listed.
+        #[arg(long = "from-installation", value_name = "ID")]
+        from_installations: Vec<String>,
     },
     /// Work with the Delta Lake tables of Parquet archives.
     #[cfg(feature = "delta")]
@@ -170,9 +175,11 @@ pub enum Command {
 #[derive(Debug, Subcommand)]
 pub enum DeltaCommand {
     /// Make this installation's files in each table's Delta log match its published
-    /// manifests (what every pass does after publishing or expiring); rebuilds a lost or
-    /// damaged log from the manifests. Run it with the engine stopped.
-    Sync {
+    /// manifests (what every pass does after publishing or expiring), writing the log anew
+    /// when it is gone. A damaged log is refused: move its `_delta_log/` aside and run this on
+    /// every installation that archives into the table. Run it with the engine stopped.
+    #[command(visible_alias = "sync")]
+    Rebuild {
         #[command(flatten)]
         engine: EngineArgs,
         /// Only this table.
@@ -227,9 +234,11 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Hold(command) => lifecycle::run_hold(command),
         Command::Verify { engine, table, sample, json } => lifecycle::run_verify(engine, table, sample, json),
         Command::Sweep { engine, dry_run } => lifecycle::run_sweep(engine, dry_run),
-        Command::Adopt { engine, dry_run } => lifecycle::run_adopt(engine, dry_run),
+        Command::Adopt { engine, dry_run, from_installations } => {
+            lifecycle::run_adopt(engine, dry_run, &from_installations)
+        }
         #[cfg(feature = "delta")]
-        Command::Delta(DeltaCommand::Sync { engine, table }) => lifecycle::run_delta_sync(engine, table),
+        Command::Delta(DeltaCommand::Rebuild { engine, table }) => lifecycle::run_delta_rebuild(engine, table),
         Command::Ingest { engine, table, file } => {
             let validated = match ingest::validate(file.as_deref())? {
                 ingest::Validation::Valid(validated) => validated,

@@ -72,6 +72,16 @@ pub fn print(status: &Status) {
                 c.buckets, c.rows, c.oldest_age_seconds
             );
         }
+        if let Some(d) = &t.delta_log {
+            let commit = d.last_commit_at.as_deref().unwrap_or("never");
+            match &d.error {
+                None => println!("  delta log version {}  last commit {commit}  synced {}", d.version, d.synced_at),
+                Some(e) => println!(
+                    "  delta log version {}  last commit {commit}  SYNC FAILED at {}: {e}",
+                    d.version, d.synced_at
+                ),
+            }
+        }
     }
     println!(
         "due now: {}  (oldest waiting {}s)   unplanned: {}   outbox backlog: {}",

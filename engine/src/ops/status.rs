@@ -42,6 +42,18 @@ pub struct TableStatus {
     pub retention: String,
     pub target: String,
     pub states: BTreeMap<String, StateCount>,
+    /// The table's Delta log as this installation's last sync left it (Parquet tables with a
+    /// Delta log, once synced).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delta_log: Option<DeltaLogStatus>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct DeltaLogStatus {
+    pub version: u64,
+    pub synced_at: String,
+    pub last_commit_at: Option<String>,
+    pub error: Option<String>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -118,17 +130,23 @@ pub fn collect(engine: &Engine) -> Result<Status> {
         }
         Ok(())
     })?;
-    let tables = policies
-        .tables
-        .iter()
-        .map(|(id, table)| TableStatus {
+    let mut tables = Vec::with_capacity(policies.tables.len());
+    for (id, table) in &policies.tables {
+        let delta_log = engine.store.delta_log_state(id)?.map(|s| DeltaLogStatus {
+            version: s.version,
+            synced_at: format_rfc3339(s.synced_at),
+            last_commit_at: s.last_commit_at.map(format_rfc3339),
+            error: s.error,
+        });
+        tables.push(TableStatus {
             id: id.clone(),
             strategy: table.strategy.identity().name.clone(),
             retention: table.retention.name().to_string(),
             target: format!("{} ({})", table.target_name, table.backend.target()),
             states: states.remove(id.as_str()).unwrap_or_default(),
-        })
-        .collect();
+            delta_log,
+        });
+    }
     let oldest_due_age_seconds = match engine.store.earliest_due()? {
         Some(at) if at <= now => (now - at) / 1_000_000,
         _ => 0,

@@ -155,11 +155,27 @@ impl Store {
         Ok(t.get(name)?.map(|v| v.value().to_vec()))
     }
 
-    pub fn set_meta_value(&self, name: &'static str, value: Vec<u8>) -> Result<()> {
+    pub fn set_meta_value(&self, name: impl Into<String>, value: Vec<u8>) -> Result<()> {
+        let name = name.into();
         self.write(move |txn| {
-            txn.open_table(META)?.insert(name, value.as_slice())?;
+            txn.open_table(META)?.insert(name.as_str(), value.as_slice())?;
             Ok(())
         })
+    }
+
+    /// A table's Delta log as the last sync left it (`None` before the first).
+    pub fn delta_log_state(&self, table: &str) -> Result<Option<super::schema::DeltaLogState>> {
+        let Some(bytes) = self.meta_value(&format!("{}{table}", super::schema::META_DELTA_LOG_PREFIX))? else {
+            return Ok(None);
+        };
+        serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| Error::Corruption(format!("the recorded Delta log state of `{table}` does not parse: {e}")))
+    }
+
+    pub fn set_delta_log_state(&self, table: &str, state: &super::schema::DeltaLogState) -> Result<()> {
+        let bytes = serde_json::to_vec(state).expect("a Delta log state serializes");
+        self.set_meta_value(format!("{}{table}", super::schema::META_DELTA_LOG_PREFIX), bytes)
     }
 
     /// Every recorded table, in id order.

@@ -60,6 +60,22 @@ pub const META_OUTBOX_SEQUENCE: &str = "outbox_sequence";
 /// writes carries it, and the orphan sweep deletes only objects that carry it.
 pub const META_INSTALLATION_ID: &str = "installation_id";
 
+/// Prefix of the meta entries `delta_log:<table>`: a table's Delta log as the last sync left
+/// it (`DeltaLogState`, JSON), for `status`.
+pub const META_DELTA_LOG_PREFIX: &str = "delta_log:";
+
+/// A table's Delta log as this installation's last sync left it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeltaLogState {
+    /// The log's newest version the sync saw or wrote.
+    pub version: u64,
+    /// When the sync ran, and when this installation last committed (if it ever did).
+    pub synced_at: crate::model::Micros,
+    pub last_commit_at: Option<crate::model::Micros>,
+    /// The sync's error, when it failed (the version and times are those of the last success).
+    pub error: Option<String>,
+}
+
 /// Identifies one bucket: `(table, partition_key, bucket_key)`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct BucketId {

@@ -22,7 +22,8 @@ if reader == "files":
     from deltalake import DeltaTable
 
     print(len(DeltaTable(uri, version=version, storage_options=options or None).file_uris()))
-    sys.exit(0)
+    sys.stdout.flush()
+    os._exit(0)
 if reader == "deltalake":
     from deltalake import DeltaTable
 
@@ -52,3 +53,7 @@ for r in rows:
     record["body"] = json.loads(r["body"])
     record["_delta"] = {"installation": r["installation"], "bucket": r["bucket"], "partition": r["partition"]}
     print(json.dumps(record, ensure_ascii=False))
+# deltalake's object store threads can abort the interpreter's teardown ("terminate called
+# without an active exception", now and then against S3): everything is printed by now.
+sys.stdout.flush()
+os._exit(0)
