@@ -357,6 +357,22 @@ fn a_kill_around_a_delta_commit_is_caught_up_without_duplicates() {
         (Some("events"), Some(0), Some(0))
     );
 
+    // `status` shows the log's version and this installation's last commit (the killed
+    // process never recorded its own: a third month is committed by a whole pass).
+    std::fs::write(&input, month(3)).unwrap();
+    assert!(run(&["ingest", "--table", "events", input.to_str().unwrap()], None).status.success());
+    assert!(run(&["archive", "--once"], None).status.success());
+    assert_eq!(files(), 3);
+    let status = run(&["status", "--json"], None);
+    assert!(status.status.success(), "{}", text(&status.stderr));
+    let status: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    let tables = status["tables"].as_array().unwrap();
+    let events = tables.iter().find(|t| t["id"] == "events").unwrap();
+    assert_eq!(events["delta_log"]["version"].as_u64(), Some(2), "created, two months, the third: {events}");
+    assert!(events["delta_log"]["last_commit_at"].is_string(), "{events}");
+    assert!(events["delta_log"]["error"].is_null(), "{events}");
+    assert!(tables.iter().find(|t| t["id"] == "notes").unwrap().get("delta_log").is_none());
+
     // A table without a Delta log is named as such.
     let refused = run(&["delta", "rebuild", "--table", "notes"], None);
     assert!(!refused.status.success());
