@@ -32,6 +32,7 @@
 mod append;
 mod archive;
 mod data;
+mod delta;
 mod footprint;
 mod formats;
 mod harness;
@@ -73,6 +74,11 @@ const SCENARIOS: &[Scenario] = &[
         name: "append",
         about: "append throughput through Engine::append and `frostline ingest` against plain redb inserts of the same records with the same durability, and with the WASM strategy against the same strategy in native Rust",
         run: append::append,
+    },
+    Scenario {
+        name: "delta",
+        about: "the Delta log of a Parquet table: archive throughput with it against without, the commit per publication with 1, 3 and 8 engines sharing a target, and delta-rs reading a year through the log against pyarrow reading the files",
+        run: delta::delta,
     },
     Scenario {
         name: "archive",

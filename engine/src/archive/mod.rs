@@ -93,11 +93,14 @@ pub enum Phase {
     Cleanup,
     /// Rewriting the tables' catalogs.
     Catalog,
+    /// Syncing the tables' Delta logs after the pass (the syncs before expiries are not
+    /// itemized, like the expiries).
+    DeltaLog,
 }
 
 impl Phase {
     /// Every phase, in protocol order.
-    pub const ALL: [Phase; 13] = [
+    pub const ALL: [Phase; 14] = [
         Phase::Plan,
         Phase::Discover,
         Phase::Claim,
@@ -111,6 +114,7 @@ impl Phase {
         Phase::Publish,
         Phase::Cleanup,
         Phase::Catalog,
+        Phase::DeltaLog,
     ];
 
     pub fn name(self) -> &'static str {
@@ -128,6 +132,7 @@ impl Phase {
             Phase::Publish => "publish",
             Phase::Cleanup => "cleanup",
             Phase::Catalog => "catalog",
+            Phase::DeltaLog => "delta_log",
         }
     }
 }
@@ -304,7 +309,7 @@ pub async fn run_pass(engine: &Arc<Engine>, owner: &str) -> Result<PassReport> {
                 report.errors.push(format!("Delta log of `{}`: {e}", table.id));
             }
         }
-        report.seconds.add(Phase::Catalog, lap.lap());
+        report.seconds.add(Phase::DeltaLog, lap.lap());
     }
     // A failed reference check stops the sweep before it deletes anything.
     match sweep::sweep_if_due(engine).await {
