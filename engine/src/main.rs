@@ -3,11 +3,14 @@
 
 use std::process::ExitCode;
 
-use clap::Parser;
+use clap::{CommandFactory, FromArgMatches};
 use frostline::cli::{Cli, LogFormat};
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    // `--version` names the plugin contract, wasmtime and the built-ins' hashes; made once.
+    let long_version: &'static str = Box::leak(frostline::cli::long_version().into_boxed_str());
+    let matches = Cli::command().long_version(long_version).get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     let filter = tracing_subscriber::EnvFilter::try_from_env("FROSTLINE_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);

@@ -450,3 +450,22 @@ fn the_readmes_using_it_commands_work_as_written_in_an_empty_directory() {
     run("sweep --dry-run");
     assert!(data.join("hot.redb").is_file());
 }
+
+#[test]
+fn version_names_the_contract_wasmtime_and_every_builtin_by_hash() {
+    let out = run_frostline(&["--version"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let version = text(&out.stdout);
+    assert!(version.starts_with(&format!("frostline {}\n", env!("CARGO_PKG_VERSION"))), "{version}");
+    assert!(version.contains(&format!("wasmtime {}\n", frostline::plugin::WASMTIME_VERSION)), "{version}");
+    let contract =
+        format!("plugin contract {}@{}", frostline::plugin::CONTRACT_PACKAGE, frostline::plugin::CONTRACT_VERSION);
+    assert!(version.contains(&contract), "{version}");
+    for builtin in frostline::plugin::builtin::BUILTINS {
+        let line = format!("builtin:{} {} sha256 {}", builtin.name, builtin.role, sha256_hex(builtin.bytes));
+        assert!(version.contains(&line), "{line} in {version}");
+    }
+    // `-V` stays one line, for scripts.
+    let short = run_frostline(&["-V"]);
+    assert_eq!(text(&short.stdout).trim(), format!("frostline {}", env!("CARGO_PKG_VERSION")));
+}

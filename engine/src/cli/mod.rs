@@ -205,6 +205,27 @@ pub enum PluginCommand {
     New(plugin_new::NewArgs),
 }
 
+/// What `frostline --version` prints after the version: the plugin contract, the wasmtime
+/// that runs plugins, the build's features and the SHA-256 of every built-in plugin, so an
+/// operator can tell which components and compiled caches a binary accepts.
+pub fn long_version() -> String {
+    use sha2::Digest as _;
+    let mut text = format!(
+        "{}\nplugin contract {}@{} (runs {})\nwasmtime {}\nfeatures: {}\n",
+        env!("CARGO_PKG_VERSION"),
+        crate::plugin::CONTRACT_PACKAGE,
+        crate::plugin::CONTRACT_VERSION,
+        crate::plugin::CONTRACT_VERSIONS_SUPPORTED.join(", "),
+        crate::plugin::WASMTIME_VERSION,
+        if cfg!(feature = "delta") { "delta (Parquet archives are Delta Lake tables)" } else { "none" },
+    );
+    for builtin in crate::plugin::builtin::BUILTINS {
+        let sha = hex::encode(sha2::Sha256::digest(builtin.bytes));
+        text.push_str(&format!("builtin:{} {} sha256 {sha}\n", builtin.name, builtin.role));
+    }
+    text.trim_end().to_string()
+}
+
 /// A progress bar on a terminal; hidden otherwise (scripts and tests).
 pub fn progress_bar(len: u64, what: &str) -> indicatif::ProgressBar {
     use std::io::IsTerminal;

@@ -40,6 +40,10 @@ pub const CONTRACT_VERSIONS_SUPPORTED: &[&str] = &["0.1.0"];
 /// The version the host's own bindings were generated from.
 pub const CONTRACT_VERSION: &str = "0.1.0";
 
+/// The wasmtime this host is built with (pinned in engine/Cargo.toml; a unit test holds this
+/// to Cargo.lock): the compiled-cache compatibility and the WASI versions follow from it.
+pub const WASMTIME_VERSION: &str = "48.0.8";
+
 pub const PLUGIN_CALL_MS_DEFAULT: u64 = 1_000;
 pub const PLUGIN_CALL_MS_MAX: u64 = 60_000;
 pub const PLUGIN_MEMORY_BYTES_DEFAULT: usize = 64 * 1024 * 1024;
@@ -487,6 +491,17 @@ mod tests {
     use super::*;
 
     const MIB: usize = 1024 * 1024;
+
+    #[test]
+    fn the_wasmtime_version_named_is_the_one_cargo_lock_pins() {
+        let lock = include_str!("../../../Cargo.lock");
+        let pinned = lock
+            .split("[[package]]")
+            .find(|p| p.contains("\nname = \"wasmtime\"\n"))
+            .and_then(|p| p.split("version = \"").nth(1))
+            .and_then(|v| v.split('"').next());
+        assert_eq!(pinned, Some(WASMTIME_VERSION));
+    }
 
     /// The memory limit holds for an instance's memories together: two memories of 40 MiB
     /// each fit a 64 MiB limit alone, not together (each memory was checked on its own).
