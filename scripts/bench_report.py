@@ -1,6 +1,10 @@
 #!/usr/bin/env python3
 """Turns the JSON document of `cargo bench --bench frostline-bench -- --json FILE` into
-BENCHMARKS.md. Run by scripts/bench; usage: bench_report.py BENCH_JSON OUTPUT_MD."""
+BENCHMARKS.md. Run by scripts/bench; usage: bench_report.py BENCH_JSON OUTPUT_MD [--merge PREVIOUS_JSON].
+
+With --merge, the scenarios of BENCH_JSON replace those of the same name in PREVIOUS_JSON and the
+others are kept, each scenario keeping the commit, date, machine and command it was measured
+with; the merged document is written back to BENCH_JSON, so the next merge builds on it."""
 
 import json
 import sys
@@ -30,6 +34,7 @@ TARGETS = {
         ("max", 250.0),  # the same with a plugin file from the compiled cache
     ],
     "formats": [("ratio_min", 1 / 3)],  # a cold query of one bucket within 3x of the hot query
+    "delta": [("ratio_min", 0.9)],  # archive throughput with the Delta log at >= 90% of without
     "scale": [("ratio_min", 0.5)],  # a pass over 1,000,000 buckets within 2x of one over 1,000
     "read": [
         ("ratio_min", 1.0),  # hot reads at least as fast as archived ones
@@ -112,6 +117,28 @@ def machine_text(machine):
     return f"{machine['cpu_model']}, {machine['nproc']} cores, {machine['memory_bytes'] / 2**30:.1f} GiB"
 
 
+def run_of(doc, scenario):
+    """The run a scenario was measured in: its own (after a merge) or the document's."""
+    return scenario.get("run") or {k: doc[k] for k in ("commit", "date", "machine", "options", "command")}
+
+
+def merge(previous, new):
+    """`new`'s scenarios replace `previous`'s of the same name; every scenario carries its run."""
+    for doc in (previous, new):
+        for scenario in doc["scenarios"]:
+            scenario["run"] = run_of(doc, scenario)
+    names = {s["name"] for s in new["scenarios"]}
+    kept = [s for s in previous["scenarios"] if s["name"] not in names]
+    order = [s["name"] for s in previous["scenarios"]]
+    merged = dict(new)
+    merged["scenarios"] = sorted(kept + new["scenarios"],
+                                 key=lambda s: order.index(s["name"]) if s["name"] in order else len(order))
+    merged["figures"] = [f for f in previous["figures"] if f["scenario"] not in names] + new["figures"]
+    merged["skipped"] = [k for k in previous["skipped"] if k["scenario"] not in names] + new["skipped"]
+    merged["total_seconds"] = sum(s["seconds"] for s in merged["scenarios"])
+    return merged
+
+
 def only_command(doc, scenario):
     """The command that reruns one scenario with the options of this run."""
     parts = ["scripts/bench"]
@@ -149,7 +176,13 @@ def render(doc):
     w("")
     w(f"- Machine: {machine_text(machine)} RAM; load average {machine['loadavg_start']} at the "
       f"start, {machine['loadavg_end']} at the end.")
-    w(f"- Commit: `{doc['commit']}`; date: {doc['date']}; {doc['rustc']}.")
+    commits = sorted({run_of(doc, s)["commit"] for s in doc["scenarios"]})
+    if len(commits) > 1:
+        w(f"- Commits: {', '.join(f'`{c}`' for c in commits)}: scenarios were measured in separate runs "
+          "(`scripts/bench --only NAME` keeps the others); each section names its own. Latest run: "
+          f"{doc['date']}; {doc['rustc']}.")
+    else:
+        w(f"- Commit: `{doc['commit']}`; date: {doc['date']}; {doc['rustc']}.")
     w(f"- Options: {'`--full`' if options['full'] else 'default run'}, {options['repeats']} runs per figure, "
       f"{options['sample_ms']} ms per sample of a per-operation figure; the whole run took "
       f"{doc['total_seconds']:.0f} s.")
@@ -201,8 +234,10 @@ def render(doc):
         w("")
         w(f"{scenario['about'][0].upper()}{scenario['about'][1:]}. ({scenario['seconds']:.0f} s)")
         w("")
-        w(f"Measured with `{only_command(doc, name)}` (or the whole command above) at commit "
-          f"`{doc['commit']}` on {machine_text(machine)}; every figure below is the median of its Runs.")
+        run = run_of(doc, scenario)
+        w(f"Measured with `{only_command(run, name)}` (or the whole command above) at commit "
+          f"`{run['commit']}` ({run['date']}) on {machine_text(run['machine'])}; every figure below is the "
+          "median of its Runs.")
         w("")
         rows = [f for f in figures if f["scenario"] == name]
         if rows:
@@ -227,13 +262,23 @@ def render(doc):
     return "\n".join(out).rstrip() + "\n"
 
 
-def main():
-    if len(sys.argv) != 3:
-        sys.exit("usage: bench_report.py BENCH_JSON OUTPUT_MD")
-    with open(sys.argv[1], encoding="utf-8") as f:
+def load(path):
+    with open(path, encoding="utf-8") as f:
         doc = json.load(f)
     if doc.get("schema") != 1:
-        sys.exit(f"{sys.argv[1]}: unknown schema {doc.get('schema')!r}; expected 1")
+        sys.exit(f"{path}: unknown schema {doc.get('schema')!r}; expected 1")
+    return doc
+
+
+def main():
+    args = sys.argv[1:]
+    if len(args) not in (2, 4) or (len(args) == 4 and args[2] != "--merge"):
+        sys.exit("usage: bench_report.py BENCH_JSON OUTPUT_MD [--merge PREVIOUS_JSON]")
+    doc = load(args[0])
+    if len(args) == 4:
+        doc = merge(load(args[3]), doc)
+        with open(args[0], "w", encoding="utf-8") as f:
+            json.dump(doc, f, indent=1)
     text = render(doc)
     with open(sys.argv[2], "w", encoding="utf-8") as f:
         f.write(text)
