@@ -176,8 +176,11 @@ fn fleet_archive(fleet: Fleet) {
                 r
             })
             .collect();
-        for reader in ["duckdb", "pyarrow"] {
-            let out = Command::new(python())
+        // PySpark is a documented command, not CI (scripts/prove-pyspark sets its interpreter).
+        let pyspark = std::env::var("FROSTLINE_PYSPARK_PYTHON").ok();
+        let readers = [("duckdb", python()), ("pyarrow", python())].into_iter().chain(pyspark.map(|p| ("pyspark", p)));
+        for (reader, python) in readers {
+            let out = Command::new(python)
                 .arg(&script)
                 .args([reader, &root.display().to_string(), "events", "0", &t("2100-01-01T00:00:00Z").to_string()])
                 .output()

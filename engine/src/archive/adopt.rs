@@ -148,7 +148,7 @@ async fn recorded_manifest_keys(engine: &Arc<Engine>) -> Result<HashSet<String>>
     .await
 }
 
-/// A table's manifests on one target, by bucket folder: (installation, generation, key).
+/// A table's manifests on one target, by the folder they lie in: (installation, generation, key).
 async fn manifests_by_folder(
     backend: &dyn ArchiveBackend,
     table: &str,
@@ -209,7 +209,9 @@ async fn read_verified(
     let id = BucketId { table: table.to_string(), bucket_key: manifest.bucket.key.clone(), partition_key };
     let writer = keys::manifest_origin(key).map_or("", |(writer, _)| writer);
     let layouts = [keys::Layout::Hive, keys::Layout::Delta];
-    if !layouts.iter().any(|l| keys::bucket_folder(*l, &id.table, writer, &id.bucket_key, &id.partition_key) == folder)
+    if !layouts
+        .iter()
+        .any(|l| keys::manifest_folder(*l, &id.table, writer, &id.bucket_key, &id.partition_key) == folder)
     {
         return Err(Error::Corruption(format!(
             "the manifest describes bucket {id}, which does not live in `{folder}`"

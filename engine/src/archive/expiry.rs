@@ -54,7 +54,7 @@ pub(super) async fn expire(
 }
 
 /// Deletes what a tombstone names on the target it records, proves absence by listing the
-/// folder the objects were written to, completes the tombstone. Just before the first delete
+/// folders the objects were written to, completes the tombstone. Just before the first delete
 /// call every hold is checked once more (`Store::start_deletes`): a hold placed since the
 /// tombstone was written calls the expiry off, as long as nothing has been deleted.
 pub(super) async fn finish(
@@ -66,11 +66,13 @@ pub(super) async fn finish(
 ) -> Result<ExpiryOutcome> {
     let backend = engine.policies().archive_backend(table, &tombstone.target)?;
     let id: &BucketId = &tombstone.bucket;
-    let folder = keys::folder_of(&tombstone.manifest_key).to_string();
+    // Every folder the objects lie in (a Delta table keeps manifests apart from segments).
+    let folders: std::collections::BTreeSet<String> =
+        tombstone.keys.iter().map(|key| keys::folder_of(key).to_string()).collect();
     if tombstone.deletes_started_at.is_none() {
         // Reach the target before committing to delete: during an outage the expiry waits
         // here, where a hold can still call it off.
-        backend.list(&folder).await?;
+        backend.list(keys::folder_of(&tombstone.manifest_key)).await?;
         crate::failpoints::hit("before_start_deletes")?;
         let (store, bucket, owner, now) = (engine.store.clone(), id.clone(), owner.to_string(), engine.clock.now());
         if !blocking(move || store.start_deletes(bucket, owner, generation, now)).await? {
@@ -88,12 +90,14 @@ pub(super) async fn finish(
         backend.delete(key).await?;
         crate::failpoints::hit("mid_expiry_delete")?;
     }
-    let listed = backend.list(&folder).await?;
-    if let Some(left) = listed.iter().find(|o| tombstone.keys.contains(&o.key)) {
-        return Err(Error::StorageUnavailable(format!(
-            "object `{}` is still listed after its deletion; the expiry will be retried",
-            left.key
-        )));
+    for folder in &folders {
+        let listed = backend.list(folder).await?;
+        if let Some(left) = listed.iter().find(|o| tombstone.keys.contains(&o.key)) {
+            return Err(Error::StorageUnavailable(format!(
+                "object `{}` is still listed after its deletion; the expiry will be retried",
+                left.key
+            )));
+        }
     }
     let objects = tombstone.keys.len();
     let now = engine.clock.now();

@@ -754,7 +754,7 @@ fn prepare_manifest(
     manifest.check_consistent()?;
     let bytes = Bytes::from(manifest.to_bytes());
     let prefix =
-        keys::bucket_folder(table.layout(), &id.table, &engine.installation_id, &id.bucket_key, &id.partition_key);
+        keys::manifest_folder(table.layout(), &id.table, &engine.installation_id, &id.bucket_key, &id.partition_key);
     let key = keys::manifest_key(&prefix, &engine.installation_id, meta.generation, &sha256_hex(&bytes));
     Ok((manifest, bytes, key))
 }

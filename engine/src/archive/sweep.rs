@@ -48,7 +48,7 @@ pub struct SweepReport {
 struct References {
     keys: HashSet<String>,
     targets: BTreeSet<(String, ArchiveTarget)>,
-    /// The generation the database last issued for each bucket, by the bucket's folder.
+    /// The generation the database last issued for each bucket, by the folder of its manifests.
     generations: HashMap<String, u64>,
 }
 
@@ -67,7 +67,7 @@ async fn references(engine: &Arc<Engine>) -> Result<References> {
         snapshot.visit_buckets(|meta| {
             for layout in [keys::Layout::Hive, keys::Layout::Delta] {
                 let (id, installation) = (&meta.id, &engine_installation);
-                let folder = keys::bucket_folder(layout, &id.table, installation, &id.bucket_key, &id.partition_key);
+                let folder = keys::manifest_folder(layout, &id.table, installation, &id.bucket_key, &id.partition_key);
                 generations.insert(folder, meta.generation);
             }
             if let Some(key) = &meta.manifest_key {

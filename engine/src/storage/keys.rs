@@ -22,8 +22,12 @@
 //! ```text
 //! delta/<table>/_delta_log/...
 //! delta/<table>/installation=<installation>/bucket=<bucket key>/partition=<partition key>/seg-....parquet
-//! delta/<table>/installation=<installation>/bucket=<bucket key>/partition=<partition key>/manifest-....json
+//! delta/<table>/_frostline/installation=<installation>/bucket=<bucket key>/partition=<partition key>/manifest-....json
 //! ```
+//!
+//! The manifests sit in a mirror of the data folders under `_frostline/`, which every reader
+//! of a Delta table or of Hive-partitioned Parquet skips (names starting with `_`), and which
+//! Delta's `VACUUM` never deletes (a hidden folder at the table root).
 //!
 //! Values there are encoded as above, except that an empty value is Hive's
 //! `__HIVE_DEFAULT_PARTITION__` (a null partition value to every Delta reader) and a value's
@@ -131,6 +135,28 @@ pub fn bucket_folder(
             delta_partition_value(bucket_key.as_bytes()),
             delta_partition_value(partition_key)
         ),
+    }
+}
+
+/// The folder below a Delta table root that holds the manifests.
+pub const DELTA_MANIFESTS_FOLDER: &str = "_frostline/";
+
+/// The folder of one bucket's manifests: the bucket's folder in the Hive layout; in the Delta
+/// layout its mirror below `_frostline/`.
+pub fn manifest_folder(
+    layout: Layout,
+    table: &str,
+    installation: &str,
+    bucket_key: &str,
+    partition_key: &[u8],
+) -> String {
+    let folder = bucket_folder(layout, table, installation, bucket_key, partition_key);
+    match layout {
+        Layout::Hive => folder,
+        Layout::Delta => {
+            let root = delta_table_root(table);
+            format!("{root}{DELTA_MANIFESTS_FOLDER}{}", &folder[root.len()..])
+        }
     }
 }
 
@@ -275,6 +301,11 @@ mod tests {
         assert!(in_delta_log("delta/t/_delta_log/00000000000000000000.json"));
         assert!(!in_delta_log("table=t/_delta_log/x") && !in_delta_log(&folder));
         assert_eq!(table_folders("t"), ["table=t/".to_string(), "delta/t/".to_string()]);
+        assert_eq!(
+            manifest_folder(Layout::Delta, "t", "00aa", "b", b"p"),
+            "delta/t/_frostline/installation=00aa/bucket=b/partition=p/"
+        );
+        assert_eq!(manifest_folder(Layout::Hive, "t", "00aa", "b", b"p"), bucket_prefix("t", "b", b"p"));
     }
 
     #[test]

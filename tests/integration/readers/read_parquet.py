@@ -1,6 +1,6 @@
 """Reads frostline's archived Parquet segments with DuckDB or pyarrow, without frostline.
 
-usage: read_parquet.py duckdb|pyarrow ARCHIVE_DIR TABLE FROM_MICROS TO_MICROS
+usage: read_parquet.py duckdb|pyarrow|pyspark ARCHIVE_DIR TABLE FROM_MICROS TO_MICROS
 
 Prints one JSON object per record, in (event_time, sort_key, partition_key) order, in the
 shape `frostline query` prints. The files are found by the layout of a table whose archive is
@@ -37,6 +37,23 @@ elif engine == "pyarrow":
                 rows.append((t["partition_key"][i].as_py(), m, t["sort_key"][i].as_py(), t["tenant"][i].as_py(),
                              t["kind"][i].as_py(), t["body"][i].as_py()))
     rows.sort(key=lambda r: (r[1], r[2], r[0]))
+elif engine == "pyspark":
+    # Spark in local mode, finding the files by Hive partition discovery below the table root
+    # (partition values kept as strings: bucket keys look like dates).
+    from pyspark.sql import SparkSession
+    from pyspark.sql import functions as F
+
+    spark = (SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false")
+             .config("spark.sql.session.timeZone", "UTC")
+             .config("spark.sql.sources.partitionColumnTypeInference.enabled", "false").getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    base = f"{root}/delta/{table}"
+    df = spark.read.option("basePath", base).parquet(f"{base}/installation=*")
+    df = df.withColumn("t", F.unix_micros(F.col("event_time"))).where((F.col("t") >= lo) & (F.col("t") < hi))
+    rows = [(r["partition_key"], r["t"], r["sort_key"], r["tenant"], r["kind"], r["body"])
+            for r in df.select("partition_key", "t", "sort_key", "tenant", "kind", "body").collect()]
+    rows.sort(key=lambda r: (r[1], r[2], r[0]))
+    spark.stop()
 else:
     sys.exit(f"unknown engine {engine}")
 
