@@ -4,9 +4,10 @@
 //!   one (its target wrapped so that it is no object store delta-rs can write to), the same
 //!   records, a run of each per round.
 //! - The cost of the Delta commit per publication: 1, 3 and 8 engines (installations) archive
-//!   one table into one local directory at once, one bucket each per pass; each pass's
-//!   `delta_log` phase is one commit (or more, when it lost a race). Reported as the median over
-//!   rounds of each round's 50th and 95th percentile.
+//!   one table into one local directory at once, and into one moto S3 bucket when
+//!   `FROSTLINE_MOTO_SERVER` names moto's server (`scripts/install-test-servers`), one bucket
+//!   each per pass; each pass's `delta_log` phase is one commit (or more, when it lost a race).
+//!   Reported as the median over rounds of each round's 50th and 95th percentile.
 //! - Reading one year (365 daily segments) of the table through the Delta log with delta-rs's
 //!   Python package against pyarrow reading the same Parquet files (found by listing), timed
 //!   inside Python (`FROSTLINE_PYTHON`).
@@ -109,8 +110,66 @@ fn open(dirs: &Dirs, now: i64, delta_log: bool) -> Result<Arc<Engine>> {
 pub fn delta(bench: &mut Bench) -> Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     throughput(bench, &runtime)?;
-    commit_cost(bench, &runtime)?;
+    let local = tempfile::tempdir()?;
+    commit_cost(bench, &runtime, "local target", &|round| {
+        let dir = local.path().join(format!("round-{round}"));
+        (local_target(&dir), Vec::new())
+    })?;
+    match std::env::var("FROSTLINE_MOTO_SERVER") {
+        Ok(server) => {
+            let moto = Moto::start(&server)?;
+            commit_cost(bench, &runtime, "moto S3 bucket", &|round| moto.target(round))?;
+        }
+        Err(_) => bench.skip(
+            &["Delta commit per publication on moto"],
+            "FROSTLINE_MOTO_SERVER is not set (scripts/install-test-servers installs moto)".into(),
+        ),
+    }
     read_year(bench, &runtime)
+}
+
+/// moto's S3 server on a free local port, with one bucket; stopped when dropped.
+struct Moto {
+    child: std::process::Child,
+    endpoint: String,
+}
+
+impl Moto {
+    fn start(server: &str) -> Result<Moto> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let child = Command::new(server)
+            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .with_context(|| format!("starting {server}"))?;
+        let moto = Moto { child, endpoint: format!("http://127.0.0.1:{port}") };
+        let deadline = Instant::now() + std::time::Duration::from_secs(60);
+        while ureq::get(&format!("{}/", moto.endpoint)).call().is_err() {
+            ensure!(Instant::now() < deadline, "moto did not answer on port {port} within 60 s");
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        ureq::put(&format!("{}/bench", moto.endpoint)).send_empty().context("creating the bucket")?;
+        Ok(moto)
+    }
+
+    /// A target on a prefix of its own per round, and the secret files it names.
+    fn target(&self, round: usize) -> (String, Vec<(&'static str, &'static str)>) {
+        let toml = format!(
+            "[[target]]\nname = \"cold\"\nurl = \"s3://bench/round-{round}\"\nendpoint = \"{}\"\n\
+             region = \"us-east-1\"\nallow_http = true\naccess_key_id_file = \"secrets/key\"\n\
+             secret_access_key_file = \"secrets/secret\"\n",
+            self.endpoint
+        );
+        (toml, vec![("secrets/key", "bench"), ("secrets/secret", "bench-secret")])
+    }
+}
+
+impl Drop for Moto {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
 
 fn throughput(bench: &mut Bench, runtime: &tokio::runtime::Runtime) -> Result<()> {
@@ -187,14 +246,24 @@ fn daily(days: i64, per_day: usize, n: usize) -> Vec<Record> {
     out
 }
 
-fn commit_cost(bench: &mut Bench, runtime: &tokio::runtime::Runtime) -> Result<()> {
+/// The target of one round (a fresh one each round) and the secret files it names.
+type RoundTarget<'a> = &'a dyn Fn(usize) -> (String, Vec<(&'static str, &'static str)>);
+
+fn commit_cost(bench: &mut Bench, runtime: &tokio::runtime::Runtime, on: &str, target: RoundTarget) -> Result<()> {
+    let mut round = 0;
     for engines in ENGINE_COUNTS {
         let (mut p50, mut p95) = (Vec::new(), Vec::new());
         for _ in 0..bench.options.repeats {
-            let target = tempfile::tempdir()?;
+            round += 1;
+            let (target, secrets) = target(round);
             let fleet: Vec<(Dirs, Arc<Engine>, Arc<ManualClock>)> = (0..engines)
                 .map(|n| -> Result<_> {
-                    let dirs = Dirs::new(&policy(&local_target(target.path())))?;
+                    let dirs = Dirs::new(&policy(&target))?;
+                    for (file, secret) in &secrets {
+                        let path = dirs.policies().join(file);
+                        std::fs::create_dir_all(path.parent().expect("a secret file lies in a folder"))?;
+                        std::fs::write(path, secret)?;
+                    }
                     let clock = ManualClock::new(APPEND_NOW_MICROS);
                     let engine = Engine::open_with(
                         &dirs.data(),
@@ -236,7 +305,7 @@ fn commit_cost(bench: &mut Bench, runtime: &tokio::runtime::Runtime) -> Result<(
         for (q, samples) in [("p50", p50), ("p95", p95)] {
             bench.push(Figure::new(
                 bench.scenario,
-                format!("Delta commit per publication, {engines} engine(s) on one local target: {q}"),
+                format!("Delta commit per publication, {engines} engine(s) on one {on}: {q}"),
                 Unit::Millis,
                 samples,
                 1,
