@@ -131,6 +131,9 @@ def merge(previous, new):
     kept = [s for s in previous["scenarios"] if s["name"] not in names]
     order = [s["name"] for s in previous["scenarios"]]
     merged = dict(new)
+    # The header's command reproduces the whole report: the last full run's, unless this was one.
+    if " --only " in f"{new['command']} ":
+        merged["command"] = previous["command"]
     merged["scenarios"] = sorted(kept + new["scenarios"],
                                  key=lambda s: order.index(s["name"]) if s["name"] in order else len(order))
     merged["figures"] = [f for f in previous["figures"] if f["scenario"] not in names] + new["figures"]
