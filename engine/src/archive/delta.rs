@@ -62,17 +62,6 @@ pub struct DeltaSync {
     pub created: bool,
 }
 
-/// Syncs the Delta log of every table that has one.
-pub async fn sync_all(engine: &Arc<Engine>) -> Vec<(String, Result<DeltaSync>)> {
-    let mut out = Vec::new();
-    for (id, table) in &engine.policies().tables {
-        if table.delta_log() {
-            out.push((id.clone(), sync(engine, table).await));
-        }
-    }
-    out
-}
-
 /// Syncs when the table's log may lag its manifests: `changed` (the pass published or expired
 /// something), or no sync of this process has succeeded since it started or since the last
 /// failure.
