@@ -61,8 +61,12 @@ const FULL_EVERY_DEFAULT: usize = 50;
 /// Unchanged objects re-hashed by each incremental check: a rewrite that kept an object's size,
 /// times and inode would otherwise wait for the next full check to be seen.
 const OBJECT_SAMPLE: usize = 100;
-/// The final run fails to settle when its backlog has not shrunk for this long.
-const SETTLE_STALL: Duration = Duration::from_secs(120);
+/// The final run fails to settle when its backlog has not shrunk for this long. The backlog is
+/// read from `status.json`, which the engine writes after each pass, and one pass of up to
+/// `FINAL_SCAN_LIMIT` Parquet buckets with its Delta commit in a debug build took over two
+/// minutes on a loaded 2-core machine: the window is long enough for several such passes, and
+/// a run that is really stuck still fails.
+const SETTLE_STALL: Duration = Duration::from_secs(600);
 /// Records per page of the checks' queries. Every page is read, so the size changes only the
 /// cost: the query sorts what it has collected after each bucket it reads, so a page costs its
 /// size times the buckets it spans, and pages of the maximum (100,000) made a full check of a

@@ -431,3 +431,157 @@ fn a_lost_hosts_archives_are_adopted_only_when_named_and_expire_from_the_log() {
     assert_eq!(expired, vec![9; ENGINES]);
     assert_eq!(fleet.files(None).unwrap(), 0, "no expired file is left in the log");
 }
+
+/// What "done" means for the fleet archive: three engines, each a process with its own data
+/// directory and installation, archive one table into one moto bucket at the same time, and
+/// each is killed once just before and once just after a Delta commit (fail points that abort
+/// the process, in rounds, so every engine dies on both sides of a commit while the others
+/// race it). A last round without kills settles; then the Delta table, read by delta-rs's
+/// Python package and by polars, holds exactly the union of the three engines' `frostline
+/// query` answers, each file once, and a rebuild on any engine finds nothing to add.
+#[test]
+fn three_engines_killed_around_their_commits_share_one_delta_table_on_moto_s3() {
+    const ROUNDS: usize = 4;
+    let server = Server::moto();
+    server.create_bucket("crashfleet");
+    let root = tempfile::tempdir().unwrap();
+    let policies = root.path().join("policies");
+    std::fs::create_dir_all(&policies).unwrap();
+    let target = s3_target(&server.endpoint(), "crashfleet", "");
+    std::fs::write(
+        policies.join("tables.toml"),
+        format!(
+            "{target}\n[[table]]\nid = \"events\"\nformat = \"parquet\"\ntarget = \"cold\"\n\
+             strategy = {{ plugin = \"builtin:calendar-day-utc\" }}\n\
+             retention = {{ plugin = \"builtin:eligible-before\", config = {{ cutoff = \"2025-01-01T00:00:00Z\" }} }}\n"
+        ),
+    )
+    .unwrap();
+    for (path, content) in SECRET_FILES {
+        let path = policies.join(path);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, content).unwrap();
+    }
+    let data: Vec<_> = (0..ENGINES).map(|n| root.path().join(format!("data-{n}"))).collect();
+    let command = |n: usize, args: &[&str], failpoints: Option<&str>| {
+        let mut command = Command::new(frostline_bin());
+        command.args(args).arg("--data").arg(&data[n]).arg("--policies").arg(&policies);
+        match failpoints {
+            Some(spec) => command.env("FROSTLINE_FAILPOINTS", spec),
+            None => command.env_remove("FROSTLINE_FAILPOINTS"),
+        };
+        command.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
+        command
+    };
+    let run = |n: usize, args: &[&str]| {
+        let out = command(n, args, None).output().unwrap();
+        assert!(out.status.success(), "engine {n} {args:?}: {}", text(&out.stderr));
+        out
+    };
+    // Round r's records of engine n: one day of 2024 in two partitions, sort keys of its own.
+    let ingest = |n: usize, round: usize| {
+        let input = root.path().join(format!("in-{n}-{round}.jsonl"));
+        let lines: String = (0..20)
+            .map(|i| {
+                format!(
+                    "{{\"partition_key\":\"site-{}\",\"event_time\":\"2024-01-{:02}T00:00:{i:02}Z\",\"sort_key\":\"e{n}-{i}\",\"body\":{{\"n\":{i}}}}}\n",
+                    i % 2,
+                    round + 1
+                )
+            })
+            .collect();
+        std::fs::write(&input, lines).unwrap();
+        run(n, &["ingest", "--table", "events", input.to_str().unwrap()]);
+    };
+
+    let mut killed = [[false; 2]; ENGINES];
+    for round in 0..=ROUNDS {
+        for n in 0..ENGINES {
+            ingest(n, round);
+        }
+        // In the last round nobody dies; before it, engine `round` dies before its commit and
+        // the next one after it, while the third archives beside them.
+        let fail_point = |n: usize| match (round < ROUNDS).then(|| (n + ENGINES - round % ENGINES) % ENGINES) {
+            Some(0) => Some("before_delta_commit"),
+            Some(1) => Some("after_delta_commit"),
+            _ => None,
+        };
+        let passes: Vec<_> = (0..ENGINES)
+            .map(|n| {
+                let spec = fail_point(n).map(|point| format!("{point}=return(abort)"));
+                command(n, &["archive", "--once"], spec.as_deref()).spawn().unwrap()
+            })
+            .collect();
+        for (n, pass) in passes.into_iter().enumerate() {
+            let out = pass.wait_with_output().unwrap();
+            match fail_point(n) {
+                Some(point) => {
+                    assert!(!out.status.success(), "engine {n} round {round}: {point} did not kill the pass");
+                    assert!(text(&out.stderr).contains(point), "engine {n}: {}", text(&out.stderr));
+                    killed[n][usize::from(point == "after_delta_commit")] = true;
+                }
+                None => assert!(out.status.success(), "engine {n} round {round}: {}", text(&out.stderr)),
+            }
+        }
+    }
+    assert_eq!(killed, [[true; 2]; ENGINES], "every engine died on both sides of a commit");
+
+    // Nothing is missing from the log and nothing is in it twice.
+    for n in 0..ENGINES {
+        let out = run(n, &["delta", "rebuild"]);
+        let report: serde_json::Value = serde_json::from_str(text(&out.stdout).trim()).unwrap();
+        assert_eq!((report["added"].as_u64(), report["removed"].as_u64()), (Some(0), Some(0)), "engine {n}: {report}");
+    }
+    let mut expected = Vec::new();
+    for n in 0..ENGINES {
+        let status: serde_json::Value = serde_json::from_slice(&run(n, &["status", "--json"]).stdout).unwrap();
+        let installation = status["installation_id"].as_str().unwrap().to_string();
+        let page = run(n, &["query", "--table", "events", "--limit", "100000"]);
+        for line in text(&page.stdout).lines() {
+            let mut record: serde_json::Value = serde_json::from_str(line).unwrap();
+            record["_delta"] = serde_json::json!({
+                "installation": installation,
+                "partition": record["partition_key"].clone(),
+            });
+            expected.push(record);
+        }
+    }
+    assert_eq!(expected.len(), ENGINES * (ROUNDS + 1) * 20, "every engine answers for all it ingested");
+    let key = |r: &serde_json::Value| {
+        (
+            r["event_time"].as_i64(),
+            r["sort_key"].as_str().map(String::from),
+            r["partition_key"].as_str().map(String::from),
+        )
+    };
+    expected.sort_by_key(key);
+    let env = [
+        ("AWS_ENDPOINT_URL", server.endpoint()),
+        ("AWS_ACCESS_KEY_ID", KEY_ID.to_string()),
+        ("AWS_SECRET_ACCESS_KEY", SECRET_KEY.to_string()),
+        ("AWS_SESSION_TOKEN", SESSION_TOKEN.to_string()),
+        ("AWS_REGION", "us-east-1".to_string()),
+    ];
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/integration/readers/read_delta.py");
+    let uri = "s3://crashfleet/archive/v1/delta/events";
+    let read = |reader: &str| {
+        let out = Command::new(python()).arg(&script).args([reader, uri]).envs(env.clone()).output().unwrap();
+        assert!(out.status.success(), "{reader}: {}", text(&out.stderr));
+        text(&out.stdout)
+    };
+    assert_eq!(read("files").trim(), (ENGINES * (ROUNDS + 1) * 2).to_string(), "one file per bucket, none twice");
+    for reader in ["deltalake", "polars"] {
+        let mut buckets = std::collections::BTreeSet::new();
+        let got: Vec<serde_json::Value> = read(reader)
+            .lines()
+            .map(|line| {
+                let mut record: serde_json::Value = serde_json::from_str(line).unwrap();
+                let bucket = record["_delta"].as_object_mut().unwrap().remove("bucket").unwrap();
+                buckets.insert((record["_delta"]["installation"].clone().to_string(), bucket.to_string()));
+                record
+            })
+            .collect();
+        assert_eq!(got, expected, "{reader} reads the union of the engines' queries");
+        assert_eq!(buckets.len(), ENGINES * (ROUNDS + 1), "{reader}: a day bucket per round and installation");
+    }
+}
