@@ -173,7 +173,46 @@ fn an_existing_object_with_other_bytes_is_never_overwritten() {
 
 #[test]
 fn cleanup_refuses_when_hot_rows_differ_from_the_manifest() {
-    // Pins invariant 9: a peer deleted rows its snapshot did not contain.
+    // Pins invariant 9: a peer deleted rows its snapshot did not contain. An extra row appears
+    // (a bug elsewhere) after the manifest was made: the table's length says so.
+    assert_cleanup_refuses(|table, descriptor| {
+        let key = frostline::store::schema::row_key(descriptor.start + 1, b"extra");
+        table.insert(key.as_slice(), stored_row("{}").as_slice()).unwrap();
+    });
+    // A row's key changes: the table's end keys say so.
+    assert_cleanup_refuses(|table, descriptor| {
+        let (_, value) = table.pop_first().unwrap().map(|(k, v)| (k.value().to_vec(), v.value().to_vec())).unwrap();
+        let key = frostline::store::schema::row_key(descriptor.start, b"");
+        table.insert(key.as_slice(), value.as_slice()).unwrap();
+    });
+}
+
+/// The cleanup's proof reads the table's length and end keys (the snapshot summed the rows in
+/// key order, and a claimed bucket takes no appends); a debug build, and so every test, also
+/// re-reads the rows for the checksum, which is what sees a body changed in place.
+#[cfg(debug_assertions)]
+#[test]
+fn cleanup_in_a_debug_build_also_refuses_a_row_changed_in_place() {
+    assert_cleanup_refuses(|table, _| {
+        let (key, _) = table.pop_last().unwrap().map(|(k, v)| (k.value().to_vec(), v.value().to_vec())).unwrap();
+        table.insert(key.as_slice(), stored_row("{\"changed\":true}").as_slice()).unwrap();
+    });
+}
+
+fn stored_row(body: &str) -> Vec<u8> {
+    frostline::store::schema::encode_value(&frostline::store::schema::StoredRow {
+        tenant: None,
+        kind: None,
+        body: body.into(),
+    })
+    .unwrap()
+}
+
+/// Publishes a bucket of three rows with a manifest of them, lets `change` alter its rows
+/// table, and checks that the cleanup refuses, deleting nothing.
+fn assert_cleanup_refuses(
+    change: impl FnOnce(&mut frostline::store::schema::RowsTable<'_>, &frostline::model::BucketDescriptor) + Send + 'static,
+) {
     let input = records("2024-03-01T00:00:00Z", 1, 3);
     let lease = 60_000_000;
     let e = TestEngine::new(DAILY, "2024-03-10T00:00:00Z");
@@ -187,32 +226,25 @@ fn cleanup_refuses_when_hot_rows_differ_from_the_manifest() {
     let rows = store.rows(&id, None, usize::MAX).unwrap();
     let manifest = manifest_of(&claimed.descriptor, claimed.generation, &rows);
     store.publish(id.clone(), "w".into(), claimed.generation, e.clock.now(), manifest, "m".into()).unwrap();
-    // An extra row appears (a bug elsewhere) after the manifest was made.
-    let extra_key = frostline::store::schema::row_key(claimed.descriptor.start + 1, b"extra");
     let table = frostline::store::schema::rows_table_name(&id);
-    let value = frostline::store::schema::encode_value(&frostline::store::schema::StoredRow {
-        tenant: None,
-        kind: None,
-        body: "{}".into(),
-    })
-    .unwrap();
+    let descriptor = claimed.descriptor.clone();
     store
         .write(move |txn| {
-            txn.open_table(frostline::store::schema::rows_table(&table))
-                .unwrap()
-                .insert(extra_key.as_slice(), value.as_slice())
-                .unwrap();
+            change(&mut txn.open_table(frostline::store::schema::rows_table(&table)).unwrap(), &descriptor);
             Ok(())
         })
         .unwrap();
+    let before = store.rows(&id, None, usize::MAX).unwrap();
     let err = clean_up(&store, &id, "w", claimed.generation, e.clock.now(), 2).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::DataCorruption, "{err}");
-    assert!(err.to_string().contains("hot rows"), "{err}");
-    assert_eq!(store.rows(&id, None, usize::MAX).unwrap().len(), rows.len() + 1, "nothing deleted");
-    assert_eq!(store.bucket(&id).unwrap().unwrap().state, BucketState::Archived { hot_deleted: false });
+    assert!(err.to_string().contains("refusing to delete the hot rows"), "{err}");
+    assert_eq!(store.rows(&id, None, usize::MAX).unwrap(), before, "nothing deleted");
+    let meta = store.bucket(&id).unwrap().unwrap();
+    assert_eq!(meta.state, BucketState::Archived { hot_deleted: false });
+    assert_eq!(meta.cleanup_proven, None, "no proof recorded");
 }
 
-/// A whole cleanup as a worker runs it: the proof, then slices until the last; the rows deleted.
+/// A whole cleanup as a worker runs it: slices until the last (the first proves); the rows deleted.
 fn clean_up(
     store: &frostline::store::Store,
     id: &BucketId,
@@ -221,10 +253,9 @@ fn clean_up(
     now: i64,
     slice_rows: usize,
 ) -> frostline::Result<u64> {
-    let published = store.prove_cleanup(id, owner, generation, now)?;
     let mut deleted = 0;
     loop {
-        let slice = store.cleanup_slice(id, owner, generation, now, published, slice_rows)?;
+        let slice = store.cleanup_slice(id, owner, generation, now, slice_rows)?;
         deleted += slice.deleted;
         if slice.finished {
             return Ok(deleted);
@@ -263,10 +294,9 @@ fn a_cleanup_drops_a_small_buckets_rows_table_whole_and_slices_a_large_one() {
         assert_eq!(others, 2);
         let manifest = manifest_of(&a.descriptor, a.generation, &hot);
         store.publish(id.clone(), "A".into(), a.generation, e.clock.now(), manifest, "m".into()).unwrap();
-        let proven = store.prove_cleanup(&id, "A", a.generation, e.clock.now()).unwrap();
         let mut done = Vec::new();
         loop {
-            let slice = store.cleanup_slice(&id, "A", a.generation, e.clock.now(), proven, 5).unwrap();
+            let slice = store.cleanup_slice(&id, "A", a.generation, e.clock.now(), 5).unwrap();
             done.push((slice.deleted, slice.finished));
             if slice.finished {
                 break;
@@ -481,14 +511,13 @@ fn a_cleanup_cut_off_between_slices_is_finished_by_the_next_worker() {
             "m".into(),
         )
         .unwrap();
-    let proven = store.prove_cleanup(&id, "A", a.generation, e.clock.now()).unwrap();
-    let first = store.cleanup_slice(&id, "A", a.generation, e.clock.now(), proven, 3).unwrap();
+    let first = store.cleanup_slice(&id, "A", a.generation, e.clock.now(), 3).unwrap();
     assert_eq!((first.deleted, first.finished), (3, false));
     assert_eq!(store.rows(&id, None, usize::MAX).unwrap().len(), 27);
     // A stops here; B takes the cleanup over after A's lease.
     e.clock.advance(lease + 1);
     let b = store.claim(id.clone(), "B".into(), e.clock.now(), lease).unwrap().unwrap();
-    let stale = store.cleanup_slice(&id, "A", a.generation, e.clock.now(), proven, 3);
+    let stale = store.cleanup_slice(&id, "A", a.generation, e.clock.now(), 3);
     assert!(matches!(stale, Err(Error::LeaseLost { .. })), "{stale:?}");
     assert_eq!(clean_up(&store, &id, "B", b.generation, e.clock.now(), 3).unwrap(), 27);
     let meta = store.bucket(&id).unwrap().unwrap();

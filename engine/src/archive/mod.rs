@@ -717,7 +717,7 @@ async fn upload_segments(
             crate::failpoints::hit("after_segment_upload")?;
             // create_verified has compared the bytes with the payload and checked their hash
             // against the key; what is left is that they decode to the manifest's rows.
-            crate::format::reader::verify_segment_rows(table.format, &info, bytes).map(|_| ())
+            crate::format::reader::check_segment_rows(table.format, &info, bytes)
         })
         .await?;
         crate::failpoints::hit("after_read_back")?;
@@ -846,17 +846,15 @@ async fn cleanup(
 ) -> Result<u64> {
     heartbeat.check("cleanup").await?;
     let mut lap = Lap::start();
-    let (store, bucket, worker, now) = (engine.store.clone(), id.clone(), owner.to_string(), engine.clock.now());
-    let published = blocking(move || store.prove_cleanup(&bucket, &worker, generation, now)).await?;
     // Slice by slice, each its own fenced transaction, so appends interleave; the lease is
-    // checked (and renewed when due) on the engine's clock before each.
+    // checked (and renewed when due) on the engine's clock before each. The first slice proves
+    // the rows are the manifest's before it deletes any (invariant 9).
     let mut deleted = 0;
     loop {
         heartbeat.check("cleanup").await?;
         let (store, bucket, worker, now) = (engine.store.clone(), id.clone(), owner.to_string(), engine.clock.now());
         let slice_rows = engine.settings.cleanup_slice_rows;
-        let slice =
-            blocking(move || store.cleanup_slice(&bucket, &worker, generation, now, published, slice_rows)).await?;
+        let slice = blocking(move || store.cleanup_slice(&bucket, &worker, generation, now, slice_rows)).await?;
         deleted += slice.deleted;
         if slice.finished {
             break;

@@ -2,7 +2,8 @@
 //! read transaction that checks the lease first, and encoded into segments on a blocking
 //! thread that runs at most `SEGMENTS_AHEAD` segments ahead of the uploads. Memory holds two
 //! pages of rows and a few segments whatever the size of the bucket. The rows' summary
-//! (count, key range, checksum) is summed on the way, for the manifest, and rides on the last
+//! (count, key range, checksum) is summed on the way, for the manifest and for the cleanup's
+//! proof, which relies on the rows having come in strictly increasing key order, and rides on the last
 //! segment, so the manifest is made (and its key recorded in the upload intent) before the
 //! last segment is uploaded.
 
@@ -86,6 +87,11 @@ fn read_and_encode(
         }
         let segments = encode_segments(format, &page)?;
         if next.is_empty() {
+            // The cleanup's proof takes this summary for the table's rows only if the snapshot
+            // read each row once, in key order (`invariants::hot_rows_match_manifest`).
+            if !summer.strictly_increasing() {
+                return Err(Error::Corruption(format!("the snapshot of bucket {id} read its rows out of key order")));
+            }
             summary = Some(std::mem::take(&mut summer).finish());
         }
         encode_seconds += started.elapsed().as_secs_f64();

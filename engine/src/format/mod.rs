@@ -65,6 +65,15 @@ impl Format {
         }
     }
 
+    /// The row summary of a segment's bytes: JSON lines are summed as they are parsed,
+    /// without building records; the other formats are decoded first.
+    pub fn summarize(self, bytes: &[u8]) -> Result<RowSummary> {
+        match self {
+            Format::Jsonl => jsonl::summarize_segment(bytes),
+            Format::Parquet | Format::Msgpack => Ok(summarize(&self.decode(bytes)?)),
+        }
+    }
+
     pub fn decode(self, bytes: &[u8]) -> Result<Vec<Record>> {
         match self {
             Format::Jsonl => jsonl::decode_segment(bytes),
@@ -88,28 +97,32 @@ pub struct EncodedSegment {
 pub fn encode_segments(format: Format, records: &[Record]) -> Result<Vec<EncodedSegment>> {
     let mut segments = Vec::new();
     let mut start = 0;
-    let mut size = 0usize;
+    // The segment's rows as JSON lines: what the byte limit counts, and a JSON-lines segment's
+    // bytes as they are, so that format is encoded once.
+    let mut lines = Vec::new();
     let mut line = Vec::new();
     for (i, record) in records.iter().enumerate() {
         line.clear();
         jsonl::encode_line(record, &mut line)?;
-        let full = i - start >= SEGMENT_ROWS_MAX || (size > 0 && size + line.len() > SEGMENT_BYTES_MAX);
+        let full = i - start >= SEGMENT_ROWS_MAX || (!lines.is_empty() && lines.len() + line.len() > SEGMENT_BYTES_MAX);
         if full {
-            segments.push(finish(format, &records[start..i])?);
+            segments.push(finish(format, &records[start..i], std::mem::take(&mut lines))?);
             start = i;
-            size = 0;
         }
-        size += line.len();
+        lines.extend_from_slice(&line);
     }
     if start < records.len() {
-        segments.push(finish(format, &records[start..])?);
+        segments.push(finish(format, &records[start..], lines)?);
     }
     Ok(segments)
 }
 
-fn finish(format: Format, records: &[Record]) -> Result<EncodedSegment> {
+fn finish(format: Format, records: &[Record], lines: Vec<u8>) -> Result<EncodedSegment> {
     Ok(EncodedSegment {
-        bytes: format.encode(records)?,
+        bytes: match format {
+            Format::Jsonl => lines,
+            Format::Parquet | Format::Msgpack => format.encode(records)?,
+        },
         rows: records.len() as u64,
         min_event_time: records.iter().map(|r| r.event_time).min().unwrap_or(0),
         max_event_time: records.iter().map(|r| r.event_time).max().unwrap_or(0),

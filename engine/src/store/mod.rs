@@ -49,7 +49,7 @@ use self::schema::*;
 use crate::error::{Error, Result};
 use crate::model::invariants;
 use crate::model::lifecycle::{self, HoldEffect, NotClaimable, PlanBasis};
-use crate::model::rows::{RowFields, RowSummary, RowSummer};
+use crate::model::rows::{RowExtent, RowFields, RowSummary, RowSummer};
 use crate::model::{BucketDescriptor, BucketState, Micros, Record, RetentionPlan};
 
 struct StoreInner {

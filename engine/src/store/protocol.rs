@@ -322,28 +322,56 @@ impl Store {
         })
     }
 
-    /// One slice of a cleanup proven against the manifest of generation `published`, under
-    /// the fence. A bucket with at most `CLEANUP_DROP_WHOLE_SLICES` slices of rows left drops
-    /// its rows table whole; a larger one deletes `slice_rows` rows, oldest first. The slice
-    /// that removes the last row moves the bucket to `Archived{hot_deleted:true}`.
+    /// One slice of a cleanup, under the fence. The cleanup deletes the hot rows of a published
+    /// bucket in fenced transactions of at most a slice each, or drops a small bucket's rows
+    /// table whole, so the single writer is never held for a whole large bucket: a bucket with
+    /// at most `CLEANUP_DROP_WHOLE_SLICES` slices of rows left drops its rows table whole; a
+    /// larger one deletes `slice_rows` rows, oldest first. The slice that removes the last row
+    /// moves the bucket to `Archived{hot_deleted:true}`.
+    ///
+    /// The first slice makes the proof (invariant 9, `invariants::hot_rows_match_manifest`) in
+    /// its own transaction, before it deletes anything: the published manifest's count, key
+    /// range and checksum were summed as the snapshot streamed the rows in strictly increasing
+    /// key order, so the table's length and its first and last keys are checked against them
+    /// without reading the rows again (debug builds also re-read them for the checksum). Any
+    /// difference refuses the cleanup and deletes nothing. The proof is recorded with the
+    /// bucket (`cleanup_proven`): a claimed bucket accepts no appends, so its rows cannot change
+    /// after the snapshot, and a cleanup that resumes after a crash or a takeover goes on
+    /// deleting what is left (proving again against rows partly deleted would refuse forever).
     pub fn cleanup_slice(
         &self,
         id: &BucketId,
         owner: &str,
         generation: u64,
         now: Micros,
-        published: u64,
         slice_rows: usize,
     ) -> Result<CleanupSlice> {
         let (id, owner) = (id.clone(), owner.to_string());
         self.write(move |txn| {
             let mut meta = load_meta(txn, &id)?;
             check_lease(&meta, &owner, generation, now)?;
-            if meta.state != (BucketState::Archived { hot_deleted: false }) || meta.cleanup_proven != Some(published) {
-                return Err(Error::Internal(format!("bucket {id} changed during its cleanup ({})", meta.state)));
+            // Only a published bucket is cleaned up (the state machine's other edges into
+            // `archived` are adoption's and a called-off expiry's).
+            if meta.state != (BucketState::Archived { hot_deleted: false }) {
+                return Err(Error::Internal(format!("bucket {id} is {}, not published: no cleanup", meta.state)));
             }
+            let published = published_generation(txn, &id)?
+                .ok_or_else(|| Error::Internal(format!("bucket {id} is published but has no manifest")))?;
             let name = rows_table_name(&id);
             let mut records = txn.open_table(rows_table(&name))?;
+            if meta.cleanup_proven != Some(published) {
+                let manifest = txn
+                    .open_table(MANIFESTS)?
+                    .get(generation_key(&id, published).as_slice())?
+                    .map(|v| decode_value::<crate::format::manifest::Manifest>(v.value()))
+                    .transpose()?
+                    .ok_or_else(|| {
+                        Error::Internal(format!("manifest of bucket {id} generation {published} is missing"))
+                    })?;
+                rows_match_manifest(&records, &id, &manifest.summary)?
+                    .map_err(|why| Error::Corruption(format!("refusing to delete the hot rows of {id}: {why}")))?;
+                meta.cleanup_proven = Some(published);
+            }
             let left = records.len()?;
             let whole = left <= (slice_rows as u64).saturating_mul(CLEANUP_DROP_WHOLE_SLICES);
             let deleted = if whole { left } else { slice_rows as u64 };
@@ -371,60 +399,11 @@ impl Store {
                 // Next: the archive's expiry. Being archived is a fact the policy sees, so the
                 // model queues the bucket for a plan made with it before anything is scheduled.
                 reconcile(txn, &mut meta, now)?;
-                save_meta(txn, &meta)?;
                 push_outbox(txn, "hot_rows_deleted", Some(&meta), now, serde_json::json!({"rows": meta.row_count}))?;
             }
+            save_meta(txn, &meta)?;
             Ok(CleanupSlice { deleted, finished })
         })
-    }
-
-    /// A cleanup deletes the hot rows of a published bucket in fenced transactions of at most
-    /// a slice each, or drops a small bucket's rows table whole (`cleanup_slice`), so the
-    /// single writer is never held for a whole large bucket.
-    /// This is its first step, the proof: in a read transaction the rows are summed and checked
-    /// against the manifest's count, key range and checksum (invariant 9); then a fenced
-    /// transaction records the proof with the bucket (`cleanup_proven`). A published bucket
-    /// accepts no appends, so its rows cannot change after the proof; a cleanup that resumes
-    /// after a crash or a takeover finds the proof recorded and goes on deleting what is left.
-    /// Returns the generation of the published manifest the rows were proven against.
-    pub fn prove_cleanup(&self, id: &BucketId, owner: &str, generation: u64, now: Micros) -> Result<u64> {
-        let read = self.snapshot()?;
-        let meta = read.bucket(id)?.ok_or_else(|| Error::Internal(format!("no bucket {id}")))?;
-        check_lease(&meta, owner, generation, now)?;
-        // Only a published bucket is cleaned up (the state machine's other edges into
-        // `archived` are adoption's and a called-off expiry's).
-        if meta.state != (BucketState::Archived { hot_deleted: false }) {
-            return Err(Error::Internal(format!("bucket {id} is {}, not published: no cleanup", meta.state)));
-        }
-        let published = read
-            .published_generation(id)?
-            .ok_or_else(|| Error::Internal(format!("bucket {id} is published but has no manifest")))?;
-        if meta.cleanup_proven == Some(published) {
-            return Ok(published);
-        }
-        let manifest = read
-            .manifest(id, published)?
-            .ok_or_else(|| Error::Internal(format!("manifest of bucket {id} generation {published} is missing")))?;
-        let hot = read.summarize_rows(id)?;
-        invariants::hot_rows_match_manifest(&hot, &manifest.summary)
-            .map_err(|why| Error::Corruption(format!("refusing to delete the hot rows of {id}: {why}")))?;
-        drop(read);
-        let (id, owner) = (id.clone(), owner.to_string());
-        self.write(move |txn| {
-            let mut meta = load_meta(txn, &id)?;
-            check_lease(&meta, &owner, generation, now)?;
-            if meta.state != (BucketState::Archived { hot_deleted: false })
-                || published_generation(txn, &id)? != Some(published)
-            {
-                return Err(Error::Internal(format!(
-                    "bucket {id} changed while its hot rows were proven ({})",
-                    meta.state
-                )));
-            }
-            meta.cleanup_proven = Some(published);
-            save_meta(txn, &meta)
-        })?;
-        Ok(published)
     }
 
     /// Starts an archive's expiry under the bucket's fence. Re-checks every hold in the same

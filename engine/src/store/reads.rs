@@ -249,6 +249,50 @@ pub(super) fn open_rows(
     }
 }
 
+/// Invariant 9's proof over a bucket's rows table: its length and end keys against the
+/// manifest's summary (`invariants::hot_rows_match_manifest`); debug builds also re-read every
+/// row for the checksum, so the tests hold the proof to the full one. `Ok(Err(why))` when the
+/// rows differ from the manifest.
+pub(super) fn rows_match_manifest(
+    table: &impl ReadableTable<&'static [u8], &'static [u8]>,
+    id: &BucketId,
+    manifest: &RowSummary,
+) -> Result<std::result::Result<(), String>> {
+    let first = table.first()?.map(|(k, _)| decode_row_key(k.value())).transpose()?;
+    let last = table.last()?.map(|(k, _)| decode_row_key(k.value())).transpose()?;
+    fn key(k: &Option<(Micros, Vec<u8>)>) -> Option<(Micros, &[u8])> {
+        k.as_ref().map(|(t, s)| (*t, s.as_slice()))
+    }
+    let extent = RowExtent::new(table.len()?, key(&first), key(&last));
+    if let Err(why) = invariants::hot_rows_match_manifest(&extent, manifest) {
+        return Ok(Err(why));
+    }
+    if cfg!(debug_assertions) {
+        return Ok(invariants::hot_rows_checksum_matches_manifest(&summarize_table(table, id)?, manifest));
+    }
+    Ok(Ok(()))
+}
+
+/// The summary (count, key range, checksum) of a bucket's rows table, read in one scan
+/// without holding the rows.
+fn summarize_table(table: &impl ReadableTable<&'static [u8], &'static [u8]>, id: &BucketId) -> Result<RowSummary> {
+    let mut summer = RowSummer::default();
+    for entry in table.iter()? {
+        let (k, v) = entry?;
+        let (event_time, sort_key) = decode_row_key(k.value())?;
+        let row = decode_row_ref(v.value())?;
+        summer.push_fields(RowFields {
+            partition_key: &id.partition_key,
+            event_time,
+            sort_key: &sort_key,
+            tenant: row.tenant,
+            kind: row.kind,
+            body: row.body,
+        });
+    }
+    Ok(summer.finish())
+}
+
 /// A row of bucket `id` from its key and stored value.
 pub(super) fn bucket_row(id: &BucketId, key: &[u8], value: &[u8]) -> Result<Record> {
     let (event_time, sort_key) = decode_row_key(key)?;
@@ -316,29 +360,6 @@ impl Snapshot {
             Some(table) => scan_rows(&table, id, after, limit),
             None => Ok(Vec::new()),
         }
-    }
-
-    /// The summary (count, key range, checksum) of a bucket's hot rows, read in one scan
-    /// without holding them.
-    pub fn summarize_rows(&self, id: &BucketId) -> Result<RowSummary> {
-        let mut summer = RowSummer::default();
-        let Some(records) = open_rows(&self.txn, id)? else {
-            return Ok(summer.finish());
-        };
-        for entry in records.iter()? {
-            let (k, v) = entry?;
-            let (event_time, sort_key) = decode_row_key(k.value())?;
-            let row = decode_row_ref(v.value())?;
-            summer.push_fields(RowFields {
-                partition_key: &id.partition_key,
-                event_time,
-                sort_key: &sort_key,
-                tenant: row.tenant,
-                kind: row.kind,
-                body: row.body,
-            });
-        }
-        Ok(summer.finish())
     }
 
     /// A bucket's manifest of one generation, as recorded.

@@ -279,7 +279,7 @@ pub struct BucketMeta {
     pub plan_basis: Option<PlanBasis>,
     /// The generation of the published manifest the hot rows were proven to match, once a
     /// cleanup has proven it; the cleanup then deletes them slice by slice, or drops the
-    /// bucket's rows table whole (`Store::prove_cleanup`, `Store::cleanup_slice`).
+    /// bucket's rows table whole (`Store::cleanup_slice`, whose first slice makes the proof).
     #[serde(default)]
     pub cleanup_proven: Option<u64>,
 }
