@@ -31,7 +31,21 @@ fn dirs(policy: &str) -> Dirs {
 }
 
 fn frostline(d: &Dirs, args: &[&str], stdin: Option<&str>) -> std::process::Output {
+    frostline_with_fail_points(d, args, stdin, None)
+}
+
+/// `frostline` with `FROSTLINE_FAILPOINTS` set to `fail_points`, when given.
+fn frostline_with_fail_points(
+    d: &Dirs,
+    args: &[&str],
+    stdin: Option<&str>,
+    fail_points: Option<&str>,
+) -> std::process::Output {
     let mut command = Command::new(frostline_bin());
+    match fail_points {
+        Some(spec) => command.env("FROSTLINE_FAILPOINTS", spec),
+        None => command.env_remove("FROSTLINE_FAILPOINTS"),
+    };
     command
         .args(args)
         .args(["--data", &d.data, "--policies", &d.policies])
@@ -179,6 +193,29 @@ fn ingest_archive_query_round_trip_through_the_binary() {
 
 fn text_of(o: &std::process::Output) -> String {
     format!("stdout: {}\nstderr: {}", text(&o.stdout), text(&o.stderr))
+}
+
+/// A claim commits without waiting for the disk: nothing is uploaded under it before its
+/// upload intent, which is durable. So a process killed right after claiming leaves the bucket
+/// as it was, and the next process archives it at once rather than waiting out a dead owner's
+/// lease (60 s by default).
+#[test]
+fn a_process_killed_right_after_a_claim_leaves_the_bucket_claimable_at_once() {
+    let d = dirs(POLICY);
+    let (input, _) = three_years();
+    let ingest = frostline(&d, &["ingest", "--table", "events", "-"], Some(&input));
+    assert!(ingest.status.success(), "{}", text_of(&ingest));
+    let killed = frostline_with_fail_points(&d, &["archive", "--once"], None, Some("after_claim=return(abort)"));
+    assert!(!killed.status.success(), "the fail point killed the pass: {}", text_of(&killed));
+    assert!(text(&killed.stderr).contains("after_claim"), "{}", text_of(&killed));
+    let status = frostline(&d, &["status", "--json"], None);
+    let status: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    let states = &status["tables"][0]["states"];
+    assert_eq!(states["archiving"]["buckets"].as_u64().unwrap_or(0), 0, "no claim outlived the process: {states}");
+    let archive = frostline(&d, &["archive", "--once"], None);
+    assert!(archive.status.success(), "{}", text_of(&archive));
+    let report: serde_json::Value = serde_json::from_slice(&archive.stdout).unwrap();
+    assert_eq!(report["archived"], 96, "every due bucket, the one claimed before the kill too: {report}");
 }
 
 #[test]

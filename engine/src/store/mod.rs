@@ -132,14 +132,36 @@ impl Store {
         sender.send(request).map_err(|_| Error::Internal("the writer thread has stopped".into()))
     }
 
-    /// Runs `f` in its own write transaction on the writer thread and commits it.
+    /// Runs `f` in its own write transaction on the writer thread and commits it durably.
     pub fn write<T: Send + 'static>(
         &self,
         f: impl FnOnce(&WriteTransaction) -> Result<T> + Send + 'static,
     ) -> Result<T> {
+        self.write_with(f, true)
+    }
+
+    /// Runs `f` in its own write transaction and commits it without waiting for the disk: the
+    /// commit is visible at once and becomes durable with the next durable commit (an append,
+    /// an upload intent, a publication), and a crash before that undoes it. Only for steps
+    /// whose undoing loses nothing and that are followed by a durable commit before anything
+    /// depends on them outside this process: a claim (no object is uploaded before the
+    /// durable upload intent), a cleanup slice (the rows come back, the published manifest
+    /// still holds them, and the next worker deletes them again).
+    pub fn write_undoable<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&WriteTransaction) -> Result<T> + Send + 'static,
+    ) -> Result<T> {
+        self.write_with(f, false)
+    }
+
+    fn write_with<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&WriteTransaction) -> Result<T> + Send + 'static,
+        durable: bool,
+    ) -> Result<T> {
         let (reply, answer) = mpsc::sync_channel(1);
         let f: TxnFn = Box::new(move |txn| f(txn).map(|v| Box::new(v) as Box<dyn Any + Send>));
-        self.send(WriteRequest::Txn { f, reply })?;
+        self.send(WriteRequest::Txn { f, durable, reply })?;
         let value = answer.recv().map_err(|_| Error::Internal("the writer dropped a transaction".into()))??;
         Ok(*value.downcast::<T>().expect("the writer returns what the closure made"))
     }

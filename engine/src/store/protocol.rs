@@ -170,7 +170,10 @@ impl Store {
     /// parked (and an event written) when a hold covers it, taken out of the due index while
     /// its table has no definition.
     pub fn claim(&self, id: BucketId, owner: String, now: Micros, lease_us: Micros) -> Result<Option<BucketMeta>> {
-        self.write(move |txn| {
+        // Undoable: a crash before the claim's next durable commit (its upload intent, an
+        // expiry's tombstone, a deferral) leaves the bucket as it was, and nothing was done
+        // under the claim that outlives the process.
+        self.write_undoable(move |txn| {
             let mut meta = load_meta(txn, &id)?;
             let Some(policy) = table_policy(txn, &id.table)? else {
                 // No definition: nothing can be planned, archived or expired until it returns.
@@ -347,7 +350,9 @@ impl Store {
         slice_rows: usize,
     ) -> Result<CleanupSlice> {
         let (id, owner) = (id.clone(), owner.to_string());
-        self.write(move |txn| {
+        // Undoable: a slice lost in a crash puts rows back that the published manifest holds,
+        // and the next worker deletes them again (proving again first if the proof was lost).
+        self.write_undoable(move |txn| {
             let mut meta = load_meta(txn, &id)?;
             check_lease(&meta, &owner, generation, now)?;
             // Only a published bucket is cleaned up (the state machine's other edges into

@@ -10,8 +10,16 @@ pub const GROUP_COMMIT_REQUESTS_MAX: usize = 256;
 pub(super) type TxnFn = Box<dyn FnOnce(&WriteTransaction) -> Result<Box<dyn Any + Send>> + Send>;
 
 pub(super) enum WriteRequest {
-    Append { batch: AppendBatch, reply: mpsc::SyncSender<Result<AppendOutcome>> },
-    Txn { f: TxnFn, reply: mpsc::SyncSender<Result<Box<dyn Any + Send>>> },
+    Append {
+        batch: AppendBatch,
+        reply: mpsc::SyncSender<Result<AppendOutcome>>,
+    },
+    /// `durable: false` commits without an fsync (`Store::write_undoable`).
+    Txn {
+        f: TxnFn,
+        durable: bool,
+        reply: mpsc::SyncSender<Result<Box<dyn Any + Send>>>,
+    },
 }
 
 pub(super) fn writer_loop(db: &Database, receiver: mpsc::Receiver<WriteRequest>, poisoned: &Mutex<Option<String>>) {
@@ -27,10 +35,10 @@ pub(super) fn writer_loop(db: &Database, receiver: mpsc::Receiver<WriteRequest>,
         for request in group {
             match request {
                 WriteRequest::Append { batch, reply } => appends.push((batch, reply)),
-                WriteRequest::Txn { f, reply } => {
+                WriteRequest::Txn { f, durable, reply } => {
                     // Appends that arrived before this transaction commit first, in order.
                     commit_appends(db, std::mem::take(&mut appends), poisoned);
-                    let _ = reply.send(run_txn(db, f, poisoned));
+                    let _ = reply.send(run_txn(db, f, durable, poisoned));
                 }
             }
         }
@@ -54,9 +62,17 @@ pub(super) fn commit(txn: WriteTransaction, poisoned: &Mutex<Option<String>>) ->
     })
 }
 
-pub(super) fn run_txn(db: &Database, f: TxnFn, poisoned: &Mutex<Option<String>>) -> Result<Box<dyn Any + Send>> {
+pub(super) fn run_txn(
+    db: &Database,
+    f: TxnFn,
+    durable: bool,
+    poisoned: &Mutex<Option<String>>,
+) -> Result<Box<dyn Any + Send>> {
     poison_check(poisoned)?;
-    let txn = db.begin_write()?;
+    let mut txn = db.begin_write()?;
+    if !durable {
+        txn.set_durability(redb::Durability::None)?;
+    }
     match f(&txn) {
         Ok(value) => {
             commit(txn, poisoned)?;
