@@ -3,9 +3,9 @@
 //! thread that runs at most `SEGMENTS_AHEAD` segments ahead of the uploads. Memory holds two
 //! pages of rows and a few segments whatever the size of the bucket. The rows' summary
 //! (count, key range, checksum) is summed on the way, for the manifest and for the cleanup's
-//! proof, which relies on the rows having come in strictly increasing key order, and rides on the last
-//! segment, so the manifest is made (and its key recorded in the upload intent) before the
-//! last segment is uploaded.
+//! proof (which relies on the rows having come in strictly increasing key order), and rides
+//! on the last segment, so the manifest is made (and its key recorded in the upload intent)
+//! before the last segment is uploaded.
 
 use std::sync::Arc;
 use std::time::Instant;
