@@ -102,13 +102,19 @@ fn files_under(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
     }
 }
 
-#[test]
-fn ingest_archive_query_round_trip_through_the_binary() {
+/// Directories on `POLICY` with `three_years()` ingested through the binary; the input lines.
+fn three_years_ingested() -> (Dirs, Vec<serde_json::Value>) {
     let d = dirs(POLICY);
     let (input, lines) = three_years();
     let ingest = frostline(&d, &["ingest", "--table", "events", "-"], Some(&input));
     assert!(ingest.status.success(), "{}", text_of(&ingest));
     assert!(text(&ingest.stdout).contains("\"appended\":3000"), "{}", text(&ingest.stdout));
+    (d, lines)
+}
+
+#[test]
+fn ingest_archive_query_round_trip_through_the_binary() {
+    let (d, lines) = three_years_ingested();
 
     let archive = frostline(&d, &["archive", "--once"], None);
     assert!(archive.status.success(), "{}", text_of(&archive));
@@ -201,10 +207,7 @@ fn text_of(o: &std::process::Output) -> String {
 /// lease (60 s by default).
 #[test]
 fn a_process_killed_right_after_a_claim_leaves_the_bucket_claimable_at_once() {
-    let d = dirs(POLICY);
-    let (input, _) = three_years();
-    let ingest = frostline(&d, &["ingest", "--table", "events", "-"], Some(&input));
-    assert!(ingest.status.success(), "{}", text_of(&ingest));
+    let (d, _) = three_years_ingested();
     let killed = frostline_with_fail_points(&d, &["archive", "--once"], None, Some("after_claim=return(abort)"));
     assert!(!killed.status.success(), "the fail point killed the pass: {}", text_of(&killed));
     assert!(text(&killed.stderr).contains("after_claim"), "{}", text_of(&killed));

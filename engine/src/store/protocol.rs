@@ -365,14 +365,9 @@ impl Store {
             let name = rows_table_name(&id);
             let mut records = txn.open_table(rows_table(&name))?;
             if meta.cleanup_proven != Some(published) {
-                let manifest = txn
-                    .open_table(MANIFESTS)?
-                    .get(generation_key(&id, published).as_slice())?
-                    .map(|v| decode_value::<crate::format::manifest::Manifest>(v.value()))
-                    .transpose()?
-                    .ok_or_else(|| {
-                        Error::Internal(format!("manifest of bucket {id} generation {published} is missing"))
-                    })?;
+                let manifest = recorded_manifest(txn, &id, published)?.ok_or_else(|| {
+                    Error::Internal(format!("manifest of bucket {id} generation {published} is missing"))
+                })?;
                 rows_match_manifest(&records, &id, &manifest.summary)?
                     .map_err(|why| Error::Corruption(format!("refusing to delete the hot rows of {id}: {why}")))?;
                 meta.cleanup_proven = Some(published);
@@ -559,6 +554,16 @@ pub(super) fn push_published(
         out.push((meta, decode_value(manifest)?));
     }
     Ok(())
+}
+
+/// The bucket's manifest of one generation, as recorded.
+fn recorded_manifest(
+    txn: &WriteTransaction,
+    id: &BucketId,
+    generation: u64,
+) -> Result<Option<crate::format::manifest::Manifest>> {
+    let t = txn.open_table(MANIFESTS)?;
+    t.get(generation_key(id, generation).as_slice())?.map(|v| decode_value(v.value())).transpose()
 }
 
 /// The generation of the bucket's published manifest: the newest one recorded.

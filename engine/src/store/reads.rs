@@ -116,12 +116,6 @@ impl Store {
         Ok(out)
     }
 
-    pub fn manifest(&self, id: &BucketId, generation: u64) -> Result<Option<crate::format::manifest::Manifest>> {
-        let txn = self.read()?;
-        let t = txn.open_table(MANIFESTS)?;
-        t.get(generation_key(id, generation).as_slice())?.map(|v| decode_value(v.value())).transpose()
-    }
-
     /// The published buckets of a table with their newest manifest, in key order. Reads the
     /// manifests, not every bucket: its cost follows what is archived, not what is hot.
     pub fn published(&self, table: &str) -> Result<Vec<(BucketMeta, crate::format::manifest::Manifest)>> {
@@ -359,26 +353,6 @@ impl Snapshot {
         match open_rows(&self.txn, id)? {
             Some(table) => scan_rows(&table, id, after, limit),
             None => Ok(Vec::new()),
-        }
-    }
-
-    /// A bucket's manifest of one generation, as recorded.
-    pub fn manifest(&self, id: &BucketId, generation: u64) -> Result<Option<crate::format::manifest::Manifest>> {
-        let t = self.txn.open_table(MANIFESTS)?;
-        t.get(generation_key(id, generation).as_slice())?.map(|v| decode_value(v.value())).transpose()
-    }
-
-    /// The generation of the bucket's published manifest: the newest one recorded.
-    pub fn published_generation(&self, id: &BucketId) -> Result<Option<u64>> {
-        let t = self.txn.open_table(MANIFESTS)?;
-        let prefix = id.encode();
-        let end = encoding::prefix_end(&prefix);
-        match t.range(prefix.as_slice()..end.as_slice())?.next_back() {
-            None => Ok(None),
-            Some(entry) => {
-                let (k, _) = entry?;
-                Ok(Some(encoding::Reader::new(&k.value()[prefix.len()..]).u64()?))
-            }
         }
     }
 
