@@ -18,6 +18,7 @@ fn main() {
         "../plugins/Cargo.lock",
         "../plugins/builtin",
         "../plugins/examples/dir-archiver-rs",
+        "../plugins/examples/http-archiver-rs",
         "../plugins/shared",
         "../plugins/testing",
         "../wit",

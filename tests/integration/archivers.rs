@@ -324,8 +324,21 @@ fn grants_and_plugin_targets_are_parsed_strictly() {
         ),
         (
             format!("[[grant]]\nsha256 = \"{hash}\"\nhttp_hosts = [\"example.com:443\"]\n"),
-            "http_hosts is not supported",
+            "write it as scheme://host:port",
         ),
+        (
+            format!("[[grant]]\nsha256 = \"{hash}\"\nhttp_hosts = [\"https://example.com/bucket\"]\n"),
+            "a path or query is not allowed",
+        ),
+        (
+            format!("[[grant]]\nsha256 = \"{hash}\"\nhttp_hosts = [\"http://x:1\", \"HTTP://X:1/\"]\n"),
+            "lists http://x:1 twice",
+        ),
+        (
+            format!("[[grant]]\nsha256 = \"{hash}\"\nhttp_hosts = [\"http://x:1\"]\nhttp_body_limit_mib = 0\n"),
+            "http_body_limit_mib = 0 is outside 1..=4096",
+        ),
+        (format!("[[grant]]\nsha256 = \"{hash}\"\nhttp_body_limit_mib = 8\n"), "without http_hosts limits nothing"),
         (
             format!(
                 "[[grant]]\nsha256 = \"{hash}\"\npreopen = [{{ host = \"{area}\", guest = \"data\", mode = \"rw\" }}]\n"
@@ -581,4 +594,234 @@ fn backend_errors_map_to_the_engines_errors() {
     assert!(matches!(&err, Error::Storage(m) if m.contains("stores nothing")), "{err}");
     let source = PluginSource::from_file(&guest_path("escape_archiver")).unwrap();
     assert!(source.name.ends_with("escape_archiver.wasm"));
+}
+
+/// A small HTTP object server on 127.0.0.1 (the protocol of the http-archiver example): objects
+/// under `/o/{key}`, create-only puts (`If-None-Match: *`, `412` when the key exists), a listing
+/// at `/o/?prefix=&after=&limit=`, and `/moved/{rest}` answering `307` to `{redirect}/o/{rest}`.
+/// It records every request it receives.
+struct ObjectServer {
+    port: u16,
+    state: std::sync::Arc<ObjectServerState>,
+    _runtime: tokio::runtime::Runtime,
+}
+
+#[derive(Default)]
+struct ObjectServerState {
+    objects: std::sync::Mutex<std::collections::BTreeMap<String, Vec<u8>>>,
+    requests: std::sync::Mutex<Vec<String>>,
+    redirect: std::sync::Mutex<String>,
+}
+
+impl ObjectServer {
+    fn start() -> ObjectServer {
+        use axum::extract::{Path as UrlPath, Query, State};
+        use axum::http::{HeaderMap, Method, StatusCode, Uri};
+        use axum::response::IntoResponse;
+        type Shared = std::sync::Arc<ObjectServerState>;
+
+        async fn object(
+            State(s): State<Shared>,
+            method: Method,
+            UrlPath(key): UrlPath<String>,
+            headers: HeaderMap,
+            body: axum::body::Bytes,
+        ) -> axum::response::Response {
+            let mut objects = s.objects.lock().unwrap();
+            match method {
+                Method::PUT => {
+                    assert_eq!(headers.get("if-none-match").map(|v| v.as_bytes()), Some(&b"*"[..]));
+                    if objects.contains_key(&key) {
+                        return StatusCode::PRECONDITION_FAILED.into_response();
+                    }
+                    objects.insert(key, body.to_vec());
+                    StatusCode::CREATED.into_response()
+                }
+                Method::GET => match objects.get(&key) {
+                    Some(bytes) => bytes.clone().into_response(),
+                    None => StatusCode::NOT_FOUND.into_response(),
+                },
+                Method::DELETE => match objects.remove(&key) {
+                    Some(_) => StatusCode::NO_CONTENT.into_response(),
+                    None => StatusCode::NOT_FOUND.into_response(),
+                },
+                _ => StatusCode::METHOD_NOT_ALLOWED.into_response(),
+            }
+        }
+        async fn listing(
+            State(s): State<Shared>,
+            Query(q): Query<std::collections::HashMap<String, String>>,
+        ) -> String {
+            let prefix = q.get("prefix").cloned().unwrap_or_default();
+            let limit: usize = q.get("limit").and_then(|l| l.parse().ok()).unwrap_or(1000);
+            let objects = s.objects.lock().unwrap();
+            let keys = objects
+                .keys()
+                .filter(|k| k.starts_with(&prefix) && q.get("after").is_none_or(|a| k.as_str() > a.as_str()))
+                .take(limit);
+            keys.map(|k| format!("{k}\n")).collect()
+        }
+        // Reads the request body before answering, as a server that redirects uploads must.
+        async fn moved(State(s): State<Shared>, uri: Uri, _body: axum::body::Bytes) -> axum::response::Response {
+            let rest = uri.path().strip_prefix("/moved/").unwrap_or_default();
+            let query = uri.query().map(|q| format!("?{q}")).unwrap_or_default();
+            let to = format!("{}/o/{rest}{query}", s.redirect.lock().unwrap());
+            (StatusCode::TEMPORARY_REDIRECT, [("location", to)]).into_response()
+        }
+        async fn record(
+            State(s): State<Shared>,
+            request: axum::extract::Request,
+            next: axum::middleware::Next,
+        ) -> axum::response::Response {
+            s.requests.lock().unwrap().push(format!("{} {}", request.method(), request.uri()));
+            next.run(request).await
+        }
+
+        let state = Shared::default();
+        let app = axum::Router::new()
+            .route("/o/", axum::routing::get(listing))
+            .route("/o/{*key}", axum::routing::any(object))
+            .route("/moved/", axum::routing::any(moved))
+            .route("/moved/{*rest}", axum::routing::any(moved))
+            .layer(axum::middleware::from_fn_with_state(state.clone(), record))
+            .with_state(state.clone());
+        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+        let listener = runtime.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
+        let port = listener.local_addr().unwrap().port();
+        runtime.spawn(async move { axum::serve(listener, app).await });
+        ObjectServer { port, state, _runtime: runtime }
+    }
+
+    fn origin(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    fn requests(&self) -> Vec<String> {
+        self.state.requests.lock().unwrap().clone()
+    }
+
+    fn keys(&self) -> Vec<String> {
+        self.state.objects.lock().unwrap().keys().cloned().collect()
+    }
+}
+
+/// `frostline plugin check` of the HTTP example archiver with `url` in its config and `extra`
+/// arguments.
+fn check_http_archiver(url: &str, extra: &[&str]) -> (Option<i32>, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.json");
+    std::fs::write(&config, format!("{{\"url\": \"{url}\"}}")).unwrap();
+    let mut args = vec!["--config", s(&config)];
+    args.extend_from_slice(extra);
+    let out = plugin_check(&guest_path("http_archiver"), &args);
+    (out.status.code(), format!("{}{}", text(&out.stdout), text(&out.stderr)))
+}
+
+#[test]
+fn the_http_archiver_passes_conformance_against_an_origin_it_is_granted_and_nothing_without() {
+    let server = ObjectServer::start();
+    let url = format!("{}/o", server.origin());
+    let (code, out) = check_http_archiver(&url, &["--http-host", &server.origin()]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains("PASSED"), "{out}");
+    assert!(server.requests().iter().any(|r| r.starts_with("PUT /o/")), "{:?}", server.requests());
+    assert!(server.keys().is_empty(), "the checks remove their scratch keys: {:?}", server.keys());
+
+    // Without a grant every request is refused by the host before it leaves.
+    let before = server.requests().len();
+    let (code, out) = check_http_archiver(&url, &[]);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.contains("HttpRequestDenied") && out.contains("no http_hosts grant"), "{out}");
+    assert_eq!(server.requests().len(), before, "no request reached the server");
+}
+
+#[test]
+fn the_host_denies_an_unlisted_host_a_redirect_to_one_and_a_plain_http_downgrade() {
+    let server = ObjectServer::start();
+    let port = server.port;
+    let granted = server.origin();
+    let cases = [
+        // Another name for the granted address is another origin: names are not resolved to
+        // match a grant.
+        (format!("http://localhost:{port}/o"), granted.clone(), "http://localhost"),
+        // The grant names https; the plugin asks for http on the same host and port.
+        (format!("http://127.0.0.1:{port}/o"), format!("https://127.0.0.1:{port}"), "not in the grant"),
+    ];
+    for (url, grant, why) in cases {
+        let before = server.requests().len();
+        let (code, out) = check_http_archiver(&url, &["--http-host", &grant]);
+        assert_eq!(code, Some(1), "{url} with {grant}: {out}");
+        assert!(out.contains("HttpRequestDenied") && out.contains(why), "{url} with {grant}: {out}");
+        assert_eq!(server.requests().len(), before, "{url} with {grant}: no request reached the server");
+    }
+
+    // The server redirects to a host the grant does not list: the plugin follows the 307, and
+    // the host refuses the second request, which never arrives.
+    *server.state.redirect.lock().unwrap() = format!("http://localhost:{port}");
+    let (code, out) = check_http_archiver(&format!("{granted}/moved"), &["--http-host", &granted]);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.contains("HttpRequestDenied") && out.contains("http://localhost"), "{out}");
+    let requests = server.requests();
+    assert!(requests.iter().any(|r| r.contains(" /moved/")), "{requests:?}");
+    assert!(!requests.iter().any(|r| r.contains(" /o/")), "the redirected request never arrived: {requests:?}");
+
+    // A redirect within the grant is followed.
+    *server.state.redirect.lock().unwrap() = granted.clone();
+    let (code, out) = check_http_archiver(&format!("{granted}/moved"), &["--http-host", &granted]);
+    assert_eq!(code, Some(0), "{out}");
+}
+
+/// A table archived through the HTTP example archiver into `server`, with `extra` lines in its
+/// grant.
+fn http_archived_engine(server: &ObjectServer, extra_grant: &str) -> TestEngine {
+    let plugin = guest_path("http_archiver");
+    let hash = sha256_of(&plugin);
+    let policy = format!(
+        "{DAILY_TABLE}\n[[target]]\nname = \"arch\"\nplugin = \"{}\"\nconfig = {{ url = \"{}/o\" }}\n\n\
+         [[grant]]\nsha256 = \"{hash}\"\nhttp_hosts = [\"{}\"]\n{extra_grant}",
+        s(&plugin),
+        server.origin(),
+        server.origin()
+    );
+    TestEngine::new(&policy, "2024-03-10T00:00:00Z")
+}
+
+#[test]
+fn a_table_archives_through_the_http_archiver_and_reads_back_whole() {
+    let server = ObjectServer::start();
+    let e = http_archived_engine(&server, "");
+    archive_and_read_back(&e);
+    let keys = server.keys();
+    assert_eq!(keys.iter().filter(|k| k.contains("/manifest-")).count(), 15, "{keys:#?}");
+    assert!(keys.iter().all(|k| k.starts_with("table=r/")), "{keys:#?}");
+    assert!(keys.iter().any(|k| k.contains("/seg-")), "{keys:#?}");
+}
+
+#[test]
+fn the_grants_http_body_limit_holds_and_is_enforced() {
+    // One day of 300 records of about 12 KiB in three partitions: segments of about 1.2 MB,
+    // past a 1 MiB limit.
+    let big_bodies = |start: &str| {
+        let mut input = records(start, 1, 300);
+        for r in &mut input {
+            r.body = format!("{{\"pad\":\"{}\"}}", "x".repeat(12 * 1024));
+        }
+        input
+    };
+    let server = ObjectServer::start();
+    let e = http_archived_engine(&server, "http_body_limit_mib = 1\n");
+    e.engine.append("r", big_bodies("2024-03-01T00:00:00Z")).unwrap();
+    let report = e.pass();
+    assert_eq!(report.archived, 0, "{report:?}");
+    assert!(report.errors.iter().any(|err| err.contains("HttpRequestBodySize")), "{report:?}");
+    assert!(server.keys().iter().all(|k| !k.contains("/manifest-")), "nothing was published: {:?}", server.keys());
+    assert_eq!(e.query_all("r").len(), 300, "the records stay hot");
+
+    // The default limit (256 MiB) lets the same bucket through.
+    let server = ObjectServer::start();
+    let e = http_archived_engine(&server, "");
+    e.engine.append("r", big_bodies("2024-03-01T00:00:00Z")).unwrap();
+    let report = e.pass();
+    assert_eq!((report.archived, report.errors.clone()), (3, Vec::<String>::new()), "{report:?}");
+    assert_eq!(e.query_all("r").len(), 300);
 }

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 
 use crate::plugin::grants::{BlobStoreGrant, Preopen, PreopenMode};
+use crate::plugin::http::{HTTP_BODY_BYTES_DEFAULT, HttpGrant, HttpOrigin};
 use crate::plugin::{self, Capabilities, PluginHost, PluginLimits, PluginSource, Role, builtin, conformance};
 
 #[derive(Debug, clap::Args)]
@@ -40,6 +41,10 @@ pub struct CheckArgs {
     /// (`file:///abs/dir`, `memory://`, ...). Without it the import answers "not granted".
     #[arg(long, value_name = "URL")]
     pub blob_store: Option<String>,
+    /// Archivers only: allow outgoing `wasi:http` requests to this origin (`scheme://host:port`,
+    /// as a grant's `http_hosts` entry). Repeatable. Every request is denied otherwise.
+    #[arg(long, value_name = "ORIGIN")]
+    pub http_host: Vec<String>,
 }
 
 /// Parses `HOST:GUEST:MODE` (the host path may itself contain `:`).
@@ -61,8 +66,8 @@ fn parse_preopen(text: &str) -> anyhow::Result<Preopen> {
 }
 
 fn capabilities(args: &CheckArgs, role: Role) -> anyhow::Result<Capabilities> {
-    if role != Role::Archiver && (!args.preopen.is_empty() || args.blob_store.is_some()) {
-        anyhow::bail!("--preopen and --blob-store are for archivers; a {role} is granted nothing");
+    if role != Role::Archiver && (!args.preopen.is_empty() || args.blob_store.is_some() || !args.http_host.is_empty()) {
+        anyhow::bail!("--preopen, --blob-store and --http-host are for archivers; a {role} is granted nothing");
     }
     let preopens = args.preopen.iter().map(|p| parse_preopen(p)).collect::<anyhow::Result<Vec<_>>>()?;
     let blob_store = match &args.blob_store {
@@ -72,7 +77,14 @@ fn capabilities(args: &CheckArgs, role: Role) -> anyhow::Result<Capabilities> {
         }),
         None => None,
     };
-    Ok(Capabilities { preopens, blob_store })
+    let http = match args.http_host.is_empty() {
+        true => None,
+        false => Some(std::sync::Arc::new(HttpGrant {
+            origins: args.http_host.iter().map(|o| HttpOrigin::parse(o)).collect::<crate::error::Result<_>>()?,
+            body_bytes_max: HTTP_BODY_BYTES_DEFAULT,
+        })),
+    };
+    Ok(Capabilities { preopens, blob_store, http })
 }
 
 pub fn run(args: CheckArgs) -> anyhow::Result<ExitCode> {

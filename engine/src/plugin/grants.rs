@@ -16,6 +16,7 @@ use wasmtime_wasi::{FsPerms, WasiCtx};
 
 use super::bindings::blob_store_iface;
 use super::bindings::wit_types::BackendError;
+use super::http::HttpGrant;
 use crate::error::{Error, ErrorKind, Result};
 use crate::storage::{ArchiveBackend, PutOutcome};
 
@@ -68,6 +69,8 @@ impl std::fmt::Debug for BlobStoreGrant {
 pub struct Capabilities {
     pub preopens: Vec<Preopen>,
     pub blob_store: Option<BlobStoreGrant>,
+    /// Origins an archiver may send `wasi:http` requests to, and its body limit.
+    pub http: Option<Arc<HttpGrant>>,
 }
 
 impl Capabilities {
@@ -77,7 +80,7 @@ impl Capabilities {
     }
 
     pub fn is_empty(&self) -> bool {
-        self.preopens.is_empty() && self.blob_store.is_none()
+        self.preopens.is_empty() && self.blob_store.is_none() && self.http.is_none()
     }
 
     /// A WASI context with exactly the granted directories (and still no environment,
@@ -115,6 +118,9 @@ impl Capabilities {
             .collect();
         if let Some(b) = &self.blob_store {
             parts.push(format!("blob store `{}`", b.target));
+        }
+        if let Some(http) = &self.http {
+            parts.push(http.describe());
         }
         if parts.is_empty() { "nothing".to_string() } else { parts.join("; ") }
     }
@@ -248,8 +254,15 @@ mod tests {
         let caps = Capabilities {
             preopens: vec![Preopen { host: "/srv/a".into(), guest: "/data".into(), mode: PreopenMode::Ro }],
             blob_store: None,
+            http: None,
         };
         assert_eq!(caps.describe(), "preopen /srv/a -> /data (ro)");
+        let http = HttpGrant {
+            origins: vec![super::super::http::HttpOrigin::parse("http://127.0.0.1:9000").unwrap()],
+            body_bytes_max: 2 * 1024 * 1024,
+        };
+        let caps = Capabilities { http: Some(Arc::new(http)), ..Capabilities::none() };
+        assert_eq!(caps.describe(), "http to http://127.0.0.1:9000 (bodies up to 2 MiB)");
     }
 
     #[test]

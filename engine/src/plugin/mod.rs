@@ -14,6 +14,7 @@ pub mod builtin;
 pub mod cache;
 pub mod conformance;
 pub mod grants;
+pub mod http;
 pub mod instance;
 pub mod retention;
 pub mod strategy;
@@ -177,6 +178,10 @@ pub struct PluginState {
     table_elements: Budget,
     /// Set when the limiter refused a memory growth, so the fault names the cause.
     memory_refused_bytes: Option<usize>,
+    /// `wasi:http` (linked for archivers only): its context, and the hooks that hold the
+    /// grant's origins and limits.
+    http: wasmtime_wasi_http::WasiHttpCtx,
+    http_hooks: http::HttpHooks,
 }
 
 /// A limit on the sum of several growing resources (an instance's memories, or its tables):
@@ -218,6 +223,12 @@ impl Budget {
 impl WasiView for PluginState {
     fn ctx(&mut self) -> WasiCtxView<'_> {
         WasiCtxView { ctx: &mut self.wasi, table: &mut self.table }
+    }
+}
+
+impl wasmtime_wasi_http::WasiHttpView for PluginState {
+    fn http(&mut self) -> wasmtime_wasi_http::WasiHttpCtxView<'_> {
+        wasmtime_wasi_http::WasiHttpCtxView { ctx: &mut self.http, table: &mut self.table, hooks: &mut self.http_hooks }
     }
 }
 
@@ -280,7 +291,10 @@ impl bindings::log_iface::Host for PluginState {
 
 pub(crate) struct HostInner {
     engine: Engine,
+    /// What strategies and retention policies may import.
     linker: Linker<PluginState>,
+    /// The same and `wasi:http`, for archivers.
+    archiver_linker: Linker<PluginState>,
     cache: cache::CompiledCache,
     ticker_stop: Arc<AtomicBool>,
 }
@@ -311,22 +325,16 @@ impl PluginHost {
         let engine =
             Engine::new(&config).map_err(|e| Error::Internal(format!("cannot create the wasm engine: {e}")))?;
 
-        let mut linker: Linker<PluginState> = Linker::new(&engine);
-        // Python and JavaScript guests import WASI even when they use none of it; the context
-        // each store gets grants nothing (no preopens, environment, arguments or sockets).
-        wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
-            .map_err(|e| Error::Internal(format!("cannot link WASI: {e}")))?;
-        bindings::log_iface::add_to_linker::<_, wasmtime::component::HasSelf<_>>(&mut linker, |state| state)
-            .map_err(|e| Error::Internal(format!("cannot link the log import: {e}")))?;
-        // Linked for every plugin; a call answers "not granted" unless the instance was given a
-        // blob store by its grant.
-        bindings::blob_store_iface::add_to_linker::<_, wasmtime::component::HasSelf<_>>(&mut linker, |state| state)
-            .map_err(|e| Error::Internal(format!("cannot link the blob-store import: {e}")))?;
+        let linker = base_linker(&engine)?;
+        let mut archiver_linker = base_linker(&engine)?;
+        // Outgoing requests only to the origins the archiver's grant lists (plugin::http).
+        wasmtime_wasi_http::p2::add_only_http_to_linker_sync(&mut archiver_linker)
+            .map_err(|e| Error::Internal(format!("cannot link wasi:http: {e}")))?;
 
         let ticker_stop = Arc::new(AtomicBool::new(false));
         spawn_epoch_ticker(engine.weak(), ticker_stop.clone());
         let cache = cache::CompiledCache::new(cache_dir, &engine);
-        Ok(PluginHost { inner: Arc::new(HostInner { engine, linker, cache, ticker_stop }) })
+        Ok(PluginHost { inner: Arc::new(HostInner { engine, linker, archiver_linker, cache, ticker_stop }) })
     }
 
     pub fn cache_stats(&self) -> CacheStats {
@@ -342,10 +350,12 @@ impl PluginHost {
         let hash = hex::encode(Sha256::digest(&source.bytes));
         let component = self.inner.cache.load_or_compile(&self.inner.engine, &source.name, &hash, &source.bytes)?;
         check_world(&self.inner.engine, &source.name, &component, role)?;
-        let pre = self.inner.linker.instantiate_pre(&component).map_err(|e| Error::PluginLoad {
+        let linker = if role == Role::Archiver { &self.inner.archiver_linker } else { &self.inner.linker };
+        let pre = linker.instantiate_pre(&component).map_err(|e| Error::PluginLoad {
             source_name: source.name.clone(),
             reason: format!(
-                "it imports something frostline does not provide ({e:#}); a plugin may import only WASI, frostline:plugin/log and frostline:plugin/blob-store"
+                "it imports something frostline does not provide to a {role} ({e:#}); a plugin may import WASI 0.2, \
+                 frostline:plugin/log and frostline:plugin/blob-store, and an archiver also wasi:http/outgoing-handler"
             ),
         })?;
         Ok(Arc::new(LoadedPlugin { name: source.name.clone(), hash, role, limits, pre, host: self.inner.clone() }))
@@ -383,6 +393,12 @@ impl LoadedPlugin {
             memory: Budget::new(self.limits.memory_bytes),
             table_elements: Budget::new(PLUGIN_TABLE_ELEMENTS_MAX),
             memory_refused_bytes: None,
+            http: wasmtime_wasi_http::WasiHttpCtx::new(),
+            http_hooks: http::HttpHooks {
+                grant: capabilities.http.clone(),
+                call_ms: self.limits.call_ms,
+                plugin_name: self.name.as_str().into(),
+            },
         };
         let mut store = wasmtime::Store::new(&self.host.engine, state);
         store.limiter(|state| state as &mut dyn ResourceLimiter);
@@ -401,6 +417,22 @@ impl std::fmt::Debug for LoadedPlugin {
             .field("limits", &self.limits)
             .finish()
     }
+}
+
+/// WASI 0.2 and frostline's imports, which every plugin may use.
+fn base_linker(engine: &Engine) -> Result<Linker<PluginState>> {
+    let mut linker: Linker<PluginState> = Linker::new(engine);
+    // Python and JavaScript guests import WASI even when they use none of it; the context
+    // each store gets grants nothing (no preopens, environment, arguments or sockets).
+    wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
+        .map_err(|e| Error::Internal(format!("cannot link WASI: {e}")))?;
+    bindings::log_iface::add_to_linker::<_, wasmtime::component::HasSelf<_>>(&mut linker, |state| state)
+        .map_err(|e| Error::Internal(format!("cannot link the log import: {e}")))?;
+    // Linked for every plugin; a call answers "not granted" unless the instance was given a
+    // blob store by its grant.
+    bindings::blob_store_iface::add_to_linker::<_, wasmtime::component::HasSelf<_>>(&mut linker, |state| state)
+        .map_err(|e| Error::Internal(format!("cannot link the blob-store import: {e}")))?;
+    Ok(linker)
 }
 
 fn spawn_epoch_ticker(engine: wasmtime::EngineWeak, stop: Arc<AtomicBool>) {
