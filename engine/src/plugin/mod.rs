@@ -548,6 +548,92 @@ mod tests {
         assert!(budget.grow(24 * MIB, 24 * MIB), "a growth of nothing always fits");
     }
 
+    /// A component from the text format, ready to instantiate in a store made as the host
+    /// makes every plugin's (`LoadedPlugin::new_store`: the same limiter and caps), with
+    /// `memory_bytes` as its memory limit.
+    fn text_component(
+        host: &PluginHost,
+        wat: &str,
+        memory_bytes: usize,
+    ) -> (wasmtime::Store<PluginState>, InstancePre<PluginState>) {
+        let bytes = wat::parse_str(wat).expect("valid component text");
+        let component = Component::new(&host.inner.engine, &bytes).expect("the component compiles");
+        let pre = host.inner.linker.instantiate_pre(&component).expect("it imports nothing");
+        let plugin = LoadedPlugin {
+            name: "text-component".into(),
+            hash: hex::encode(Sha256::digest(&bytes)),
+            role: Role::BucketStrategy,
+            limits: PluginLimits { call_ms: 5_000, memory_bytes },
+            pre: pre.clone(),
+            host: host.inner.clone(),
+        };
+        (plugin.new_store(&Capabilities::none()).unwrap(), pre)
+    }
+
+    /// A core module with two memories of one page each, and `grow(pages)` that grows both.
+    const TWO_MEMORIES: &str = r#"
+        (component
+          (core module $m
+            (memory $a 1)
+            (memory $b 1)
+            (func (export "grow") (param $pages i32) (result i32)
+              (drop (memory.grow $a (local.get $pages)))
+              (memory.grow $b (local.get $pages))))
+          (core instance $i (instantiate $m))
+          (func (export "grow") (param "pages" u32) (result s32) (canon lift (core func $i "grow"))))
+    "#;
+
+    /// Two memories grown to 40 MiB each: together past a 64 MiB limit, the instance faults
+    /// and the fault names the limit; under a 128 MiB limit the same growth runs.
+    #[test]
+    fn a_component_whose_memories_together_pass_the_limit_faults() {
+        let host = PluginHost::new(None).unwrap();
+        let pages_of_40_mib = (40 * MIB / 65_536) as u32;
+        let grow = |memory_bytes: usize| {
+            let (mut store, pre) = text_component(&host, TWO_MEMORIES, memory_bytes);
+            let instance = pre.instantiate(&mut store).unwrap();
+            let grow = instance.get_typed_func::<(u32,), (i32,)>(&mut store, "grow").unwrap();
+            grow.call(&mut store, (pages_of_40_mib,)).map(|(previous,)| previous)
+        };
+        let fault = format!("{:#}", grow(64 * MIB).expect_err("two memories of 40 MiB pass 64 MiB together"));
+        assert!(fault.contains("memory limit of 67108864 bytes exceeded"), "{fault}");
+        assert_eq!(grow(128 * MIB).expect("they fit 128 MiB"), 1, "the second memory grew from one page");
+    }
+
+    /// A component with `count` core instances of a module with one memory each.
+    fn memories_component(count: usize) -> String {
+        let instances: String = (0..count).map(|i| format!("(core instance $i{i} (instantiate $m))\n")).collect();
+        format!("(component (core module $m (memory 0)) {instances})")
+    }
+
+    /// `PLUGIN_MEMORIES_MAX` memories instantiate; one more is refused.
+    #[test]
+    fn the_number_of_memories_is_capped() {
+        let host = PluginHost::new(None).unwrap();
+        let instantiate = |count: usize| {
+            let (mut store, pre) = text_component(&host, &memories_component(count), 64 * MIB);
+            pre.instantiate(&mut store).map(drop)
+        };
+        instantiate(PLUGIN_MEMORIES_MAX).expect("up to the cap");
+        let refused = format!("{:#}", instantiate(PLUGIN_MEMORIES_MAX + 1).expect_err("past the cap"));
+        assert!(refused.contains("memory count"), "{refused}");
+    }
+
+    /// `wasi:http` is in the archivers' linker only: the example HTTP archiver links there and
+    /// nowhere else.
+    #[test]
+    fn only_archivers_link_wasi_http() {
+        let host = PluginHost::new(None).unwrap();
+        let bytes = std::fs::read(std::path::Path::new(builtin::GUEST_DIR).join("http_archiver.wasm")).unwrap();
+        let component = Component::new(&host.inner.engine, &bytes).unwrap();
+        host.inner.archiver_linker.instantiate_pre(&component).expect("an archiver may import wasi:http");
+        let Err(refused) = host.inner.linker.instantiate_pre(&component) else {
+            panic!("a strategy's linker provided wasi:http");
+        };
+        let refused = format!("{refused:#}");
+        assert!(refused.contains("wasi:http"), "{refused}");
+    }
+
     /// A growth the limiter allowed but that failed (past the memory's own maximum, or the
     /// host out of memory) is given back.
     #[test]
