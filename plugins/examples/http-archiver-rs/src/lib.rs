@@ -113,9 +113,9 @@ struct Answer {
 fn transport_error(what: &str, e: &ErrorCode) -> BackendError {
     let message = format!("http-archiver: {what}: {e:?}");
     match e {
-        ErrorCode::HttpRequestDenied => {
-            BackendError::Permanent(format!("{message} (the host refused it: the origin is not in the grant's http_hosts)"))
-        }
+        ErrorCode::HttpRequestDenied => BackendError::Permanent(format!(
+            "{message} (the host refused it: the origin is not in the grant's http_hosts)"
+        )),
         ErrorCode::DnsTimeout
         | ErrorCode::DnsError(_)
         | ErrorCode::DestinationNotFound
@@ -191,7 +191,9 @@ fn send_once(
     let consumed = incoming.consume().map_err(|()| internal("response body"))?;
     let mut stream = consumed.stream().map_err(|()| internal("response body stream"))?;
     let mut body = Vec::new();
-    stream.read_to_end(&mut body).map_err(|e| BackendError::Transient(format!("http-archiver: {what}: receiving: {e}")))?;
+    stream
+        .read_to_end(&mut body)
+        .map_err(|e| BackendError::Transient(format!("http-archiver: {what}: receiving: {e}")))?;
     drop(stream);
     drop(IncomingBody::finish(consumed));
     Ok(Answer { status, location, body })
@@ -204,7 +206,12 @@ fn write_body(outgoing: &OutgoingBody, bytes: &[u8]) -> std::io::Result<()> {
 }
 
 /// Sends a request, following `307` and `308` redirects (each checked by the host).
-fn send(method: Method, path_and_query: &str, headers: &[(&str, &[u8])], body: Option<&[u8]>) -> Result<Answer, BackendError> {
+fn send(
+    method: Method,
+    path_and_query: &str,
+    headers: &[(&str, &[u8])],
+    body: Option<&[u8]>,
+) -> Result<Answer, BackendError> {
     let base = base()?;
     let (mut scheme, mut authority, mut target) = (base.scheme, base.authority, path_and_query.to_string());
     for _ in 0..=REDIRECTS_MAX {
