@@ -1117,7 +1117,9 @@ fn holds_retention_and_verify_over_the_api() {
     let (status, body) = server.post("/v1/archive", Some(ADMIN), None);
     assert_eq!(status, 200, "{body}");
     let report: serde_json::Value = serde_json::from_str(&body).unwrap();
-    assert!(report["archived"].as_u64().unwrap() > 0, "{report}");
+    // The engine's own first pass (at start-up, racing the appends above) may have archived
+    // some or all of them already: what counts is that every old bucket is archived now.
+    assert_eq!(report["errors"], serde_json::json!([]), "{report}");
     let entries = retention(&server);
     let old: Vec<&serde_json::Value> =
         entries.iter().filter(|b| b["end"].as_str().unwrap() <= "2025-01-01T00:00:00Z").collect();
