@@ -445,3 +445,50 @@ fn plugin_new_writes_projects_that_build_and_pass_plugin_check_in_every_language
     assert_ne!(again.status.code(), Some(0));
     assert!(text(&again.stderr).contains("already exists"), "{}", text(&again.stderr));
 }
+
+/// The C example (`plugins/examples/hour-c`, built by `plugins/examples/build.sh`): it passes
+/// every check, answers UTC hours across the epoch and leap days, refuses times outside its
+/// range and a config it does not know, and imports nothing but the contract's log.
+#[test]
+fn the_c_strategy_passes_conformance_and_answers_utc_hours() {
+    let source = example_plugin("hour-c.wasm");
+    check_passes(&source, Role::BucketStrategy, "");
+    check_passes(&source, Role::BucketStrategy, " { } ");
+    let loaded = load(&source, Role::BucketStrategy, PluginLimits::default());
+    let s = WasmStrategy::new(loaded.clone(), String::new()).unwrap();
+    let t = |s: &str| frostline::model::time::parse_rfc3339(s).unwrap();
+    let hour = 3_600_000_000;
+    let bucket = s.bucket_for(t("2024-02-29T13:30:00Z")).unwrap();
+    assert_eq!(
+        (bucket.key.as_str(), bucket.start, bucket.end),
+        ("hour:2024-02-29T13", t("2024-02-29T13:00:00Z"), t("2024-02-29T14:00:00Z"))
+    );
+    assert_eq!(s.bucket_for(-1).unwrap().key, "hour:1969-12-31T23");
+    assert_eq!(s.bucket_for(0).unwrap().key, "hour:1970-01-01T00");
+    assert_eq!(s.bucket_for(t("9999-12-31T23:59:59.999999Z")).unwrap().key, "hour:9999-12-31T23");
+    assert_eq!(s.bucket_for(t("0001-01-01T00:00:00Z")).unwrap().key, "hour:0001-01-01T00");
+    let err = s.bucket_for(t("0001-01-01T00:00:00Z") - 1).unwrap_err().to_string();
+    assert!(err.contains("years 0001 to 9999") && err.contains("-62135596800000001"), "{err}");
+    // A batch with one refused time is refused whole, naming it, and the plugin frees the
+    // keys it made before it: 100 such batches of 1,000 new hours each would leak about 3 MiB,
+    // three times the 1 MiB limit this instance runs under.
+    let tight = WasmStrategy::new(
+        load(&source, Role::BucketStrategy, PluginLimits { memory_bytes: 1024 * 1024, ..Default::default() }),
+        String::new(),
+    )
+    .unwrap();
+    for batch in 0..100_i64 {
+        let mut times: Vec<i64> = (0..1_000).map(|i| (batch * 1_000 + i) * hour).collect();
+        times.push(253_402_300_800_000_000);
+        let err = tight.buckets_for(&times).unwrap_err().to_string();
+        assert!(err.contains("253402300800000000"), "batch {batch}: {err}");
+    }
+    let times: Vec<i64> = (0..1_000).map(|i| i * hour).collect();
+    let keys: Vec<String> = s.buckets_for(&times).unwrap().into_iter().map(|b| b.key).collect();
+    assert_eq!((keys[0].as_str(), keys[999].as_str()), ("hour:1970-01-01T00", "hour:1970-02-11T15"));
+
+    let Err(refused) = WasmStrategy::new(loaded, r#"{"hours": 2}"#.into()) else { panic!("a config was accepted") };
+    assert!(refused.to_string().contains("the config must be empty or {}"), "{refused}");
+    let bytes = std::fs::read(&source.name).unwrap();
+    assert!(bytes.len() < 64 * 1024, "{} bytes", bytes.len());
+}
