@@ -113,6 +113,9 @@ impl Server {
         };
         let server = Server { child, addr, log };
         server.wait_for("health", |s| s.get("/health", None).0 == 200);
+        // Every test starts from an empty data directory; what it appends next must not race
+        // the engine's start-up pass, which would archive whatever of it is due.
+        server.wait_for_first_pass();
         server
     }
 
@@ -166,6 +169,18 @@ impl Server {
                 None => return out,
             }
         }
+    }
+
+    /// Waits until the pass the engine runs at start-up has finished, so a test's appends
+    /// cannot race it (it would archive what is due in them).
+    fn wait_for_first_pass(&self) {
+        self.wait_for("the start-up pass", |s| {
+            s.metrics()
+                .lines()
+                .find_map(|l| l.strip_prefix("frostline_archive_passes_total "))
+                .and_then(|v| v.trim().parse::<f64>().ok())
+                .is_some_and(|passes| passes >= 1.0)
+        });
     }
 
     fn metrics(&self) -> String {
@@ -1117,9 +1132,7 @@ fn holds_retention_and_verify_over_the_api() {
     let (status, body) = server.post("/v1/archive", Some(ADMIN), None);
     assert_eq!(status, 200, "{body}");
     let report: serde_json::Value = serde_json::from_str(&body).unwrap();
-    // The engine's own first pass (at start-up, racing the appends above) may have archived
-    // some or all of them already: what counts is that every old bucket is archived now.
-    assert_eq!(report["errors"], serde_json::json!([]), "{report}");
+    assert!(report["archived"].as_u64().unwrap() > 0, "{report}");
     let entries = retention(&server);
     let old: Vec<&serde_json::Value> =
         entries.iter().filter(|b| b["end"].as_str().unwrap() <= "2025-01-01T00:00:00Z").collect();
