@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 
 use crate::plugin::grants::{BlobStoreGrant, Preopen, PreopenMode};
-use crate::plugin::http::{HTTP_BODY_BYTES_DEFAULT, HttpGrant, HttpOrigin};
+use crate::plugin::http::HttpGrant;
 use crate::plugin::{self, Capabilities, PluginHost, PluginLimits, PluginSource, Role, builtin, conformance};
 
 #[derive(Debug, clap::Args)]
@@ -77,13 +77,7 @@ fn capabilities(args: &CheckArgs, role: Role) -> anyhow::Result<Capabilities> {
         }),
         None => None,
     };
-    let http = match args.http_host.is_empty() {
-        true => None,
-        false => Some(std::sync::Arc::new(HttpGrant {
-            origins: args.http_host.iter().map(|o| HttpOrigin::parse(o)).collect::<crate::error::Result<_>>()?,
-            body_bytes_max: HTTP_BODY_BYTES_DEFAULT,
-        })),
-    };
+    let http = HttpGrant::parse(&args.http_host, None)?;
     Ok(Capabilities { preopens, blob_store, http })
 }
 

@@ -106,6 +106,39 @@ pub struct HttpGrant {
 }
 
 impl HttpGrant {
+    /// The HTTP part of a grant: each origin well formed and listed once, the body limit within
+    /// range (and only beside origins).
+    pub fn parse(hosts: &[String], body_limit_mib: Option<u64>) -> Result<Option<Arc<HttpGrant>>> {
+        if hosts.is_empty() {
+            return match body_limit_mib {
+                Some(_) => Err(Error::InvalidInput(
+                    "http_body_limit_mib without http_hosts limits nothing; list the origins the plugin may reach in \
+                     http_hosts, or remove http_body_limit_mib"
+                        .into(),
+                )),
+                None => Ok(None),
+            };
+        }
+        let mut origins: Vec<HttpOrigin> = Vec::new();
+        for host in hosts {
+            let origin = HttpOrigin::parse(host)?;
+            if origins.contains(&origin) {
+                return Err(Error::InvalidInput(format!("http_hosts lists {origin} twice")));
+            }
+            origins.push(origin);
+        }
+        let body_bytes_max = match body_limit_mib {
+            None => HTTP_BODY_BYTES_DEFAULT,
+            Some(mib @ 1..=HTTP_BODY_MIB_MAX) => mib * 1024 * 1024,
+            Some(other) => {
+                return Err(Error::InvalidInput(format!(
+                    "http_body_limit_mib = {other} is outside 1..={HTTP_BODY_MIB_MAX}"
+                )));
+            }
+        };
+        Ok(Some(Arc::new(HttpGrant { origins, body_bytes_max })))
+    }
+
     pub fn describe(&self) -> String {
         let origins: Vec<String> = self.origins.iter().map(ToString::to_string).collect();
         format!("http to {} (bodies up to {} MiB)", origins.join(", "), self.body_bytes_max / (1024 * 1024))
@@ -218,15 +251,14 @@ fn limited(body: WasiBody, max: u64, too_large: HttpError) -> WasiBody {
         .boxed_unsync()
 }
 
-/// Bytes for a body already in memory (used by tests of the limit).
-#[cfg(test)]
-fn full(bytes: &'static [u8]) -> WasiBody {
-    http_body_util::Full::new(bytes::Bytes::from_static(bytes)).map_err(|never| match never {}).boxed_unsync()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Bytes for a body already in memory.
+    fn full(bytes: &'static [u8]) -> WasiBody {
+        http_body_util::Full::new(bytes::Bytes::from_static(bytes)).map_err(|never| match never {}).boxed_unsync()
+    }
 
     fn hooks(origins: &[&str]) -> HttpHooks {
         HttpHooks {

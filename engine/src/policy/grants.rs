@@ -15,7 +15,7 @@ use super::{PluginRecord, RawPlugin, RawTarget, invalid, load_plugin};
 use crate::error::Result;
 use crate::plugin::archiver::{ARCHIVER_CALL_MS_DEFAULT, WasmArchiver};
 use crate::plugin::grants::{BlobStoreGrant, Capabilities, Preopen, PreopenMode};
-use crate::plugin::http::{HTTP_BODY_BYTES_DEFAULT, HTTP_BODY_MIB_MAX, HttpGrant, HttpOrigin};
+use crate::plugin::http::HttpGrant;
 use crate::plugin::{PluginHost, Role, conformance};
 use crate::storage::ArchiveBackend;
 
@@ -83,8 +83,8 @@ pub(super) fn validate(dir: &Path, raw: Vec<(PathBuf, RawGrant)>, native_targets
                 format!("{what}: also granted in {}; give one grant per hash", other.file.display()),
             ));
         }
-        let http =
-            http_grant(&g.http_hosts, g.http_body_limit_mib).map_err(|e| invalid(&file, format!("{what}: {e}")))?;
+        let http = HttpGrant::parse(&g.http_hosts, g.http_body_limit_mib)
+            .map_err(|e| invalid(&file, format!("{what}: {e}")))?;
         let mut preopens: Vec<Preopen> = Vec::new();
         for p in g.preopen {
             let guest = p.guest.trim_end_matches('/').to_string();
@@ -127,39 +127,6 @@ pub(super) fn validate(dir: &Path, raw: Vec<(PathBuf, RawGrant)>, native_targets
         grants.insert(sha256.clone(), Grant { sha256, preopens, blob_store: g.blob_store, http, file });
     }
     Ok(grants)
-}
-
-/// The HTTP part of a grant: each origin well formed and listed once, the body limit within
-/// range (and only beside origins).
-fn http_grant(hosts: &[String], body_limit_mib: Option<u64>) -> Result<Option<Arc<HttpGrant>>> {
-    if hosts.is_empty() {
-        return match body_limit_mib {
-            Some(_) => Err(crate::error::Error::InvalidInput(
-                "http_body_limit_mib without http_hosts limits nothing; list the origins the plugin may reach in \
-                 http_hosts, or remove http_body_limit_mib"
-                    .into(),
-            )),
-            None => Ok(None),
-        };
-    }
-    let mut origins: Vec<HttpOrigin> = Vec::new();
-    for host in hosts {
-        let origin = HttpOrigin::parse(host)?;
-        if origins.contains(&origin) {
-            return Err(crate::error::Error::InvalidInput(format!("http_hosts lists {origin} twice")));
-        }
-        origins.push(origin);
-    }
-    let body_bytes_max = match body_limit_mib {
-        None => HTTP_BODY_BYTES_DEFAULT,
-        Some(mib @ 1..=HTTP_BODY_MIB_MAX) => mib * 1024 * 1024,
-        Some(other) => {
-            return Err(crate::error::Error::InvalidInput(format!(
-                "http_body_limit_mib = {other} is outside 1..={HTTP_BODY_MIB_MAX}"
-            )));
-        }
-    };
-    Ok(Some(Arc::new(HttpGrant { origins, body_bytes_max })))
 }
 
 /// What a component with content hash `sha256` may use: its grant's capabilities, or nothing.
