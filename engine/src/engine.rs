@@ -33,6 +33,10 @@ pub struct Engine {
     pub load_options: crate::policy::LoadOptions,
     policies: RwLock<Arc<PolicySet>>,
     last_reload: std::sync::Mutex<Option<crate::policy::ReloadOutcome>>,
+    /// Held for the whole of a reload: two at once (the watcher's and the API's) would both
+    /// build on the same active set, take the same generation, and run an archiver's load
+    /// checks against its store together.
+    reloading: std::sync::Mutex<()>,
     /// Reload attempts since start: accepted, refused (for metrics).
     reloads: [std::sync::atomic::AtomicU64; 2],
     /// Every random choice the engine makes comes from here (`Settings::random_seed`).
@@ -82,6 +86,7 @@ impl Engine {
             load_options,
             policies: RwLock::new(Arc::new(policies)),
             last_reload: std::sync::Mutex::new(None),
+            reloading: std::sync::Mutex::new(()),
             reloads: Default::default(),
             rng: std::sync::Mutex::new(match settings_seed {
                 Some(seed) => rand::SeedableRng::seed_from_u64(seed),
@@ -128,6 +133,12 @@ impl Engine {
     pub fn install_policies(&self, set: PolicySet) -> Result<()> {
         *self.policies.write().expect("policy lock") = Arc::new(set);
         self.register_tables()
+    }
+
+    /// Waits for a reload in progress to finish; the caller reloads while it holds the guard.
+    pub fn one_reload_at_a_time(&self) -> std::sync::MutexGuard<'_, ()> {
+        // A reload that panicked left nothing half-installed (a set is swapped in whole).
+        self.reloading.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     pub fn record_reload(&self, outcome: crate::policy::ReloadOutcome) {

@@ -825,3 +825,68 @@ fn the_grants_http_body_limit_holds_and_is_enforced() {
     assert_eq!((report.archived, report.errors.clone()), (3, Vec::<String>::new()), "{report:?}");
     assert_eq!(e.query_all("r").len(), 300);
 }
+
+/// The dir archiver with a read-write preopen of `root` as `/archive`.
+fn dir_archiver_over(root: &Path) -> frostline::plugin::archiver::WasmArchiver {
+    use frostline::plugin::grants::{Capabilities, Preopen, PreopenMode};
+    let loaded =
+        load(&PluginSource::from_file(&guest_path("dir_archiver")).unwrap(), Role::Archiver, PluginLimits::default());
+    let capabilities = Capabilities {
+        preopens: vec![Preopen { host: root.to_path_buf(), guest: "/archive".into(), mode: PreopenMode::Rw }],
+        blob_store: None,
+        http: None,
+    };
+    frostline::plugin::archiver::WasmArchiver::with_capabilities(loaded, r#"{"root":"/archive"}"#.into(), capabilities)
+        .unwrap()
+}
+
+/// Two conformance runs against one store at once, with the same seed (two reloads, a `policy
+/// check` beside the engine, two engines sharing a target all do this) each pass: each run
+/// writes under a scratch prefix of its own. Found under emulation, where a reload from the
+/// policy watcher and one from the API ran together and refused each other.
+#[test]
+fn conformance_runs_at_once_against_one_store_leave_each_other_alone() {
+    let area = tempfile::tempdir().unwrap();
+    for round in 0..4 {
+        let barrier = std::sync::Barrier::new(2);
+        let reports: Vec<_> = std::thread::scope(|scope| {
+            let runs: Vec<_> = (0..2)
+                .map(|_| {
+                    scope.spawn(|| {
+                        let archiver = dir_archiver_over(area.path());
+                        barrier.wait();
+                        let now = frostline::clock::Clock::now(&frostline::clock::SystemClock);
+                        frostline::plugin::conformance::check_archiver(&archiver, 0x00f1_0571, now).unwrap()
+                    })
+                })
+                .collect();
+            runs.into_iter().map(|run| run.join().unwrap()).collect()
+        });
+        for report in reports {
+            assert!(report.passed(), "round {round}:\n{report}");
+        }
+    }
+}
+
+/// What an interrupted run left behind is removed by a later run once it is a day old (its
+/// prefix carries its start time); a run younger than that may still be going, and is left alone.
+#[test]
+fn conformance_removes_what_old_interrupted_runs_left_and_only_that() {
+    let area = tempfile::tempdir().unwrap();
+    let now_micros = t("2026-12-01T12:00:00Z");
+    let now = (now_micros / 1_000_000) as u64;
+    let old = format!("frostline-conformance/{:010x}-00000000000000aa", now - 2 * 86_400);
+    let young = format!("frostline-conformance/{:010x}-00000000000000bb", now - 60);
+    // The layout of frostline before run prefixes had a start time: the seed alone.
+    let seed_only = "frostline-conformance/0000000000f10571";
+    for dir in [&old, &young, &seed_only.to_string()] {
+        std::fs::create_dir_all(area.path().join(dir)).unwrap();
+        std::fs::write(area.path().join(dir).join("a"), b"left behind").unwrap();
+    }
+    let report =
+        frostline::plugin::conformance::check_archiver(&dir_archiver_over(area.path()), 7, now_micros).unwrap();
+    assert!(report.passed(), "{report}");
+    assert!(!area.path().join(&old).join("a").exists(), "a run two days old was not cleaned up");
+    assert!(!area.path().join(seed_only).join("a").exists(), "the seed-only layout was not cleaned up");
+    assert!(area.path().join(&young).join("a").exists(), "a run that may still be going was removed");
+}

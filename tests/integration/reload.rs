@@ -215,3 +215,42 @@ fn a_removed_table_is_retired_keeps_its_data_and_is_still_archived() {
     assert_eq!(e.pass().archived, 3, "its buckets are archived under its last definition");
     assert_eq!(e.query_all("r"), sorted(input));
 }
+
+/// Reloads that arrive together (the policy watcher's and one from the API, found under
+/// emulation) run one after the other: each is accepted with its own generation, and an
+/// archiver target's load checks, which write to its store, do not meet.
+#[test]
+fn reloads_that_arrive_together_run_one_after_the_other() {
+    let area = tempfile::tempdir().unwrap();
+    let plugin = std::path::Path::new(frostline::plugin::builtin::GUEST_DIR).join("dir_archiver.wasm");
+    let hash = frostline::format::manifest::sha256_hex(&std::fs::read(&plugin).unwrap());
+    let policy = format!(
+        "{BASE}target = \"arch\"\n\n[[target]]\nname = \"arch\"\nplugin = \"{}\"\nconfig = {{ root = \"/archive\" }}\n\n\
+         [[grant]]\nsha256 = \"{hash}\"\npreopen = [{{ host = \"{}\", guest = \"/archive\", mode = \"rw\" }}]\n",
+        plugin.display(),
+        area.path().display()
+    );
+    let e = TestEngine::new(&policy, "2024-03-10T00:00:00Z");
+    let before = e.engine.policies().generation;
+    let barrier = std::sync::Barrier::new(2);
+    let outcomes: Vec<_> = std::thread::scope(|scope| {
+        let reloads: Vec<_> = ["watcher", "api"]
+            .into_iter()
+            .map(|trigger| {
+                let (engine, barrier) = (&e.engine, &barrier);
+                scope.spawn(move || {
+                    barrier.wait();
+                    reload(engine, trigger)
+                })
+            })
+            .collect();
+        reloads.into_iter().map(|r| r.join().unwrap()).collect()
+    });
+    for outcome in &outcomes {
+        assert!(outcome.accepted, "{outcome:?}");
+    }
+    let mut generations: Vec<u64> = outcomes.iter().map(|o| o.generation).collect();
+    generations.sort();
+    assert_eq!(generations, [before + 1, before + 2], "each reload has a generation of its own");
+    assert_eq!(e.engine.policies().generation, before + 2);
+}

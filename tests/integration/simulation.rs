@@ -535,21 +535,40 @@ fn run_lifecycle_seed(seed: u64, ops: usize) -> LifecycleCounts {
                 let dir = e.policies_dir();
                 let text = lifecycle_policy(&retention, removed, on_t2, t2_declared.then_some(t2_dir.as_path()));
                 std::fs::write(dir.join("tables.toml"), text).unwrap();
-                // What a reload does, without its wait for the directory to settle (the
-                // simulation writes whole files; the wait is tested in `reload`).
                 let engine = &e.engine;
-                let set = frostline::policy::load_with(
-                    &dir,
-                    &engine.data_dir,
-                    &engine.host,
-                    &engine.settings,
-                    &engine.load_options,
-                )
-                .and_then(|set| frostline::ops::reload::succeed(engine, &engine.policies(), set))
-                .unwrap_or_else(|err| panic!("seed {seed} op {op}: reload refused: {err}"));
-                assert_eq!(set.retired.contains("r"), removed, "seed {seed} op {op}");
-                engine.install_policies(set).unwrap();
-                counts.reloads += 1;
+                if rng.random_range(0..4) == 0 {
+                    // Two reloads at once, as the policy watcher's and the API's can come: they
+                    // run one after the other, each with a generation of its own.
+                    let before = engine.policies().generation;
+                    let outcomes: Vec<_> = std::thread::scope(|scope| {
+                        let reloads: Vec<_> = ["watcher", "api"]
+                            .map(|trigger| scope.spawn(move || frostline::ops::reload::reload(engine, trigger)))
+                            .into_iter()
+                            .collect();
+                        reloads.into_iter().map(|r| r.join().unwrap()).collect()
+                    });
+                    let mut generations: Vec<u64> = outcomes.iter().map(|o| o.generation).collect();
+                    generations.sort();
+                    assert!(outcomes.iter().all(|o| o.accepted), "seed {seed} op {op}: {outcomes:?}");
+                    assert_eq!(generations, [before + 1, before + 2], "seed {seed} op {op}");
+                    assert_eq!(engine.policies().retired.contains("r"), removed, "seed {seed} op {op}");
+                    counts.reloads += 2;
+                } else {
+                    // What a reload does, without its wait for the directory to settle (the
+                    // simulation writes whole files; the wait is tested in `reload`).
+                    let set = frostline::policy::load_with(
+                        &dir,
+                        &engine.data_dir,
+                        &engine.host,
+                        &engine.settings,
+                        &engine.load_options,
+                    )
+                    .and_then(|set| frostline::ops::reload::succeed(engine, &engine.policies(), set))
+                    .unwrap_or_else(|err| panic!("seed {seed} op {op}: reload refused: {err}"));
+                    assert_eq!(set.retired.contains("r"), removed, "seed {seed} op {op}");
+                    engine.install_policies(set).unwrap();
+                    counts.reloads += 1;
+                }
             }
             90..92 => {
                 // A clean restart: a retired table is rebuilt from its recorded declaration.

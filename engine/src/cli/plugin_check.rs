@@ -234,6 +234,7 @@ pub fn check_with(
         Role::Archiver => conformance::check_archiver(
             &plugin::archiver::WasmArchiver::with_capabilities(loaded, config, capabilities)?,
             seed,
+            crate::clock::Clock::now(&crate::clock::SystemClock),
         ),
     }
 }

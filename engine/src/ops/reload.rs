@@ -44,6 +44,7 @@ pub fn reload(engine: &Engine, trigger: &str) -> ReloadOutcome {
 /// `reload`, with `pause` between the first look at the directory and the load (zero when
 /// the watcher saw every write closed).
 fn reload_after(engine: &Engine, trigger: &str, pause: Duration) -> ReloadOutcome {
+    let _only_reload = engine.one_reload_at_a_time();
     let current = engine.policies();
     let outcome = match try_reload(engine, &current, pause) {
         Ok(set) => {

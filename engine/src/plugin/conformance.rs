@@ -322,21 +322,28 @@ pub fn check_retention(policy: &super::retention::WasmRetention, seed: u64) -> R
     ))
 }
 
+/// Where every conformance run keeps its scratch keys, each run under a folder of its own.
+pub const CONFORMANCE_PREFIX: &str = "frostline-conformance/";
+/// A run's folder older than this is what an interrupted run left, and a later run removes it.
+/// A run lasts at most a few dozen calls of at most `PLUGIN_CALL_MS_MAX` each (under half an
+/// hour); a day leaves room for clocks that disagree between engines sharing a store.
+pub const CONFORMANCE_LEFTOVER_SECS: u64 = 86_400;
+
 /// Runs the archiver checks against scratch keys: put, get, list and delete round-trip, and
-/// create-only semantics hold. Cleans up after itself, and first removes what an interrupted
-/// earlier run with the same seed left behind (a policy load always uses the same seed).
-pub fn check_archiver(archiver: &WasmArchiver, seed: u64) -> Result<ConformanceReport> {
-    let prefix = format!("frostline-conformance/{seed:016x}/");
+/// create-only semantics hold. The keys are under a prefix of this run's own, made of its start
+/// time and a random number: runs at once against one store (two reloads, a `policy check`
+/// beside the engine, engines sharing a target) never meet, whatever their seeds. Cleans up
+/// after itself, and first removes what interrupted runs left (`remove_leftovers`). `now` is
+/// the wall clock's time (the system clock's: leftovers age in the store, in real time).
+pub fn check_archiver(archiver: &WasmArchiver, seed: u64, now: crate::model::Micros) -> Result<ConformanceReport> {
+    let started = u64::try_from(now / 1_000_000).unwrap_or(0);
+    remove_leftovers(archiver, started)?;
+    let prefix = format!("{CONFORMANCE_PREFIX}{started:010x}-{:016x}/", rand::random::<u64>());
     let key = |name: &str| format!("{prefix}{name}");
     let mut rng = StdRng::seed_from_u64(seed);
     let mut big = vec![0u8; 1024 * 1024];
     rng.fill(&mut big[..]);
     let small = b"frostline conformance".to_vec();
-    if let BackendAnswer::Ok(leftovers) = archiver.list(&prefix, None, 100)? {
-        for key in leftovers {
-            archiver.delete(&key)?;
-        }
-    }
 
     let mut round_trip = Tally::default();
     let mut create_only = Tally::default();
@@ -417,4 +424,43 @@ pub fn check_archiver(archiver: &WasmArchiver, seed: u64) -> Result<ConformanceR
             deletion.finish("delete removes, and absence is listed"),
         ],
     ))
+}
+
+/// Deletes the keys of runs that started more than `CONFORMANCE_LEFTOVER_SECS` before `now`,
+/// and of the layout before run folders had a start time (`{seed:016x}/`). Keys it cannot
+/// read a start time from otherwise are left alone: they are not a run's. Looks at the first
+/// 1,000 keys under the prefix, so a store full of leftovers is cleaned over several loads.
+fn remove_leftovers(archiver: &WasmArchiver, now: u64) -> Result<()> {
+    const PAGE: u32 = 100;
+    const PAGES_MAX: usize = 10;
+    let mut after: Option<String> = None;
+    let mut stale = Vec::new();
+    for _ in 0..PAGES_MAX {
+        let BackendAnswer::Ok(keys) = archiver.list(CONFORMANCE_PREFIX, after.as_deref(), PAGE)? else {
+            // An archiver that cannot list answers so in the listing check itself.
+            return Ok(());
+        };
+        let full_page = keys.len() == PAGE as usize;
+        after = keys.last().cloned();
+        stale.extend(keys.into_iter().filter(|key| {
+            let Some(rest) = key.strip_prefix(CONFORMANCE_PREFIX) else { return false };
+            let run = rest.split('/').next().unwrap_or_default();
+            let is_hex = |text: &str| !text.is_empty() && text.bytes().all(|b| b.is_ascii_hexdigit());
+            match run.split_once('-') {
+                Some((time, nonce)) if time.len() == 10 && is_hex(time) && is_hex(nonce) => {
+                    let started = u64::from_str_radix(time, 16).unwrap_or(u64::MAX);
+                    now.saturating_sub(started) > CONFORMANCE_LEFTOVER_SECS
+                }
+                None => run.len() == 16 && is_hex(run),
+                Some(_) => false,
+            }
+        }));
+        if !full_page {
+            break;
+        }
+    }
+    for key in stale {
+        archiver.delete(&key)?;
+    }
+    Ok(())
 }
