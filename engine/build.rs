@@ -5,6 +5,8 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use sha2::{Digest, Sha256};
+
 const GUEST_TARGET: &str = "wasm32-wasip2";
 
 fn main() {
@@ -63,6 +65,44 @@ fn main() {
         assert!(Path::new(&path).exists(), "the guest build did not produce {}", path.display());
     }
     println!("cargo:rustc-env=FROSTLINE_GUEST_DIR={}", guest_dir.display());
+    if std::env::var_os("CARGO_FEATURE_COMPILER").is_none() {
+        embed_precompiled_builtins(&guest_dir);
+    }
+}
+
+/// A build without a compiler (the lean edge build) embeds the built-ins precompiled for its
+/// target by `frostline plugin compile --target T --builtins DIR` (scripts/release does this),
+/// and only if DIR's artifacts were made from the built-ins just built.
+fn embed_precompiled_builtins(guest_dir: &Path) {
+    const VAR: &str = "FROSTLINE_PRECOMPILED_BUILTINS";
+    println!("cargo:rerun-if-env-changed={VAR}");
+    let target = std::env::var("TARGET").unwrap_or_default();
+    let Some(dir) = std::env::var_os(VAR).map(PathBuf::from) else {
+        panic!(
+            "\n\nThis build has no compiler (feature `compiler` is off), so the built-in plugins must be \
+             precompiled for {target}.\nWith a full build of this same source, run\n\n    \
+             frostline plugin compile --target {target} --builtins DIR\n\nthen build again with {VAR}=DIR \
+             (scripts/release does both).\n"
+        )
+    };
+    for component in ["calendar_utc", "eligible_before"] {
+        let wasm = std::fs::read(guest_dir.join(format!("{component}.wasm"))).expect("the built-in was just built");
+        let built = hex::encode(Sha256::digest(&wasm));
+        let made_from = dir.join(format!("{component}.wasm.sha256"));
+        println!("cargo:rerun-if-changed={}", made_from.display());
+        println!("cargo:rerun-if-changed={}", dir.join(format!("{component}.cwasm")).display());
+        let made_from = std::fs::read_to_string(&made_from).unwrap_or_else(|e| {
+            panic!("{VAR}: cannot read {}: {e}; run `frostline plugin compile --builtins` again", made_from.display())
+        });
+        assert!(
+            made_from.trim() == built,
+            "{VAR}: {}/{component}.cwasm was compiled from a different {component}.wasm ({}) than this build's \
+             ({built}); run `frostline plugin compile --target {target} --builtins` with a full build of this source",
+            dir.display(),
+            made_from.trim()
+        );
+    }
+    println!("cargo:rustc-env={VAR}={}", dir.canonicalize().expect("the directory exists").display());
 }
 
 /// Stops the build with the command to run when the wasm target is missing: machines with

@@ -492,3 +492,74 @@ fn the_c_strategy_passes_conformance_and_answers_utc_hours() {
     let bytes = std::fs::read(&source.name).unwrap();
     assert!(bytes.len() < 64 * 1024, "{} bytes", bytes.len());
 }
+
+/// `plugin compile --target` writes, for another host, the artifacts an edge build loads: the
+/// components a policy directory names (built-ins skipped) and named files, under the compiled
+/// cache's names with their digests, and with `--builtins` the built-ins by component name with
+/// the hash of the component each was made from (what the edge build's build script checks).
+#[test]
+fn plugin_compile_writes_artifacts_for_another_host() {
+    use frostline::plugin::precompile::Target;
+    use sha2::Digest as _;
+    let policies = tempfile::tempdir().unwrap();
+    let hostile = std::fs::read(format!("{}/hostile_strategy.wasm", builtin::GUEST_DIR)).unwrap();
+    std::fs::create_dir(policies.path().join("plugins")).unwrap();
+    std::fs::write(policies.path().join("plugins/hostile.wasm"), &hostile).unwrap();
+    std::fs::write(
+        policies.path().join("tables.toml"),
+        "[[table]]\nid = \"a\"\nstrategy = { plugin = \"plugins/hostile.wasm\" }\n\
+         [[table]]\nid = \"b\"\nstrategy = { plugin = \"builtin:calendar-day-utc\" }\n",
+    )
+    .unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let out_dir = out.path().to_str().unwrap();
+    let memory = format!("{}/memory_archiver.wasm", builtin::GUEST_DIR);
+    let args = ["plugin", "compile", "--target", "aarch64", "--out", out_dir, "--builtins", "--policy-dir"];
+    let ran = run_frostline(&[&args[..], &[policies.path().to_str().unwrap(), memory.as_str()]].concat());
+    assert_eq!(ran.status.code(), Some(0), "{}{}", text(&ran.stdout), text(&ran.stderr));
+
+    let target = Target::parse("aarch64").unwrap();
+    let mut written: Vec<String> =
+        std::fs::read_dir(out.path()).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    written.sort();
+    let artifact = |bytes: &[u8]| target.artifact_name(&hex::encode(sha2::Sha256::digest(bytes)));
+    let mut expected = vec![
+        artifact(&hostile),
+        artifact(&std::fs::read(&memory).unwrap()),
+        "calendar_utc.cwasm".to_string(),
+        "eligible_before.cwasm".to_string(),
+    ];
+    expected.extend(expected.clone().into_iter().map(|name| format!("{name}.sha256")));
+    expected.extend(["calendar_utc.wasm.sha256".to_string(), "eligible_before.wasm.sha256".to_string()]);
+    expected.sort();
+    assert_eq!(written, expected);
+    for name in expected.iter().filter(|n| n.ends_with(".cwasm")) {
+        let bytes = std::fs::read(out.path().join(name)).unwrap();
+        let digest = std::fs::read_to_string(out.path().join(format!("{name}.sha256"))).unwrap();
+        assert_eq!(digest, hex::encode(sha2::Sha256::digest(&bytes)), "{name}");
+    }
+    let (_, calendar) = builtin::COMPONENTS[0];
+    let made_from = std::fs::read_to_string(out.path().join("calendar_utc.wasm.sha256")).unwrap();
+    assert_eq!(made_from, hex::encode(sha2::Sha256::digest(calendar)));
+
+    // Bad input names what is wrong and writes nothing.
+    let empty = tempfile::tempdir().unwrap();
+    let empty_dir = empty.path().to_str().unwrap();
+    for (args, says) in [
+        (
+            vec!["--target", "riscv64", "--out", empty_dir, "--builtins"],
+            "frostline's edge builds are for aarch64 and x86_64",
+        ),
+        (vec!["--target", "aarch64", "--out", empty_dir], "nothing to compile"),
+        (
+            vec!["--target", "aarch64", "--out", empty_dir, "/nonexistent.wasm"],
+            "reading the component /nonexistent.wasm",
+        ),
+        (vec!["--target", "aarch64", "--out", empty_dir, "Cargo.toml"], "not WebAssembly"),
+    ] {
+        let refused = run_frostline(&[&["plugin", "compile"][..], &args].concat());
+        assert_ne!(refused.status.code(), Some(0), "{args:?}");
+        assert!(text(&refused.stderr).contains(says), "{args:?}: {}", text(&refused.stderr));
+    }
+    assert_eq!(std::fs::read_dir(empty.path()).unwrap().count(), 0, "a refused compile wrote something");
+}

@@ -359,22 +359,35 @@ fn append_readings(client: &Client, bytes: u64) -> Result<(u64, u64)> {
 }
 
 /// A running `frostline run`.
-struct Engine {
+pub(crate) struct Engine {
     child: Child,
     addr: SocketAddr,
 }
 
-struct Memory {
-    resident_mib: f64,
+pub(crate) struct Memory {
+    pub(crate) resident_mib: f64,
     peak_mib: f64,
 }
 
 impl Engine {
     /// Spawns the engine and returns once `/health` answers.
-    fn start(binary: &Path, data: &Path, policies: &Path) -> Result<Engine> {
+    pub(crate) fn start(binary: &Path, data: &Path, policies: &Path) -> Result<Engine> {
+        Self::start_under(None, binary, data, policies)
+    }
+
+    /// The same, the binary run by `emulator` (qemu-aarch64) when given.
+    pub(crate) fn start_under(emulator: Option<&Path>, binary: &Path, data: &Path, policies: &Path) -> Result<Engine> {
         let addr_file = data.join(frostline::api::ADDR_FILE);
         let _ = std::fs::remove_file(&addr_file);
-        let mut child = Command::new(binary)
+        let mut command = match emulator {
+            Some(emulator) => {
+                let mut command = Command::new(emulator);
+                command.arg(binary);
+                command
+            }
+            None => Command::new(binary),
+        };
+        let mut child = command
             .arg("run")
             .arg("--data")
             .arg(data)
@@ -411,7 +424,7 @@ impl Engine {
     }
 
     /// The resident set and its peak, from /proc.
-    fn memory(&self) -> Result<Memory> {
+    pub(crate) fn memory(&self) -> Result<Memory> {
         let path = PathBuf::from(format!("/proc/{}/status", self.child.id()));
         let text = std::fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))?;
         let field = |name: &str| -> Result<f64> {
@@ -423,7 +436,7 @@ impl Engine {
     }
 
     /// SIGTERM, then waits for a clean exit.
-    fn stop(mut self) -> Result<()> {
+    pub(crate) fn stop(mut self) -> Result<()> {
         // SAFETY: kill(2) on the pid of a child this process spawned and has not reaped.
         let sent = unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
         ensure!(sent == 0, "cannot signal the engine: {}", std::io::Error::last_os_error());

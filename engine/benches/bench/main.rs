@@ -33,6 +33,7 @@ mod append;
 mod archive;
 mod data;
 mod delta;
+mod edge;
 mod footprint;
 mod formats;
 mod harness;
@@ -119,6 +120,11 @@ const SCENARIOS: &[Scenario] = &[
         name: "footprint",
         about: "start-up time of `frostline run` from the compiled cache, resident memory idle with the example policies and after archiving 1 GiB",
         run: footprint::footprint,
+    },
+    Scenario {
+        name: "edge",
+        about: "the release artifacts of scripts/release: stripped size of the full and lean builds per target, start-up to /health and idle memory (x86_64), start-up under qemu-aarch64 (aarch64)",
+        run: edge::edge,
     },
 ];
 

@@ -6,6 +6,8 @@ pub mod client;
 pub mod ingest;
 pub mod lifecycle;
 pub mod plugin_check;
+#[cfg(feature = "compiler")]
+pub mod plugin_compile;
 pub mod plugin_new;
 pub mod policy_check;
 pub mod remote;
@@ -203,6 +205,11 @@ pub enum PluginCommand {
     /// Write a new plugin project (WIT, a working plugin, build and check scripts) for a role
     /// in Rust, Python or JavaScript.
     New(plugin_new::NewArgs),
+    /// Precompile components for another host (an edge build has no compiler): the
+    /// components of a policy directory, named files, and with --builtins the built-ins for
+    /// an edge build of this source.
+    #[cfg(feature = "compiler")]
+    Compile(plugin_compile::CompileArgs),
 }
 
 /// What `frostline --version` prints after the version: the plugin contract, the wasmtime
@@ -217,13 +224,29 @@ pub fn long_version() -> String {
         crate::plugin::CONTRACT_VERSION,
         crate::plugin::CONTRACT_VERSIONS_SUPPORTED.join(", "),
         crate::plugin::WASMTIME_VERSION,
-        if cfg!(feature = "delta") { "delta (Parquet archives are Delta Lake tables)" } else { "none" },
+        features(),
     );
     for builtin in crate::plugin::builtin::BUILTINS {
         let sha = hex::encode(sha2::Sha256::digest(builtin.bytes));
         text.push_str(&format!("builtin:{} {} sha256 {sha}\n", builtin.name, builtin.role));
     }
+    let native = crate::plugin::precompile::Target::native();
+    text.push_str(&format!("precompiled plugins for this host: {}\n", native.artifact_name("COMPONENT_SHA256")));
     text.trim_end().to_string()
+}
+
+/// The optional features this binary was built with.
+fn features() -> String {
+    let features: Vec<&str> = [
+        (cfg!(feature = "compiler"), "compiler (compiles plugins; an edge build without it runs precompiled ones)"),
+        (cfg!(feature = "delta"), "delta (Parquet archives are Delta Lake tables)"),
+        (cfg!(feature = "gcs"), "gcs"),
+        (cfg!(feature = "azure"), "azure"),
+    ]
+    .into_iter()
+    .filter_map(|(on, name)| on.then_some(name))
+    .collect();
+    if features.is_empty() { "none (the lean edge build)".to_string() } else { features.join(", ") }
 }
 
 /// A progress bar on a terminal; hidden otherwise (scripts and tests).
@@ -251,6 +274,8 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Plugin(PluginCommand::Check(args)) => plugin_check::run(args),
         Command::Plugin(PluginCommand::New(args)) => plugin_new::run(args),
+        #[cfg(feature = "compiler")]
+        Command::Plugin(PluginCommand::Compile(args)) => plugin_compile::run(args),
         Command::Policy(PolicyCommand::Check(args)) => policy_check::run(args),
         Command::Hold(command) => lifecycle::run_hold(command),
         Command::Verify { engine, table, sample, json } => lifecycle::run_verify(engine, table, sample, json),

@@ -6,6 +6,33 @@ use super::{PluginSource, Role};
 const CALENDAR_UTC_WASM: &[u8] = include_bytes!(concat!(env!("FROSTLINE_GUEST_DIR"), "/calendar_utc.wasm"));
 const ELIGIBLE_BEFORE_WASM: &[u8] = include_bytes!(concat!(env!("FROSTLINE_GUEST_DIR"), "/eligible_before.wasm"));
 
+/// The built-in components by file name (`plugin compile --builtins` writes one artifact each).
+pub const COMPONENTS: &[(&str, &[u8])] =
+    &[("calendar_utc", CALENDAR_UTC_WASM), ("eligible_before", ELIGIBLE_BEFORE_WASM)];
+
+/// The built-ins compiled for this target at build time, in a build without a compiler (the
+/// build script checked that each was made from the component embedded above).
+#[cfg(not(feature = "compiler"))]
+const PRECOMPILED: &[(&[u8], &[u8])] = &[
+    (CALENDAR_UTC_WASM, include_bytes!(concat!(env!("FROSTLINE_PRECOMPILED_BUILTINS"), "/calendar_utc.cwasm"))),
+    (ELIGIBLE_BEFORE_WASM, include_bytes!(concat!(env!("FROSTLINE_PRECOMPILED_BUILTINS"), "/eligible_before.cwasm"))),
+];
+
+/// The artifact embedded for the built-in component whose SHA-256 is `hash`; `None` in a build
+/// with a compiler, which compiles the built-ins as any component.
+pub(crate) fn precompiled(hash: &str) -> Option<&'static [u8]> {
+    #[cfg(not(feature = "compiler"))]
+    {
+        use sha2::Digest as _;
+        PRECOMPILED.iter().find(|(wasm, _)| hex::encode(sha2::Sha256::digest(wasm)) == hash).map(|(_, cwasm)| *cwasm)
+    }
+    #[cfg(feature = "compiler")]
+    {
+        let _ = hash;
+        None
+    }
+}
+
 /// Where the guest build put its components (the test-only ones included).
 pub const GUEST_DIR: &str = env!("FROSTLINE_GUEST_DIR");
 

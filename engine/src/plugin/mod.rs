@@ -16,6 +16,7 @@ pub mod conformance;
 pub mod grants;
 pub mod http;
 pub mod instance;
+pub mod precompile;
 pub mod retention;
 pub mod strategy;
 
@@ -305,6 +306,22 @@ impl Drop for HostInner {
     }
 }
 
+/// The wasmtime settings of every engine frostline makes: the host's, and the ones
+/// `plugin compile --target` compiles with for another host. A change here that changes
+/// compiled code must also change `precompile::ENGINE_SETTINGS`, which names precompiled
+/// artifacts.
+pub(crate) fn engine_config() -> Config {
+    let mut config = Config::new();
+    config.epoch_interruption(true);
+    config.wasm_component_model(true);
+    // Off (as by default) on purpose: with them wasmtime may report a failed growth the
+    // limiter never approved, and `Budget::grow_failed` would then give back an earlier
+    // growth's charge.
+    config.wasm_custom_page_sizes(false);
+    config.wasm_memory64(false);
+    config
+}
+
 /// The plugin host: build it once per process and load every plugin through it.
 #[derive(Clone)]
 pub struct PluginHost {
@@ -314,16 +331,8 @@ pub struct PluginHost {
 impl PluginHost {
     /// A host whose compiled components are cached in `cache_dir` (`None`: in memory only).
     pub fn new(cache_dir: Option<PathBuf>) -> Result<Self> {
-        let mut config = Config::new();
-        config.epoch_interruption(true);
-        config.wasm_component_model(true);
-        // Off (as by default) on purpose: with them wasmtime may report a failed growth the
-        // limiter never approved, and `Budget::grow_failed` would then give back an earlier
-        // growth's charge.
-        config.wasm_custom_page_sizes(false);
-        config.wasm_memory64(false);
-        let engine =
-            Engine::new(&config).map_err(|e| Error::Internal(format!("cannot create the wasm engine: {e}")))?;
+        let engine = Engine::new(&engine_config())
+            .map_err(|e| Error::Internal(format!("cannot create the wasm engine: {e}")))?;
 
         let linker = base_linker(&engine)?;
         let mut archiver_linker = base_linker(&engine)?;
