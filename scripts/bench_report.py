@@ -63,8 +63,14 @@ def number(value):
     return f"{value:.3f}"
 
 
-def ratio(value):
-    """`0.117 (8.5x slower)` below 1, else the plain number."""
+# Units of a size: less is better, as for a duration, and the words say smaller or larger.
+SIZE_UNITS = ("bytes", "MiB")
+
+
+def ratio(value, unit=None):
+    """`0.117 (8.5x slower)` below 1, else the plain number; a size's says larger or smaller."""
+    if unit in SIZE_UNITS:
+        return f"{value:.3f} ({1 / value:.1f}x larger)" if value < 1 else f"{number(value)} ({value:.1f}x smaller)"
     if value < 1:
         return f"{value:.3f} ({1 / value:.1f}x slower)"
     return number(value)
@@ -72,7 +78,7 @@ def ratio(value):
 
 def ratio_text(figure):
     baseline = figure.get("baseline")
-    return ratio(baseline["ratio"]) if baseline else ""
+    return ratio(baseline["ratio"], figure["unit"]) if baseline else ""
 
 
 def escape(text):
@@ -82,7 +88,8 @@ def escape(text):
 def target_text(target):
     if target.get("ratio_min") is not None:
         return f"ratio >= {target['ratio_min']:.3g}"
-    return f"<= {target['max']:g}"
+    limit = target["max"]
+    return f"<= {limit:,.0f}" if float(limit).is_integer() else f"<= {limit:g}"
 
 
 def target_met(figure):
@@ -97,7 +104,8 @@ def measured_text(figure):
     target = figure["target"]
     if target.get("ratio_min") is not None:
         b = figure["baseline"]
-        return f"ratio {ratio(b['ratio'])} ({number(figure['median'])} vs {number(b['median'])} {figure['unit']})"
+        return (f"ratio {ratio(b['ratio'], figure['unit'])} "
+                f"({number(figure['median'])} vs {number(b['median'])} {figure['unit']})")
     return f"{number(figure['median'])} {figure['unit']}"
 
 

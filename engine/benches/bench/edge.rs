@@ -79,7 +79,7 @@ pub fn edge(bench: &mut Bench) -> Result<()> {
                 if emulator.is_some() && i == 2 {
                     continue;
                 }
-                let mut figure = clone(figure);
+                let mut figure = figure.clone();
                 if *lean && let Some(full) = full_figures {
                     figure = figure.against(&full[i]);
                 }
@@ -118,10 +118,6 @@ fn start_and_idle(
     }
     ensure!(!startup_ms.is_empty(), "no start-up measured");
     Ok((startup_ms, idle_mib))
-}
-
-fn clone(figure: &Figure) -> Figure {
-    Figure::new(figure.scenario, figure.name.clone(), figure.unit, figure.samples.clone(), figure.iterations_per_sample)
 }
 
 struct Artifact {

@@ -19,8 +19,9 @@ const SAMPLE_ITERATIONS_MAX: u64 = 100_000_000;
 
 pub const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
 /// How every ratio is computed; the report quotes it.
-pub const RATIO_DEFINITION: &str = "baseline median / figure median for a duration, figure median / baseline median for a \
-     rate (records/s, MB/s): either way 1 = as fast as the baseline, below 1 slower, above 1 faster";
+pub const RATIO_DEFINITION: &str = "baseline median / figure median for a duration or a size (bytes, MiB), figure median / \
+     baseline median for a rate (records/s, MB/s): either way 1 = as good as the baseline, below 1 slower (or larger), \
+     above 1 faster (or smaller)";
 
 #[derive(Debug, Clone, Copy, Serialize)]
 pub enum Unit {
@@ -80,7 +81,7 @@ impl Unit {
     }
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Clone, Serialize)]
 pub struct Baseline {
     pub name: String,
     pub median: f64,
@@ -90,7 +91,7 @@ pub struct Baseline {
 }
 
 /// What a figure must reach: a least ratio to its baseline, or a most value of its own.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Clone, Serialize)]
 pub struct Target {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ratio_min: Option<f64>,
@@ -101,7 +102,7 @@ pub struct Target {
     pub about: &'static str,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Clone, Serialize)]
 pub struct Figure {
     pub scenario: &'static str,
     pub name: String,
@@ -145,7 +146,7 @@ impl Figure {
     }
 
     /// Compares this figure with `baseline` (same unit): ratio = baseline median / this median
-    /// for a duration, this median / baseline median for a rate.
+    /// for a duration or a size, this median / baseline median for a rate.
     pub fn against(mut self, baseline: &Figure) -> Self {
         assert_eq!(self.unit.label(), baseline.unit.label(), "a baseline must have the same unit");
         let ratio = if self.unit.is_rate() { self.median / baseline.median } else { baseline.median / self.median };

@@ -16,9 +16,9 @@
 //! whole runs compared with a baseline (appends against plain redb, a pass against the I/O
 //! floor), one run of each per round.
 //!
-//! A ratio is `baseline median / figure median` for a duration and `figure median / baseline
-//! median` for a rate (records/s, MB/s), so either way 1.0 is as fast as the baseline, 0.25
-//! four times slower, 300 three hundred times faster. A figure may carry a target on its
+//! A ratio is `baseline median / figure median` for a duration or a size (bytes, MiB) and
+//! `figure median / baseline median` for a rate (records/s, MB/s), so either way 1.0 is as good
+//! as the baseline, 0.25 four times slower (or larger), 300 three hundred times faster. A figure may carry a target on its
 //! ratio; `scripts/bench` lists missed targets at the top of BENCHMARKS.md, with a note on what
 //! limits the figure when the scenario measured one.
 //!

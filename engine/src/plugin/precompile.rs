@@ -23,14 +23,18 @@ pub const ENGINE_SETTINGS: &str = "epoch-interruption component-model custom-pag
 pub struct Target {
     /// The triple given to wasmtime, e.g. `aarch64-unknown-linux-musl`.
     pub triple: String,
-    /// `x86_64` or `aarch64`.
+    /// `x86_64` or `aarch64` (or, for `native` on another host, `std::env::consts::ARCH`).
     pub arch: &'static str,
 }
 
 impl Target {
     /// The host this binary runs on.
+    /// Its architecture is the one it was built for, whichever that is: a build for an
+    /// architecture `parse` does not offer looks only for artifacts named for itself, which no
+    /// `plugin compile` makes, and so refuses a component clearly instead of trying another
+    /// architecture's artifact.
     pub fn native() -> Target {
-        let arch = if cfg!(target_arch = "aarch64") { "aarch64" } else { "x86_64" };
+        let arch = std::env::consts::ARCH;
         Target {
             triple: format!("{arch}-unknown-linux-{}", if cfg!(target_env = "musl") { "musl" } else { "gnu" }),
             arch,
