@@ -2,7 +2,8 @@
 //! default `dist/`), measured as the footprint scenario measures the release build: the
 //! stripped size of each binary, and for the x86_64 ones start-up to the first `/health` answer
 //! (example policies, compiled cache) and resident memory idle two seconds after. The lean
-//! build is compared with the full build of the same target. The aarch64 builds are started
+//! build is compared with the full build of the same target, the two started in turn, round by
+//! round. The aarch64 builds are started
 //! under qemu-aarch64 (FROSTLINE_QEMU_AARCH64, or the one scripts/release unpacked): their
 //! start-up is reported, with no target, since it measures the emulator as much as frostline.
 
@@ -44,11 +45,13 @@ pub fn edge(bench: &mut Bench) -> Result<()> {
             );
             continue;
         }
+        let present: Vec<&Artifact> = [full, lean].into_iter().flatten().collect();
+        let binaries: Vec<&Path> = present.iter().map(|a| a.path.as_path()).collect();
+        let starts = start_and_idle_round_by_round(bench, emulator, &binaries, &policies)?;
         let mut measured: Vec<(bool, [Figure; 3])> = Vec::new();
-        for artifact in [full, lean].into_iter().flatten() {
+        for (artifact, (startup_ms, idle_mib)) in present.into_iter().zip(starts) {
             let kind = if artifact.lean { "lean" } else { "full" };
             let size = std::fs::metadata(&artifact.path)?.len() as f64;
-            let (startup_ms, idle_mib) = start_and_idle(bench, emulator, &artifact.path, &policies)?;
             let under = if emulator.is_some() { ", under qemu-aarch64" } else { "" };
             measured.push((
                 artifact.lean,
@@ -96,28 +99,36 @@ pub fn edge(bench: &mut Bench) -> Result<()> {
     Ok(())
 }
 
-/// Start-up times and idle resident memory over the scenario's repeats (fewer under emulation).
-fn start_and_idle(
+/// Start-up times and idle resident memory of each binary over the scenario's repeats (fewer
+/// under emulation), one start of each per round, so load from elsewhere on the machine hits
+/// the full and the lean build alike.
+fn start_and_idle_round_by_round(
     bench: &Bench,
     emulator: Option<&Path>,
-    binary: &Path,
+    binaries: &[&Path],
     policies: &Path,
-) -> Result<(Vec<f64>, Vec<f64>)> {
-    let data = tempfile::tempdir()?;
-    // The first start fills the compiled cache (a full build) and is not timed.
-    Engine::start_under(emulator, binary, data.path(), policies)?.stop()?;
-    let repeats = if emulator.is_some() { EMULATED_STARTS } else { bench.options.repeats };
-    let (mut startup_ms, mut idle_mib) = (Vec::new(), Vec::new());
-    for _ in 0..repeats {
-        let started = Instant::now();
-        let engine = Engine::start_under(emulator, binary, data.path(), policies)?;
-        startup_ms.push(started.elapsed().as_secs_f64() * 1e3);
-        std::thread::sleep(IDLE_SETTLE);
-        idle_mib.push(engine.memory()?.resident_mib);
-        engine.stop()?;
+) -> Result<Vec<(Vec<f64>, Vec<f64>)>> {
+    let mut data_dirs = Vec::new();
+    for binary in binaries {
+        let data = tempfile::tempdir()?;
+        // The first start fills the compiled cache (a full build) and is not timed.
+        Engine::start_under(emulator, binary, data.path(), policies)?.stop()?;
+        data_dirs.push(data);
     }
-    ensure!(!startup_ms.is_empty(), "no start-up measured");
-    Ok((startup_ms, idle_mib))
+    let repeats = if emulator.is_some() { EMULATED_STARTS } else { bench.options.repeats };
+    ensure!(repeats > 0, "no start-up measured: --repeats must be at least 1");
+    let mut measured = vec![(Vec::new(), Vec::new()); binaries.len()];
+    for _ in 0..repeats {
+        for ((binary, data), (startup_ms, idle_mib)) in binaries.iter().zip(&data_dirs).zip(&mut measured) {
+            let started = Instant::now();
+            let engine = Engine::start_under(emulator, binary, data.path(), policies)?;
+            startup_ms.push(started.elapsed().as_secs_f64() * 1e3);
+            std::thread::sleep(IDLE_SETTLE);
+            idle_mib.push(engine.memory()?.resident_mib);
+            engine.stop()?;
+        }
+    }
+    Ok(measured)
 }
 
 struct Artifact {
