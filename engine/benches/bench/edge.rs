@@ -3,9 +3,9 @@
 //! stripped size of each binary, and for the x86_64 ones start-up to the first `/health` answer
 //! (example policies, compiled cache) and resident memory idle two seconds after. The lean
 //! build is compared with the full build of the same target, the two started in turn, round by
-//! round. The aarch64 builds are started
-//! under qemu-aarch64 (FROSTLINE_QEMU_AARCH64, or the one scripts/release unpacked): their
-//! start-up is reported, with no target, since it measures the emulator as much as frostline.
+//! round. The aarch64 builds are started under qemu-aarch64 (FROSTLINE_QEMU_AARCH64, or the one
+//! scripts/release unpacked): their start-up is reported, with no target, since it measures the
+//! emulator as much as frostline.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};

@@ -18,9 +18,9 @@
 //!
 //! A ratio is `baseline median / figure median` for a duration or a size (bytes, MiB) and
 //! `figure median / baseline median` for a rate (records/s, MB/s), so either way 1.0 is as good
-//! as the baseline, 0.25 four times slower (or larger), 300 three hundred times faster. A figure may carry a target on its
-//! ratio; `scripts/bench` lists missed targets at the top of BENCHMARKS.md, with a note on what
-//! limits the figure when the scenario measured one.
+//! as the baseline, 0.25 four times slower (or larger), 300 three hundred times faster. A figure
+//! may carry a target on its ratio; `scripts/bench` lists missed targets at the top of
+//! BENCHMARKS.md, with a note on what limits the figure when the scenario measured one.
 //!
 //! Adding a scenario: write a `fn(&mut Bench) -> Result<()>` that records figures through
 //! `Bench::compare`, `Bench::time_each` and `Bench::push` in a module of its own, and add a

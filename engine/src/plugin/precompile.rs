@@ -28,11 +28,10 @@ pub struct Target {
 }
 
 impl Target {
-    /// The host this binary runs on.
-    /// Its architecture is the one it was built for, whichever that is: a build for an
-    /// architecture `parse` does not offer looks only for artifacts named for itself, which no
-    /// `plugin compile` makes, and so refuses a component clearly instead of trying another
-    /// architecture's artifact.
+    /// The host this binary runs on. Its architecture is the one it was built for, whichever
+    /// that is: a build for an architecture `parse` does not offer looks only for artifacts
+    /// named for itself, which no `plugin compile` makes, and so refuses a component clearly
+    /// instead of trying another architecture's artifact.
     pub fn native() -> Target {
         let arch = std::env::consts::ARCH;
         Target {
