@@ -29,6 +29,10 @@ pub struct Engine {
     /// This data directory's installation id (see `storage::keys`): in every object key the
     /// engine writes, and the only keys its orphan sweep may delete.
     pub installation_id: String,
+    /// The epoch of this life of the data directory (`storage::keys`): in every object key the
+    /// engine writes, recorded in the store before the first of them (`Engine::writer`).
+    epoch: String,
+    epoch_recorded: std::sync::atomic::AtomicBool,
     /// How the policy directory is loaded, at open and on every reload.
     pub load_options: crate::policy::LoadOptions,
     policies: RwLock<Arc<PolicySet>>,
@@ -78,6 +82,10 @@ impl Engine {
         let settings_seed = settings.random_seed;
         let engine = Engine {
             installation_id,
+            // From the operating system even where tests seed the engine's generator: two
+            // copies of a data directory opened with one seed must still differ.
+            epoch: format!("{:016x}", rand::random::<u64>()),
+            epoch_recorded: Default::default(),
             store,
             host,
             clock,
@@ -133,6 +141,19 @@ impl Engine {
     pub fn install_policies(&self, set: PolicySet) -> Result<()> {
         *self.policies.write().expect("policy lock") = Arc::new(set);
         self.register_tables()
+    }
+
+    /// The writer this life of the data directory puts in every object key it makes
+    /// (`storage::keys::writer`). Its epoch is recorded durably in the store by the first call,
+    /// before any key made with it can be uploaded, so this data directory (and a copy made of
+    /// it later) knows the key as its own, and a copy made earlier knows it is not.
+    pub fn writer(&self) -> Result<String> {
+        use std::sync::atomic::Ordering;
+        if !self.epoch_recorded.load(Ordering::Acquire) {
+            self.store.record_epoch(self.epoch.clone(), self.clock.now())?;
+            self.epoch_recorded.store(true, Ordering::Release);
+        }
+        Ok(crate::storage::keys::writer(&self.installation_id, &self.epoch))
     }
 
     /// Waits for a reload in progress to finish; the caller reloads while it holds the guard.

@@ -14,7 +14,12 @@ use crate::replan::{Site, files_under, moved_policy, record, restored_copy};
 use crate::support::*;
 
 fn adopt_now(engine: &Arc<Engine>, dry_run: bool) -> AdoptReport {
-    runtime().block_on(adopt(engine, dry_run, &[])).unwrap_or_else(|e| panic!("{e}"))
+    adopt_from(engine, dry_run, &[])
+}
+
+fn adopt_from(engine: &Arc<Engine>, dry_run: bool, lost: &[&str]) -> AdoptReport {
+    let lost: Vec<String> = lost.iter().map(|id| id.to_string()).collect();
+    runtime().block_on(adopt(engine, dry_run, &lost)).unwrap_or_else(|e| panic!("{e}"))
 }
 
 fn sweep(engine: &Arc<Engine>) -> frostline::Result<frostline::archive::sweep::SweepReport> {
@@ -42,6 +47,7 @@ fn a_rebuilt_data_directory_adopts_the_archives_of_the_lost_one_on_every_target(
     engine.append("r", written[2..].to_vec()).unwrap();
     site.clock.set(t("2024-03-04T00:00:00Z"));
     assert_eq!(run_pass(&engine).archived, 1);
+    let lost = engine.installation_id.clone();
     drop(engine);
     let archived = (files_under(a.path()), files_under(b.path()));
     assert_eq!((archived.0.len(), archived.1.len()), (4, 2));
@@ -50,11 +56,15 @@ fn a_rebuilt_data_directory_adopts_the_archives_of_the_lost_one_on_every_target(
     std::fs::remove_dir_all(site.data()).unwrap();
     let engine = site.open(Settings::default());
     assert!(query_engine(&engine, "r").is_empty());
-    let preview = adopt_now(&engine, true);
+    // Another installation's archives are taken in only when it is named (a lost one).
+    let unnamed = adopt_now(&engine, true);
+    assert_eq!(unnamed.adopted, 0, "{unnamed:?}");
+    assert_eq!(unnamed.other_installations.iter().collect::<Vec<_>>(), vec![&lost], "{unnamed:?}");
+    let preview = adopt_from(&engine, true, &[&lost]);
     assert_eq!((preview.adopted, preview.rows), (3, 3), "{preview:?}");
     assert!(query_engine(&engine, "r").is_empty(), "a dry run records nothing");
 
-    let report = adopt_now(&engine, false);
+    let report = adopt_from(&engine, false, &[&lost]);
     assert_eq!((report.adopted, report.rows, report.known), (3, 3, 0), "{report:?}");
     assert!(report.conflicts.is_empty() && report.failures.is_empty(), "{report:?}");
     let mut read = query_engine(&engine, "r");
@@ -63,7 +73,7 @@ fn a_rebuilt_data_directory_adopts_the_archives_of_the_lost_one_on_every_target(
     let verdicts = runtime().block_on(frostline::archive::verify::verify(&engine, None, None, |_| {})).unwrap();
     assert_eq!(verdicts.len(), 3);
     assert!(verdicts.iter().all(|v| v.ok), "{verdicts:?}");
-    let again = adopt_now(&engine, false);
+    let again = adopt_from(&engine, false, &[&lost]);
     assert_eq!((again.adopted, again.known), (0, 3), "adoption is idempotent: {again:?}");
 
     // The new installation never sweeps what another wrote ...
@@ -87,6 +97,7 @@ fn an_archive_that_fails_verification_is_never_adopted() {
     engine.append("r", vec![record("p", "2024-03-01T01:00:00Z", None)]).unwrap();
     site.clock.set(t("2024-03-03T00:00:00Z"));
     assert_eq!(run_pass(&engine).archived, 1);
+    let lost = engine.installation_id.clone();
     drop(engine);
     let segment = files_under(shared.path()).into_iter().find(|f| f.to_string_lossy().contains("/seg-")).unwrap();
     let mut bytes = std::fs::read(&segment).unwrap();
@@ -95,7 +106,7 @@ fn an_archive_that_fails_verification_is_never_adopted() {
 
     std::fs::remove_dir_all(site.data()).unwrap();
     let engine = site.open(Settings::default());
-    let report = adopt_now(&engine, false);
+    let report = adopt_from(&engine, false, &[&lost]);
     assert_eq!(report.adopted, 0, "{report:?}");
     assert_eq!(report.failures.len(), 1, "{report:?}");
     assert!(report.failures[0].contains("manifest-") && report.failures[0].contains("sha256"), "{report:?}");
@@ -146,4 +157,47 @@ fn adoption_never_releases_a_hot_row_the_archive_lacks() {
     let mut read = query_engine(&restored, "r");
     read.sort_by_key(|r| r.event_time);
     assert_eq!(read, vec![record("p", "2024-03-01T01:00:00Z", None), late]);
+}
+
+/// Regression (issue: `adopt` takes in a live peer's archives on a shared target): outside
+/// Delta tables another installation's archives were adopted whenever the bucket was unknown,
+/// so the adopter's retention expired a live peer's objects; and two hosts that both adopted a
+/// lost installation both answered for its archives. Now another installation is adopted from
+/// only when named, and only by the one host that claims it on the target.
+#[test]
+fn adoption_beside_a_live_peer_takes_nothing_of_its_and_one_host_answers_for_a_lost_one() {
+    let shared = tempfile::tempdir().unwrap();
+    let policy = moved_policy(&[shared.path()], "t0");
+    let peer = Site::new(&policy, "2024-03-01T12:00:00Z");
+    let peer_engine = peer.open(Settings::default());
+    peer_engine.append("r", vec![record("site-a/sensor 0", "2024-03-01T01:00:00Z", None)]).unwrap();
+    peer.clock.set(t("2024-03-03T00:00:00Z"));
+    assert_eq!(run_pass(&peer_engine).archived, 1);
+    let peer_id = peer_engine.installation_id.clone();
+    let archived = files_under(shared.path());
+
+    // A host beside the live peer: nothing of the peer's is adopted, the peer is named.
+    let (first, second) = (Site::new(&policy, "2024-03-05T00:00:00Z"), Site::new(&policy, "2024-03-05T00:00:00Z"));
+    let (one, two) = (first.open(Settings::default()), second.open(Settings::default()));
+    let report = adopt_now(&one, false);
+    assert_eq!(report.adopted, 0, "{report:?}");
+    assert!(report.other_installations.contains(&peer_id), "{report:?}");
+    assert!(one.store.buckets("r", None).unwrap().is_empty());
+
+    // The peer is lost; the first host adopts it, and the second host cannot adopt it too.
+    drop(peer_engine);
+    let report = adopt_from(&one, false, &[&peer_id]);
+    assert_eq!((report.adopted, report.rows), (1, 1), "{report:?}");
+    let refused = adopt_from(&two, false, &[&peer_id]);
+    assert_eq!(refused.adopted, 0, "{refused:?}");
+    assert!(
+        refused.conflicts.iter().any(|c| c.contains("claimed by installation") && c.contains(&one.installation_id)),
+        "{refused:?}"
+    );
+    assert!(adopt_from(&two, true, &[&peer_id]).adopted == 0, "a dry run sees the claim too");
+    // Once the first host is named as lost as well, the second takes over.
+    let report = adopt_from(&two, false, &[&peer_id, &one.installation_id]);
+    assert_eq!(report.adopted, 1, "{report:?}");
+    assert_eq!(query_engine(&two, "r").len(), 1);
+    assert_eq!(files_under(shared.path()), archived, "nothing was deleted");
 }

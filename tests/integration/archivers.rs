@@ -413,6 +413,22 @@ fn an_archiver_that_does_not_import_the_blob_store_still_links() {
     frostline::plugin::archiver::WasmArchiver::new(escape, String::new()).unwrap();
 }
 
+/// Regression (issue: a plugin that sleeps is never stopped): an archiver that slept in `put`
+/// stalled the pass, and passes are serialized, so archival stopped for every table. The sleep
+/// now ends at the call's time limit, as a fault; the next call gets a fresh instance.
+#[test]
+fn an_archiver_that_sleeps_in_put_is_stopped_at_its_time_limit() {
+    let limits = PluginLimits { call_ms: 300, ..Default::default() };
+    let memory = load(&test_plugin("memory_archiver"), Role::Archiver, limits);
+    let archiver = frostline::plugin::archiver::WasmArchiver::new(memory, String::new()).unwrap();
+    let started = std::time::Instant::now();
+    let err = archiver.put("a/sleep", b"v").unwrap_err();
+    let elapsed = started.elapsed();
+    assert!(elapsed < std::time::Duration::from_secs(3), "stopped after {elapsed:?}, not at its limit");
+    assert!(err.to_string().contains("time limit of 300 ms"), "{err}");
+    assert_eq!(archiver.put("k", b"v").unwrap(), frostline::plugin::archiver::BackendAnswer::Ok(()));
+}
+
 /// Runs `frostline plugin check --role archiver` with the compiled cache of the tests.
 fn plugin_check(plugin: &Path, extra: &[&str]) -> std::process::Output {
     let cache = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("plugin-cache-cli");

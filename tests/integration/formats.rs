@@ -78,7 +78,7 @@ fn the_read_path_skips_segments_outside_the_range() {
     let reads = faulty.reads();
     let segments: Vec<&String> = reads.iter().filter(|k| k.contains("/seg-")).collect();
     assert_eq!(segments.len(), 1, "only the first segment is read: {reads:?}");
-    assert!(segments[0].contains(&format!("seg-{}-00000-", e.engine.installation_id)), "{segments:?}");
+    assert!(segments[0].contains(&format!("seg-{}-00000-", e.engine.writer().unwrap())), "{segments:?}");
 }
 
 fn python() -> String {

@@ -233,6 +233,56 @@ fn answer_webhook(mut stream: impl Read + Write) -> Option<String> {
     Some(key.unwrap_or_default())
 }
 
+/// Regression (issue: a webhook answered with a redirect was re-sent as a body-less GET, and a
+/// 200 to that GET marked the event delivered and deleted it). A redirect is now a failed
+/// delivery: the event stays in the outbox, and only POSTs ever reach the sink.
+#[test]
+fn a_webhook_that_redirects_has_not_received_the_event() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let address = listener.local_addr().unwrap();
+    let requests = Arc::new(Mutex::new(Vec::new()));
+    let seen = requests.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let mut reader = BufReader::new(&mut stream);
+            let mut request_line = String::new();
+            if reader.read_line(&mut request_line).is_err() {
+                continue;
+            }
+            let mut length = 0;
+            loop {
+                let mut line = String::new();
+                match reader.read_line(&mut line) {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) if line == "\r\n" => break,
+                    Ok(_) => {}
+                }
+                if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                    length = v.trim().parse().unwrap_or(0);
+                }
+            }
+            let mut body = vec![0; length];
+            let _ = reader.read_exact(&mut body);
+            drop(reader);
+            let answer: &[u8] = if request_line.starts_with("POST") {
+                b"HTTP/1.1 302 Found\r\nlocation: /elsewhere\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+            } else {
+                b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+            };
+            seen.lock().unwrap().push(request_line.trim().to_string());
+            let _ = stream.write_all(answer);
+        }
+    });
+    let sink = format!("[[sink]]\nname = \"hook\"\nkind = \"webhook\"\nurl = \"http://{address}/events\"\n");
+    let e = archived_engine(&sink);
+    e.pass(); // delivers what the archival wrote
+    assert!(e.engine.store.outbox_len().unwrap() >= 6, "no event counts as delivered to a redirect");
+    let requests = requests.lock().unwrap().clone();
+    assert!(!requests.is_empty(), "the sink was tried");
+    assert!(requests.iter().all(|r| r.starts_with("POST /events")), "the redirect was not followed: {requests:?}");
+}
+
 /// Runs passes until every outbox event is delivered; a sink that failed is backed off first.
 fn drain_outbox(e: &TestEngine) {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
@@ -270,32 +320,56 @@ fn a_sink_that_is_down_delays_delivery_but_never_blocks_archival() {
     assert_eq!(unique.len(), keys.len(), "one idempotency key per event");
 }
 
+/// The sweep deletes what this data directory released (a key its upload intent named that the
+/// published archive does not use, as a worker that died after uploading leaves one), once
+/// past the grace period; an object that merely carries this installation's id proves nothing
+/// (a copy of the data directory may have written it), and another installation's is never
+/// its own.
 #[test]
-fn the_orphan_sweep_deletes_only_old_unreferenced_objects() {
-    let e = archived_engine("");
+fn the_orphan_sweep_deletes_only_old_objects_this_directory_released() {
+    let e = TestEngine::new(&policy(""), "2024-03-01T12:00:00Z");
+    e.engine.append("r", records("2024-03-01T00:00:00Z", 1, 9)).unwrap();
+    e.pass(); // plan
+    e.clock.set(t("2024-03-05T00:00:00Z"));
+    let store = e.engine.store.clone();
     let backend = e.backend("r");
-    // An orphan of this installation (its id in the name), as a crashed upload leaves one.
-    let orphan = format!(
-        "table=r/bucket=day:2024-03-01/partition=p0/seg-{}-00009-0123456789abcdef.jsonl",
-        e.engine.installation_id
-    );
+    let id = store.buckets("r", Some(b"p0")).unwrap()[0].id.clone();
+    let claimed = store.claim(id.clone(), "w".into(), e.clock.now(), 60_000_000).unwrap().unwrap();
+    let folder = "table=r/bucket=day:2024-03-01/partition=p0/";
+    let orphan = format!("{folder}seg-{}-00009-0123456789abcdef.jsonl", e.engine.writer().unwrap());
+    let intent = frostline::store::schema::UploadIntent {
+        bucket: id,
+        generation: claimed.generation,
+        target: backend.target().to_string(),
+        keys: vec![orphan.clone()],
+        recorded_at: e.clock.now(),
+    };
+    store.record_intent(intent, "w".into(), e.clock.now()).unwrap();
     runtime().block_on(backend.put_create(&orphan, "x".into())).unwrap();
-    // An object another installation wrote is never this one's to delete.
-    let foreign = "table=r/bucket=day:2024-03-01/partition=p0/seg-ffffffffffffffff-00009-0123456789abcdef.jsonl";
-    runtime().block_on(backend.put_create(foreign, "y".into())).unwrap();
+    // The worker dies; after its lease the next pass takes the bucket over and archives it.
+    e.clock.advance(120_000_000);
+    assert_eq!(e.pass().archived, 3);
+    let unproven = format!("{folder}seg-{}-00008-0123456789abcdef.jsonl", e.engine.installation_id);
+    runtime().block_on(backend.put_create(&unproven, "y".into())).unwrap();
+    let foreign = format!("{folder}seg-ffffffffffffffff-00009-0123456789abcdef.jsonl");
+    runtime().block_on(backend.put_create(&foreign, "z".into())).unwrap();
     // Real time is what the store stamps objects with; the engine's clock decides their age.
     e.clock.set(frostline::clock::SystemClock.now());
     let young = runtime().block_on(frostline::archive::sweep::sweep(&e.engine, false)).unwrap();
-    assert_eq!((young.orphans, young.too_young, young.deleted, young.foreign), (0, 1, 0, 1), "{young:?}");
+    assert_eq!((young.orphans, young.too_young, young.deleted), (0, 1, 0), "{young:?}");
+    assert_eq!((young.foreign, young.unproven), (1, 1), "{young:?}");
     e.clock.advance(2 * DAY_US);
     let dry = runtime().block_on(frostline::archive::sweep::sweep(&e.engine, true)).unwrap();
     assert_eq!((dry.orphans, dry.deleted, dry.referenced), (1, 0, 6), "{dry:?}");
-    assert_eq!(objects(&e).len(), 8, "a dry run deletes nothing");
+    assert_eq!(objects(&e).len(), 9, "a dry run deletes nothing");
     let real = runtime().block_on(frostline::archive::sweep::sweep(&e.engine, false)).unwrap();
-    assert_eq!(real.deleted, 1);
-    assert_eq!(objects(&e).len(), 7);
-    assert!(objects(&e).contains(&foreign.to_string()), "the foreign object is kept");
-    assert!(!objects(&e).contains(&orphan));
+    assert_eq!(real.deleted, 1, "{real:?}");
+    let left = objects(&e);
+    assert_eq!(left.len(), 8);
+    assert!(left.contains(&foreign) && left.contains(&unproven), "{left:?}");
+    assert!(!left.contains(&orphan));
+    let again = runtime().block_on(frostline::archive::sweep::sweep(&e.engine, false)).unwrap();
+    assert_eq!((again.orphans, again.deleted), (0, 0), "the released key is forgotten once deleted: {again:?}");
     let verdicts = runtime().block_on(frostline::archive::verify::verify(&e.engine, None, None, |_| {})).unwrap();
     assert!(verdicts.iter().all(|v| v.ok), "{verdicts:?}");
 }

@@ -390,7 +390,7 @@ fn multipart(server: &Server, target: &str) {
     // would settle it: the bucket defers. Its retry uploads the segment again, meets
     // AlreadyExists on the conditional copy, reads the object and finds it identical.
     let faulty = FaultyBackend::new(te.backend("metrics"));
-    let first_segment = format!("seg-{}-00000", te.engine.installation_id);
+    let first_segment = format!("seg-{}-00000", te.engine.writer().unwrap());
     faulty.add(Op::Put, &first_segment, Fault::LandThenError, Some(1));
     faulty.add(Op::Get, &first_segment, Fault::Error, Some(1));
     te.with_backend("metrics", faulty.clone());

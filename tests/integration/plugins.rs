@@ -82,6 +82,23 @@ fn endless_loop_is_stopped_within_twice_the_deadline_and_next_call_works() {
     assert_eq!(s.ask_one_uncached(3_600_000_000).unwrap().unwrap().key, "hour:1");
 }
 
+/// Regression (issue: a plugin that sleeps is never stopped): a sleep is a clock subscription
+/// and a blocking poll, a host call where the epoch deadline never fires, so a strategy that
+/// slept held its instance (and every append to its table) for as long as it liked.
+#[test]
+fn a_strategy_that_sleeps_is_stopped_at_its_time_limit_and_the_next_call_works() {
+    let limits = PluginLimits { call_ms: 200, ..Default::default() };
+    let s = hostile("normal", limits);
+    let started = Instant::now();
+    let err = s.ask_one_uncached(-4).unwrap_err();
+    let elapsed = started.elapsed();
+    assert!(elapsed < Duration::from_secs(2), "stopped after {elapsed:?}, not at its limit");
+    assert_eq!(err.kind(), ErrorKind::PluginFault);
+    let message = err.to_string();
+    assert!(message.contains("time limit of 200 ms") && message.contains("waited"), "{message}");
+    assert_eq!(s.ask_one_uncached(3_600_000_000).unwrap().unwrap().key, "hour:1");
+}
+
 #[test]
 fn unbounded_allocation_is_stopped_at_the_memory_limit() {
     let limits = PluginLimits { memory_bytes: 16 * 1024 * 1024, ..Default::default() };

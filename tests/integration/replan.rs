@@ -610,6 +610,63 @@ fn a_data_directory_restored_from_a_backup_never_sweeps_the_archives_of_the_copy
     assert_eq!(query_engine(&engine, "r").len(), 1);
 }
 
+/// Regression (issue: a restored backup sweeps away the copy that went on): the sweep's guard
+/// compared generation numbers only, and a restored copy that archives the same bucket again
+/// reaches the same generation, so once the other copy's objects were past the grace period a
+/// pass deleted them: every record archived after the backup was lost. The objects now carry
+/// the epoch of the life that wrote them, and the sweep deletes only keys its own database
+/// released.
+#[test]
+fn a_restored_copy_that_archives_the_same_bucket_again_never_deletes_the_other_copys_archive() {
+    let shared = tempfile::tempdir().unwrap();
+    let site = Site::new(&moved_policy(&[shared.path()], "t0").replace("10d", "3650d"), "2024-03-01T12:00:00Z");
+    let engine = site.open(Settings::default());
+    engine.append("r", vec![record("p", "2024-03-01T01:00:00Z", None)]).unwrap();
+    site.clock.set(t("2024-03-03T00:00:00Z"));
+    assert_eq!(run_pass(&engine).archived, 1);
+    drop(engine);
+    let backup = site.root.path().join("backup");
+    copy_dir(&site.data(), &backup);
+
+    // The copy that goes on archives a bucket after the backup was taken.
+    let engine = site.open(Settings::default());
+    let later = record("p", "2024-03-03T01:00:00Z", None);
+    engine.append("r", vec![later.clone()]).unwrap();
+    site.clock.set(t("2024-03-05T00:00:00Z"));
+    assert_eq!(run_pass(&engine).archived, 1);
+    drop(engine);
+    let went_on = files_under(shared.path());
+    assert_eq!(went_on.len(), 4, "{went_on:?}");
+
+    // The backup replaces it, takes one record for the same bucket and archives it too.
+    std::fs::remove_dir_all(site.data()).unwrap();
+    copy_dir(&backup, &site.data());
+    let restored = site.open(Settings::default());
+    restored.append("r", vec![record("p", "2024-03-03T02:00:00Z", None)]).unwrap();
+    assert_eq!(run_pass(&restored).archived, 1);
+    let generations: Vec<u64> = restored.store.buckets("r", None).unwrap().iter().map(|b| b.generation).collect();
+    assert_eq!(generations, vec![1, 1], "the same generation numbers as the copy that went on");
+
+    // Years later every object is past the grace period; passes run as usual.
+    site.clock.set(t("2030-01-01T00:00:00Z"));
+    let report = run_pass(&restored);
+    assert!(
+        report.errors.iter().any(|e| e.contains("another copy of this data directory")),
+        "the pass says why its sweep stopped: {report:?}"
+    );
+    assert_eq!(report.error_kinds.get("sweep"), Some(&1), "{report:?}");
+    let status = frostline::ops::status::collect(&restored).unwrap();
+    let stop = status.sweep_stopped.expect("status names the stopped sweep");
+    assert!(stop.reason.contains("never recorded"), "{stop:?}");
+    let left = files_under(shared.path());
+    for object in &went_on {
+        assert!(left.contains(object), "{} was deleted", object.display());
+    }
+    // The record archived after the backup is still there to adopt: its manifest and segment.
+    let later_bucket: Vec<_> = left.iter().filter(|p| p.to_string_lossy().contains("2024-03-03")).collect();
+    assert_eq!(later_bucket.len(), 4, "both copies' archives of the bucket: {later_bucket:?}");
+}
+
 /// The re-plan preview of `frostline policy check --data` streams a table's buckets in batches
 /// from one read transaction; every bucket is counted once across batch boundaries.
 #[test]

@@ -444,6 +444,7 @@ fn run_lifecycle_seed(seed: u64, ops: usize) -> LifecycleCounts {
     // Holds by id, each on one partition.
     let mut holds: BTreeMap<String, Vec<u8>> = BTreeMap::new();
     let mut faults_active = false;
+    let mut lost_installations: Vec<String> = Vec::new();
     for op in 0..ops {
         match rng.random_range(0..100) {
             0..35 => {
@@ -651,9 +652,11 @@ fn run_lifecycle_seed(seed: u64, ops: usize) -> LifecycleCounts {
                     .into_iter()
                     .map(|m| ((m.id.partition_key, m.descriptor.start.div_euclid(DAY_US)), m.state))
                     .collect();
+                // Every installation lost so far: the new one answers for all their archives.
+                lost_installations.push(e.engine.installation_id.clone());
                 e = e.rebuild().unwrap_or_else(|err| panic!("seed {seed} op {op}: rebuild refused: {err}"));
                 let report = runtime()
-                    .block_on(frostline::archive::adopt::adopt(&e.engine, false, &[]))
+                    .block_on(frostline::archive::adopt::adopt(&e.engine, false, &lost_installations))
                     .unwrap_or_else(|err| panic!("seed {seed} op {op}: adoption failed: {err}"));
                 assert!(report.conflicts.is_empty() && report.failures.is_empty(), "seed {seed} op {op}: {report:?}");
                 let (adopted, _) =

@@ -43,6 +43,8 @@ pub struct Metrics {
     buckets_expired: IntCounter,
     expiries_held: IntCounter,
     orphans_deleted: IntCounter,
+    /// Errors passes went on from, by `PassErrorKind`.
+    pass_errors: IntCounterVec,
     buckets_reconciled: IntCounter,
     rows_archived: IntCounter,
     bytes_archived: IntCounter,
@@ -76,7 +78,18 @@ impl Metrics {
         )
         .map_err(internal)?;
         registry.register(Box::new(http_seconds.clone())).map_err(internal)?;
+        let pass_errors = IntCounterVec::new(
+            Opts::new(
+                "frostline_pass_errors_total",
+                "Errors archival passes met and went on from (each also logged at warn), by kind: bucket, outbox, \
+                 catalog, delta_log, sweep.",
+            ),
+            &["kind"],
+        )
+        .map_err(internal)?;
+        registry.register(Box::new(pass_errors.clone())).map_err(internal)?;
         Ok(Metrics {
+            pass_errors,
             records_appended: counter("frostline_records_appended_total", "Records appended and committed.")?,
             records_duplicate: counter(
                 "frostline_records_duplicate_total",
@@ -130,6 +143,9 @@ impl Metrics {
                 self.buckets_expired.inc_by(r.expired);
                 self.expiries_held.inc_by(r.held);
                 self.orphans_deleted.inc_by(r.orphans_deleted);
+                for (kind, count) in &r.error_kinds {
+                    self.pass_errors.with_label_values(&[kind]).inc_by(*count);
+                }
                 self.buckets_reconciled.inc_by(r.reconciled);
                 self.rows_archived.inc_by(r.rows_archived);
                 self.bytes_archived.inc_by(r.bytes_archived);

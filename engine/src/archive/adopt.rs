@@ -13,6 +13,14 @@
 //! alone, as is every bucket whose database record the archive cannot stand in for. A dry run
 //! verifies and reports without recording. Run it with the engine stopped: it is a local
 //! command on the data directory.
+//!
+//! Archives of another installation, in any layout, are taken in only when the operator names
+//! it (`--from-installation`: a lost host): on a shared target the others belong to live
+//! peers, whose retention and holds answer for them. Taking in a named installation's archives
+//! on a target first leaves a claim there (`_frostline-adoptions/<installation>/<adopter>.json`,
+//! created only if absent), and adoption is refused while another installation's claim stands
+//! that is not itself named as lost: two hosts never both answer for one installation's
+//! archives (two that claim at once both see the other's claim, withdraw their own and stop).
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;
@@ -47,15 +55,17 @@ pub struct AdoptReport {
     pub other_installations: BTreeSet<String>,
 }
 
-/// Takes in the archives this data directory does not record. In a Delta table's folders,
-/// where every installation of a fleet writes its own, only archives of this installation and
-/// of those in `from_installations` (lost hosts) are taken in: adopting a live host's archives
-/// would make two engines answer for them.
+/// Takes in the archives this data directory does not record. Archives of another
+/// installation, in any layout, are taken in only when it is named in `from_installations` (a
+/// lost host) and no live host holds a claim on them: adopting a live host's archives would make
+/// two engines answer for them.
 pub async fn adopt(engine: &Arc<Engine>, dry_run: bool, from_installations: &[String]) -> Result<AdoptReport> {
     let policies = engine.policies();
     let known = recorded_manifest_keys(engine).await?;
     let mut report = AdoptReport { dry_run, ..Default::default() };
     let mut changed_tables = BTreeSet::new();
+    // The claim on each (target, installation) adopted from, made once per run.
+    let mut claims: BTreeMap<(String, String), std::result::Result<(), String>> = BTreeMap::new();
     for (table_id, table) in &policies.tables {
         let mut backends: Vec<&Arc<dyn ArchiveBackend>> = vec![&table.backend];
         for backend in policies.targets.values() {
@@ -77,13 +87,24 @@ pub async fn adopt(engine: &Arc<Engine>, dry_run: bool, from_installations: &[St
                     ));
                     continue;
                 }
-                if let Some(writer) = writers.first()
-                    && folder.starts_with(keys::DELTA_PREFIX)
-                    && *writer != engine.installation_id
-                    && !from_installations.iter().any(|f| f == writer)
+                if let Some(writer) = writers.first().map(|w| w.to_string())
+                    && !writer.is_empty()
+                    && writer != engine.installation_id
                 {
-                    report.other_installations.insert(writer.to_string());
-                    continue;
+                    if !from_installations.contains(&writer) {
+                        report.other_installations.insert(writer);
+                        continue;
+                    }
+                    let claim = (backend.target().to_string(), writer.clone());
+                    if !claims.contains_key(&claim) {
+                        let outcome =
+                            claim_adoption(engine, backend.as_ref(), &writer, from_installations, dry_run).await?;
+                        claims.insert(claim.clone(), outcome);
+                    }
+                    if let Some(Err(why)) = claims.get(&claim) {
+                        report.conflicts.push(format!("{} `{folder}`: {why}", backend.target()));
+                        continue;
+                    }
                 }
                 manifests.sort_by_key(|(_, generation, _)| std::cmp::Reverse(*generation));
                 for (_, _, key) in manifests {
@@ -132,6 +153,59 @@ pub async fn adopt(engine: &Arc<Engine>, dry_run: bool, from_installations: &[St
         }
     }
     Ok(report)
+}
+
+/// Where the claims on an installation's archives lie on a target.
+pub const ADOPTIONS_PREFIX: &str = "_frostline-adoptions/";
+
+/// One adopter's claim on another installation's archives on a target.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct AdoptionClaim {
+    installation: String,
+    adopted_by: String,
+    at: crate::model::Micros,
+}
+
+/// Makes this installation the one that answers for `installation`'s archives on `backend`:
+/// `Ok(Err(why))` when another installation, not itself named as lost, holds a claim. A dry
+/// run only reads the claims.
+async fn claim_adoption(
+    engine: &Arc<Engine>,
+    backend: &dyn ArchiveBackend,
+    installation: &str,
+    lost: &[String],
+    dry_run: bool,
+) -> Result<std::result::Result<(), String>> {
+    let folder = format!("{ADOPTIONS_PREFIX}{installation}/");
+    let own = format!("{folder}{}.json", engine.installation_id);
+    if !dry_run {
+        let claim = AdoptionClaim {
+            installation: installation.to_string(),
+            adopted_by: engine.installation_id.clone(),
+            at: engine.clock.now(),
+        };
+        let bytes = serde_json::to_vec(&claim).expect("a claim serializes");
+        backend.put_create(&own, bytes.into()).await?;
+    }
+    let rivals: Vec<String> = backend
+        .list(&folder)
+        .await?
+        .into_iter()
+        .filter_map(|o| o.key.strip_prefix(&folder)?.strip_suffix(".json").map(str::to_string))
+        .filter(|adopter| *adopter != engine.installation_id && !lost.contains(adopter))
+        .collect();
+    if rivals.is_empty() {
+        return Ok(Ok(()));
+    }
+    if !dry_run {
+        backend.delete(&own).await?;
+    }
+    Ok(Err(format!(
+        "installation {installation}'s archives are claimed by installation {} (`{folder}`): one installation \
+         answers for them. If that host is lost too, name it with --from-installation; if it is alive, leave them \
+         to it",
+        rivals.join(", ")
+    )))
 }
 
 /// Every manifest key the database records, from one read transaction.

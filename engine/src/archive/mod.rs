@@ -62,9 +62,36 @@ pub struct PassReport {
     pub tombstones_purged: u64,
     pub outbox_delivered: u64,
     pub orphans_deleted: u64,
+    /// Every error the pass met and went on from, with its cause (`PassReport::error`).
     pub errors: Vec<String>,
+    /// How many of `errors` there were of each kind (`PassErrorKind`), for the metrics.
+    pub error_kinds: std::collections::BTreeMap<&'static str, u64>,
     /// Where the pass spent its time.
     pub seconds: PhaseSeconds,
+}
+
+/// What a pass error was about, as the metrics label it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PassErrorKind {
+    /// A bucket's archival, cleanup or expiry failed or was deferred.
+    Bucket,
+    Outbox,
+    Catalog,
+    DeltaLog,
+    /// The orphan sweep stopped (another copy of the data directory, a listing that failed).
+    Sweep,
+}
+
+impl PassErrorKind {
+    pub fn label(self) -> &'static str {
+        match self {
+            PassErrorKind::Bucket => "bucket",
+            PassErrorKind::Outbox => "outbox",
+            PassErrorKind::Catalog => "catalog",
+            PassErrorKind::DeltaLog => "delta_log",
+            PassErrorKind::Sweep => "sweep",
+        }
+    }
 }
 
 /// A step of the protocol, as `PhaseSeconds` itemizes a pass.
@@ -209,7 +236,18 @@ impl PassReport {
         self.outbox_delivered += other.outbox_delivered;
         self.orphans_deleted += other.orphans_deleted;
         self.errors.extend(other.errors);
+        for (kind, count) in other.error_kinds {
+            *self.error_kinds.entry(kind).or_default() += count;
+        }
         self.seconds.add_all(&other.seconds);
+    }
+
+    /// Records an error the pass went on from: logged at warn with its cause and counted by
+    /// kind (`frostline_pass_errors_total{kind}`), so a pass that goes on is never silent.
+    pub fn error(&mut self, kind: PassErrorKind, message: String) {
+        tracing::warn!(kind = kind.label(), error = %message, "archival pass error");
+        *self.error_kinds.entry(kind.label()).or_default() += 1;
+        self.errors.push(message);
     }
 
     /// Whether the pass changed any bucket's state (another pass may find more to do).
@@ -222,12 +260,15 @@ impl PassReport {
 pub async fn run_pass(engine: &Arc<Engine>, owner: &str) -> Result<PassReport> {
     let mut report = PassReport::default();
     let mut lap = Lap::start();
+    // The epoch is recorded here, off the async threads, before any key is made with it.
+    let recorder = engine.clone();
+    blocking(move || recorder.writer().map(drop)).await?;
     plan_buckets(engine, &mut report).await?;
     report.seconds.add(Phase::Plan, lap.lap());
     // Outbox delivery runs before discovery; a sink that is down never blocks archival.
     match outbox::deliver(engine).await {
         Ok(n) => report.outbox_delivered = n,
-        Err(e) => report.errors.push(format!("outbox: {e}")),
+        Err(e) => report.error(PassErrorKind::Outbox, format!("outbox: {e}")),
     }
     lap.lap();
     let now = engine.clock.now();
@@ -274,13 +315,10 @@ pub async fn run_pass(engine: &Arc<Engine>, owner: &str) -> Result<PassReport> {
             Ok(Outcome::Purged) => report.tombstones_purged += 1,
             Ok(Outcome::Deferred(why)) => {
                 report.deferred += 1;
-                report.errors.push(format!("{id}: {why}"));
+                report.error(PassErrorKind::Bucket, format!("{id}: {why}"));
             }
             Ok(Outcome::NotClaimed) => {}
-            Err(e) => {
-                tracing::warn!(bucket = %id, error = %e, "archival step failed");
-                report.errors.push(format!("{id}: {e}"));
-            }
+            Err(e) => report.error(PassErrorKind::Bucket, format!("{id}: {e}")),
         }
     }
     drop(outcomes);
@@ -294,7 +332,7 @@ pub async fn run_pass(engine: &Arc<Engine>, owner: &str) -> Result<PassReport> {
                 continue;
             }
             if let Err(e) = catalog::write(engine, table).await {
-                report.errors.push(format!("catalog of `{table}`: {e}"));
+                report.error(PassErrorKind::Catalog, format!("catalog of `{table}`: {e}"));
             }
         }
         report.seconds.add(Phase::Catalog, lap.lap());
@@ -306,7 +344,7 @@ pub async fn run_pass(engine: &Arc<Engine>, owner: &str) -> Result<PassReport> {
         let changed = report.archived + report.expired > 0;
         for table in engine.policies().tables.values() {
             if let Some(Err(e)) = delta::sync_if_needed(engine, table, changed).await {
-                report.errors.push(format!("Delta log of `{}`: {e}", table.id));
+                report.error(PassErrorKind::DeltaLog, format!("Delta log of `{}`: {e}", table.id));
             }
         }
         report.seconds.add(Phase::DeltaLog, lap.lap());
@@ -315,7 +353,7 @@ pub async fn run_pass(engine: &Arc<Engine>, owner: &str) -> Result<PassReport> {
     match sweep::sweep_if_due(engine).await {
         Ok(Some(swept)) => report.orphans_deleted = swept.deleted,
         Ok(None) => {}
-        Err(e) => report.errors.push(format!("orphan sweep stopped: {e}")),
+        Err(e) => report.error(PassErrorKind::Sweep, format!("orphan sweep stopped: {e}")),
     }
     Ok(report)
 }
@@ -686,13 +724,14 @@ async fn upload_segments(
     let id = &meta.id;
     let prefix =
         keys::bucket_folder(table.layout(), &id.table, &engine.installation_id, &id.bucket_key, &id.partition_key);
+    let writer = engine.writer()?;
     let mut segments: Vec<SegmentInfo> = Vec::new();
     let mut prepared = None;
     while let Some(pipeline::Encoded { segment, last }) = receiver.recv().await {
         let mut lap = Lap::start();
         let sha = sha256_hex(&segment.bytes);
         let sequence = segments.len();
-        let key = keys::segment_key(&prefix, &engine.installation_id, sequence, &sha, table.format.extension());
+        let key = keys::segment_key(&prefix, &writer, sequence, &sha, table.format.extension());
         let info = SegmentInfo {
             key: key.clone(),
             sha256: sha,
@@ -755,7 +794,7 @@ fn prepare_manifest(
     let bytes = Bytes::from(manifest.to_bytes());
     let prefix =
         keys::manifest_folder(table.layout(), &id.table, &engine.installation_id, &id.bucket_key, &id.partition_key);
-    let key = keys::manifest_key(&prefix, &engine.installation_id, meta.generation, &sha256_hex(&bytes));
+    let key = keys::manifest_key(&prefix, &engine.writer()?, meta.generation, &sha256_hex(&bytes));
     Ok((manifest, bytes, key))
 }
 

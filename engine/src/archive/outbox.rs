@@ -62,6 +62,9 @@ fn webhook_agent(sink: &SinkConfig) -> ureq::Agent {
 fn new_webhook_agent(sink: &SinkConfig) -> ureq::Agent {
     ureq::Agent::config_builder()
         .timeout_global(Some(Duration::from_millis(sink.timeout_ms)))
+        // A redirect is answered as a failed delivery (`deliver_one`): following it would
+        // re-send the event as a body-less GET, whose 200 would count it delivered.
+        .max_redirects(0)
         .tls_config(crate::storage::trust::tls_config(&sink.ca_certificates))
         .build()
         .into()
@@ -77,8 +80,8 @@ fn deliver_one(sink: &SinkConfig, event: &OutboxEvent) -> Result<()> {
                 .header("Content-Type", "application/json")
                 .header("Idempotency-Key", &key)
                 .send(body.to_string())
-                .map(|_| ())
                 .map_err(|e| Error::StorageUnavailable(format!("sink `{}`: {e}", sink.name)))
+                .and_then(|response| delivered(sink, &response))
         }
         SinkKind::Jsonl => {
             let mut file = std::fs::OpenOptions::new()
@@ -92,6 +95,25 @@ fn deliver_one(sink: &SinkConfig, event: &OutboxEvent) -> Result<()> {
             file.sync_data().map_err(|e| Error::io(&sink.destination, e))
         }
     }
+}
+
+/// Whether a webhook's answer acknowledges the event: a 2xx does; anything else (a redirect
+/// included, with its location in the error) is a failed delivery, retried with backoff.
+fn delivered(sink: &SinkConfig, response: &ureq::http::Response<ureq::Body>) -> Result<()> {
+    let status = response.status();
+    if status.is_success() {
+        return Ok(());
+    }
+    let location = response
+        .headers()
+        .get(ureq::http::header::LOCATION)
+        .map(|l| format!(" to `{}`", String::from_utf8_lossy(l.as_bytes())))
+        .unwrap_or_default();
+    Err(Error::StorageUnavailable(format!(
+        "sink `{}`: answered {status}{location}; a webhook must answer 2xx, and redirects are not followed: point the \
+         sink's url at the final address",
+        sink.name
+    )))
 }
 
 /// Delivers pending events; returns how many events were completed (delivered everywhere).

@@ -1,20 +1,25 @@
-//! The orphan sweep: objects under a table's prefix that this installation wrote (their key
-//! carries its installation id) and that no published manifest, no in-flight upload intent
-//! and no unfinished expiry names, and objects in a target's scratch folders (`.tmp/`,
-//! `.frostline-probe/`), older than the grace period, are deleted in bounded pages. Objects
-//! another installation could own (another id, or none: written before ids) are never
-//! deleted. Every target that holds one of the table's archives is swept, not only its
-//! current one. The reference set is read first, from one read transaction (so a publish and
-//! cleanup cannot slip between its parts); if it cannot be read the sweep stops before
-//! deleting anything. A dry run counts without deleting. Each deletion writes an
-//! `orphan_deleted` event.
+//! The orphan sweep: deletes what this data directory can prove it wrote and no longer
+//! needs, and clears the targets' scratch folders (`.tmp/`, `.frostline-probe/`), each once
+//! older than the grace period, in bounded pages.
 //!
-//! A data directory restored from a backup (or copied) shares its installation id with the
-//! copy that went on running, but not its later archives: to it they look like orphans. So
-//! before deleting anything the sweep looks for a manifest of its own installation with a
-//! generation its database never issued (a later claim of the bucket than the database
-//! records, or a bucket it does not know); one is proof of another copy, and the sweep stops,
-//! deleting nothing, until an operator resolves it (`frostline adopt`, `archive::adopt`).
+//! What it may delete in a table's folders is what the store released (`store::ownership`):
+//! keys this data directory recorded in an upload intent before uploading under them, that the
+//! bucket's published archive does not reference. An unreferenced object that merely carries
+//! this installation's id in its key is never enough: a copy of the data directory (a restored
+//! backup, a clone) carries the same id, and what the other copy archived after they parted is
+//! unreferenced here while it is the only copy of its records. Objects of other installations,
+//! or of none (written before ids), are never deleted.
+//!
+//! Before deleting anything it lists every folder it sweeps and looks for proof of such a copy:
+//! a key of its own installation written in an epoch its database never recorded (or, for keys
+//! written before epochs, a manifest generation it never issued). One stops the sweep,
+//! deleting nothing; the stop is logged, recorded for `status` and the API until a sweep
+//! completes, and resolved by an operator (`frostline adopt`, `archive::adopt`).
+//!
+//! The reference set is read from one read transaction (so a publish and cleanup cannot slip
+//! between its parts); a released key that is referenced again is kept. If anything cannot be
+//! read the sweep stops before deleting anything. A dry run counts without deleting. Each
+//! deletion writes an `orphan_deleted` event.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
@@ -24,9 +29,12 @@ use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::model::ArchiveTarget;
 use crate::storage::{ArchiveBackend, ObjectInfo, keys};
+use crate::store::schema::{ReleasedKey, SweepStop};
 
 /// Objects deleted per sweep at most.
 pub const SWEEP_DELETES_PER_RUN_MAX: usize = 1_000;
+/// Released keys read per sweep at most (a larger backlog is worked off over several sweeps).
+pub const SWEEP_RELEASED_PER_RUN_MAX: usize = 10_000;
 pub const META_LAST_SWEEP: &str = "last_sweep_at";
 
 #[derive(Debug, Default, Clone, serde::Serialize)]
@@ -39,17 +47,24 @@ pub struct SweepReport {
     pub orphans: u64,
     /// Unreferenced objects another installation could own: never deleted.
     pub foreign: u64,
+    /// Unreferenced objects of this installation that this data directory never released:
+    /// nothing proves it wrote them (a copy of the data directory may have), so they are kept.
+    pub unproven: u64,
     pub deleted: u64,
     pub orphan_keys: Vec<String>,
 }
 
-/// Keys that must never be swept, and the targets (beyond the tables' current ones) that
-/// hold archives, all read from one snapshot of the store.
+/// Keys that must never be swept, the targets (beyond the tables' current ones) that hold
+/// archives, and what this data directory can prove it wrote, all read from one snapshot.
 struct References {
     keys: HashSet<String>,
     targets: BTreeSet<(String, ArchiveTarget)>,
     /// The generation the database last issued for each bucket, by the folder of its manifests.
     generations: HashMap<String, u64>,
+    /// The epochs of this data directory's lives.
+    epochs: HashSet<String>,
+    /// Released keys by (target URL, key).
+    released: HashMap<(String, String), ReleasedKey>,
 }
 
 async fn references(engine: &Arc<Engine>) -> Result<References> {
@@ -85,32 +100,41 @@ async fn references(engine: &Arc<Engine>) -> Result<References> {
                 keys.extend(tombstone.keys);
             }
         }
-        Ok(References { keys, targets, generations })
+        let released = snapshot
+            .released(SWEEP_RELEASED_PER_RUN_MAX)?
+            .into_iter()
+            .map(|r| ((r.target.clone(), r.key.clone()), r))
+            .collect();
+        Ok(References { keys, targets, generations, epochs: snapshot.epochs()?, released })
     })
     .await
 }
 
-/// The first manifest of this installation that its database never issued, if any.
-fn later_copy_evidence(
-    listed: &[ObjectInfo],
-    installation: &str,
-    generations: &HashMap<String, u64>,
-) -> Option<String> {
-    listed.iter().find_map(|object| {
-        let generation = keys::manifest_generation(&object.key, installation)?;
-        match generations.get(keys::folder_of(&object.key)) {
-            Some(known) if *known >= generation => None,
-            known => Some(format!(
-                "`{}` (generation {generation}; the database {})",
-                object.key,
-                known.map_or("does not know the bucket".to_string(), |g| format!("issued up to {g}"))
-            )),
-        }
+/// The first object of this installation that another copy of its data directory wrote: a
+/// key of an epoch the database never recorded, or (keys written before epochs) a manifest
+/// generation it never issued.
+fn other_copy_evidence(listed: &[ObjectInfo], installation: &str, references: &References) -> Option<(String, String)> {
+    listed.iter().filter(|object| !references.keys.contains(&object.key)).find_map(|object| {
+        let origin =
+            keys::origin(&object.key).filter(|o| !installation.is_empty() && o.installation == installation)?;
+        let why = match (origin.epoch, origin.generation) {
+            (Some(epoch), _) if references.epochs.contains(epoch) => return None,
+            (Some(epoch), _) => format!("written in epoch {epoch}, which this database never recorded"),
+            (None, None) => return None,
+            (None, Some(generation)) => match references.generations.get(keys::folder_of(&object.key)) {
+                Some(known) if *known >= generation => return None,
+                known => format!(
+                    "generation {generation}; the database {}",
+                    known.map_or("does not know the bucket".to_string(), |g| format!("issued up to {g}"))
+                ),
+            },
+        };
+        Some((object.key.clone(), why))
     })
 }
 
 pub async fn sweep(engine: &Arc<Engine>, dry_run: bool) -> Result<SweepReport> {
-    let References { keys: referenced, targets: archive_targets, generations } = references(engine).await?;
+    let references = references(engine).await?;
     let now = engine.clock.now();
     let grace = engine.settings.orphan_grace_us;
     let mut report = SweepReport { dry_run, ..Default::default() };
@@ -121,7 +145,7 @@ pub async fn sweep(engine: &Arc<Engine>, dry_run: bool) -> Result<SweepReport> {
     let mut folders: Vec<(Arc<dyn ArchiveBackend>, String, bool)> = Vec::new();
     for (id, table) in &policies.tables {
         let mut backends = vec![table.backend.clone()];
-        for (_, target) in archive_targets.iter().filter(|(t, _)| t == id) {
+        for (_, target) in references.targets.iter().filter(|(t, _)| t == id) {
             // A target gone from the directory cannot be swept; its archives are refused
             // elsewhere (reads say so), and nothing is lost by leaving it alone.
             if let Ok(backend) = policies.archive_backend(table, target)
@@ -139,37 +163,53 @@ pub async fn sweep(engine: &Arc<Engine>, dry_run: bool) -> Result<SweepReport> {
     for backend in policies.targets.values() {
         folders.extend(keys::SCRATCH_PREFIXES.iter().map(|scratch| (backend.clone(), scratch.to_string(), true)));
     }
-    // Everything is listed, and checked for a later copy, before anything is deleted.
+    // Everything is listed, and checked for another copy, before anything is deleted.
     let mut listings = Vec::with_capacity(folders.len());
     for (backend, prefix, scratch) in &folders {
         let listed = backend.list(prefix).await?;
-        if !scratch && let Some(evidence) = later_copy_evidence(&listed, &engine.installation_id, &generations) {
+        if !scratch && let Some((key, why)) = other_copy_evidence(&listed, &engine.installation_id, &references) {
+            let stop = SweepStop { at: now, target: backend.target().to_string(), key, reason: why };
+            tracing::warn!(target = %stop.target, key = %stop.key, reason = %stop.reason,
+                "orphan sweep stopped: another copy of this data directory writes to this target");
+            if !dry_run {
+                let (store, recorded) = (engine.store.clone(), stop.clone());
+                blocking(move || store.set_sweep_stop(Some(recorded))).await?;
+            }
             return Err(Error::Conflict(format!(
-                "orphan sweep stopped, nothing deleted: {} holds {evidence}, written by another copy of this data \
+                "orphan sweep stopped, nothing deleted: {} holds `{}` ({}), written by another copy of this data \
                  directory (installation {}): a copy restored from a backup, or one copied elsewhere, that kept \
                  archiving. Run only one copy of a data directory; archives of the other are not orphans: \
                  `frostline adopt` (with the engine stopped) takes them in",
-                backend.target(),
-                engine.installation_id
+                stop.target, stop.key, stop.reason, engine.installation_id
             )));
         }
         listings.push((backend, listed, *scratch));
     }
+    let mut seen: HashSet<(String, String)> = HashSet::new();
     for (backend, listed, scratch) in listings {
         for object in listed {
             if object.key.ends_with(super::catalog::CATALOG_FILE) || keys::in_delta_log(&object.key) {
                 continue; // derived, rewritten by every pass that changes archives
             }
             report.listed += 1;
-            if referenced.contains(&object.key) {
+            if references.keys.contains(&object.key) {
                 report.referenced += 1;
                 continue;
             }
+            let released_key = (backend.target().to_string(), object.key.clone());
+            let released = references.released.get(&released_key);
+            seen.insert(released_key);
             if !scratch && !keys::written_by(&object.key, &engine.installation_id) {
                 report.foreign += 1;
                 continue;
             }
-            if now - object.last_modified < grace {
+            if !scratch && released.is_none() {
+                report.unproven += 1;
+                continue;
+            }
+            let age =
+                released.map_or(now - object.last_modified, |r| (now - object.last_modified).min(now - r.released_at));
+            if age < grace {
                 report.too_young += 1;
                 continue;
             }
@@ -183,13 +223,32 @@ pub async fn sweep(engine: &Arc<Engine>, dry_run: bool) -> Result<SweepReport> {
                 report.deleted += 1;
                 tracing::info!(key = %object.key, "orphan deleted");
                 let (store, key, target) = (engine.store.clone(), object.key.clone(), backend.target().to_string());
-                blocking(move || store.note_orphan_deleted(key, target, now)).await?;
+                match released.cloned() {
+                    Some(released) => blocking(move || store.forget_released(released, true, now)).await?,
+                    None => blocking(move || store.note_orphan_deleted(key, target, now)).await?,
+                }
             }
         }
     }
     if !dry_run {
+        // Released keys no listing showed were deleted already (a sweep cut off after its
+        // delete call, or an expiry); a referenced one is in use again. Either way, forgotten.
+        for (key, released) in &references.released {
+            let listed = |(backend, prefix, _): &(Arc<dyn ArchiveBackend>, String, bool)| {
+                backend.target() == key.0 && key.1.starts_with(prefix.as_str())
+            };
+            let listed_target = folders.iter().any(listed);
+            if listed_target && (!seen.contains(key) || references.keys.contains(&key.1)) {
+                let (store, released) = (engine.store.clone(), released.clone());
+                blocking(move || store.forget_released(released, false, now)).await?;
+            }
+        }
         let store = engine.store.clone();
-        blocking(move || store.set_meta_value(META_LAST_SWEEP, now.to_be_bytes().to_vec())).await?;
+        blocking(move || {
+            store.set_meta_value(META_LAST_SWEEP, now.to_be_bytes().to_vec())?;
+            store.set_sweep_stop(None)
+        })
+        .await?;
     }
     Ok(report)
 }

@@ -161,9 +161,11 @@ pub enum Command {
         /// Verify and count what would be adopted without recording anything.
         #[arg(long)]
         dry_run: bool,
-        /// Also take in the archives of this installation id (a lost host of a fleet sharing a
-        /// Delta table; repeatable). Without it, other installations' archives in a Delta
-        /// table's folders are left alone and listed.
+        /// Also take in the archives of this installation id (a lost host, or the data
+        /// directory this one replaces; repeatable). Without it, other installations' archives
+        /// are left alone and listed: on a shared target they belong to live peers. A host that
+        /// already adopted them holds a claim on the target, and adoption is refused unless it
+        /// is named too.
         #[arg(long = "from-installation", value_name = "ID")]
         from_installations: Vec<String>,
     },

@@ -11,6 +11,13 @@ pub fn print(status: &Status) {
             status.unmanaged_tables.join(", ")
         );
     }
+    if let Some(stop) = &status.sweep_stopped {
+        println!(
+            "ORPHAN SWEEP STOPPED at {}: {} holds `{}` ({}): another copy of this data directory writes there; \
+             nothing is deleted until `frostline adopt` (engine stopped) resolves it",
+            stop.at, stop.target, stop.key, stop.reason
+        );
+    }
     let p = &status.policy;
     println!(
         "policy generation {} from {} ({} files, {} plugins)",

@@ -23,6 +23,11 @@ pub const KIND_BYTES_MAX: usize = 128;
 pub const BUCKET_KEY_BYTES_MAX: usize = 128;
 /// A record body larger than this is refused at append.
 pub const RECORD_BODY_BYTES_MAX: usize = 1024 * 1024;
+/// The earliest event time a record may carry: 0001-01-01T00:00:00Z. Delta's statistics,
+/// RFC 3339 and the built-in strategies all express years 1 to 9999, and nothing outside.
+pub const EVENT_TIME_MIN: Micros = -62_135_596_800_000_000;
+/// The latest event time a record may carry: 9999-12-31T23:59:59.999999Z.
+pub const EVENT_TIME_MAX: Micros = 253_402_300_799_999_999;
 
 /// True when `s` is 1 to `max` bytes of visible ASCII (0x21..=0x7E).
 pub fn is_visible_ascii(s: &str, max: usize) -> bool {
@@ -104,6 +109,13 @@ pub struct Record {
 impl Record {
     /// Checks the bounds of every field; the message names the field and the limit.
     pub fn validate(&self) -> Result<()> {
+        if !(EVENT_TIME_MIN..=EVENT_TIME_MAX).contains(&self.event_time) {
+            return Err(Error::InvalidInput(format!(
+                "event_time {} µs since the Unix epoch lies outside 0001-01-01T00:00:00Z ..= \
+                 9999-12-31T23:59:59.999999Z, the years every archive format and reader can express",
+                self.event_time
+            )));
+        }
         if self.partition_key.len() > PARTITION_KEY_BYTES_MAX {
             return Err(Error::InvalidInput(format!(
                 "partition_key is {} bytes; the limit is {PARTITION_KEY_BYTES_MAX}",
@@ -268,6 +280,29 @@ pub struct BucketFacts {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Regression (issue: event times beyond year 9999 were accepted, and Delta's statistics
+    /// overflowed or were written as empty strings for them).
+    #[test]
+    fn event_times_are_bounded_to_the_years_every_format_expresses() {
+        let at = |event_time| Record {
+            partition_key: b"p".to_vec(),
+            event_time,
+            sort_key: Vec::new(),
+            tenant: None,
+            kind: None,
+            body: "{}".into(),
+        };
+        // Obeyed: both ends, which are the first and last microseconds of years 1 and 9999.
+        assert_eq!(time::format_rfc3339(EVENT_TIME_MIN), "0001-01-01T00:00:00Z");
+        assert_eq!(time::format_rfc3339(EVENT_TIME_MAX), "9999-12-31T23:59:59.999999Z");
+        assert!(at(EVENT_TIME_MIN).validate().is_ok() && at(EVENT_TIME_MAX).validate().is_ok());
+        // Enforced: one microsecond outside either end, and the extremes of i64.
+        for outside in [EVENT_TIME_MIN - 1, EVENT_TIME_MAX + 1, i64::MIN, i64::MAX] {
+            let err = at(outside).validate().unwrap_err().to_string();
+            assert!(err.contains("event_time") && err.contains("9999-12-31T23:59:59.999999Z"), "{err}");
+        }
+    }
 
     #[test]
     fn state_machine_allows_only_the_protocol_edges() {

@@ -91,6 +91,18 @@ pub struct Status {
     /// Each native archive target and its probe (never a secret).
     #[serde(default)]
     pub targets: Vec<crate::storage::probe::TargetReport>,
+    /// Why the orphan sweep stopped without deleting anything, until a sweep completes: proof
+    /// that another copy of this data directory writes to a target (`archive::sweep`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sweep_stopped: Option<SweepStopStatus>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct SweepStopStatus {
+    pub at: String,
+    pub target: String,
+    pub key: String,
+    pub reason: String,
 }
 
 pub fn collect(engine: &Engine) -> Result<Status> {
@@ -176,6 +188,12 @@ pub fn collect(engine: &Engine) -> Result<Status> {
         outbox_backlog: engine.store.outbox_len()?,
         store_poisoned: engine.store.poisoned(),
         targets: policies.target_probes.values().map(|p| p.report()).collect(),
+        sweep_stopped: engine.store.sweep_stop()?.map(|stop| SweepStopStatus {
+            at: format_rfc3339(stop.at),
+            target: stop.target,
+            key: stop.key,
+            reason: stop.reason,
+        }),
     })
 }
 

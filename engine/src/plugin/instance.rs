@@ -149,6 +149,7 @@ impl<W: WorldBindings> PluginInstance<W> {
         let (store, bindings) = slot.live.as_mut().expect("instantiated above");
         store.set_epoch_deadline(self.plugin.limits.deadline_ticks());
         store.data_mut().memory_refused_bytes = None;
+        store.data_mut().call_deadline = Some(self.plugin.limits.call_deadline());
         match f(bindings, store) {
             Ok(value) => {
                 slot.answered = true;

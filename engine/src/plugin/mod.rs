@@ -19,6 +19,7 @@ pub mod instance;
 pub mod precompile;
 pub mod retention;
 pub mod strategy;
+pub mod waits;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -145,6 +146,11 @@ impl PluginLimits {
     fn deadline_ticks(&self) -> u64 {
         self.call_ms.div_ceil(EPOCH_TICK_MS) + 1
     }
+
+    /// When a call that starts now must end, and the limit, for the waits in host calls.
+    fn call_deadline(&self) -> (std::time::Instant, u64) {
+        (std::time::Instant::now() + std::time::Duration::from_millis(self.call_ms), self.call_ms)
+    }
 }
 
 /// A component's bytes and the name it is reported under (a path or `builtin:NAME`).
@@ -179,6 +185,9 @@ pub struct PluginState {
     table_elements: Budget,
     /// Set when the limiter refused a memory growth, so the fault names the cause.
     memory_refused_bytes: Option<usize>,
+    /// When the call in progress (or the instantiation) must end, and its limit in ms: every
+    /// wait in a host call ends there too (`waits`).
+    call_deadline: Option<(std::time::Instant, u64)>,
     /// `wasi:http` (linked for archivers only): its context, and the hooks that hold the
     /// grant's origins and limits.
     http: wasmtime_wasi_http::WasiHttpCtx,
@@ -402,6 +411,7 @@ impl LoadedPlugin {
             memory: Budget::new(self.limits.memory_bytes),
             table_elements: Budget::new(PLUGIN_TABLE_ELEMENTS_MAX),
             memory_refused_bytes: None,
+            call_deadline: Some(self.limits.call_deadline()),
             http: wasmtime_wasi_http::WasiHttpCtx::new(),
             http_hooks: http::HttpHooks {
                 grant: capabilities.http.clone(),
@@ -441,6 +451,8 @@ fn base_linker(engine: &Engine) -> Result<Linker<PluginState>> {
     // blob store by its grant.
     bindings::blob_store_iface::add_to_linker::<_, wasmtime::component::HasSelf<_>>(&mut linker, |state| state)
         .map_err(|e| Error::Internal(format!("cannot link the blob-store import: {e}")))?;
+    // A sleep or a blocking poll ends at the call's deadline, like guest code.
+    waits::link(&mut linker)?;
     Ok(linker)
 }
 

@@ -3,8 +3,8 @@
 //! Layout (Hive-style folders, so query engines can prune by table, bucket and partition):
 //!
 //! ```text
-//! table=<table>/bucket=<bucket key>/partition=<partition key>/seg-<installation>-<seq>-<sha256[..16]>.<ext>
-//! table=<table>/bucket=<bucket key>/partition=<partition key>/manifest-<installation>-g<generation>-<sha256[..16]>.json
+//! table=<table>/bucket=<bucket key>/partition=<partition key>/seg-<writer>-<seq>-<sha256[..16]>.<ext>
+//! table=<table>/bucket=<bucket key>/partition=<partition key>/manifest-<writer>-g<generation>-<sha256[..16]>.json
 //! ```
 //!
 //! Values are percent-encoded except `A-Z a-z 0-9 - _ . :` (an empty value is written as a
@@ -34,10 +34,14 @@
 //! leading `_` is written `%5F`, so no other value encodes to that name. Archives written in
 //! either layout stay readable through their manifests, which name every key in full.
 //!
-//! `<installation>` is the data directory's installation id: two installations that share a
-//! target never write the same key, and the orphan sweep deletes only keys that carry its own.
-//! (Archives written before installation ids lack it; they are read through their manifests
-//! and never swept.)
+//! The `<writer>` in a file name is `<installation>-e<epoch>`: the data directory's
+//! installation id and the epoch of the data directory's life that wrote the object (a random
+//! id recorded in the store before its first key is made; every open of the data directory
+//! starts a new one). Two installations that share a target never write the same key, nor do
+//! two copies of one data directory (a restored backup, a clone) once either has been opened
+//! again, and a copy that lists a key of its own installation with an epoch its database never
+//! recorded knows that another copy wrote it. (Archives written before installation ids lack
+//! both, those written before epochs lack the epoch; they are read through their manifests.)
 //!
 //! Two scratch folders sit beside the tables at the root of a target, and no manifest ever
 //! names an object in them: `.tmp/<nonce>` (a large segment's multipart upload before its
@@ -172,29 +176,75 @@ pub fn in_delta_log(key: &str) -> bool {
     key.starts_with(DELTA_PREFIX) && key.contains("/_delta_log/")
 }
 
-pub fn segment_key(
-    bucket_prefix: &str,
-    installation: &str,
-    sequence: usize,
-    sha256_hex: &str,
-    extension: &str,
-) -> String {
-    format!("{bucket_prefix}seg-{installation}-{sequence:05}-{}.{extension}", &sha256_hex[..KEY_SHA_HEX_DIGITS])
+/// The writer part of a file name: an installation id and the epoch of the data directory's
+/// life that wrote it (see the module documentation).
+pub fn writer(installation: &str, epoch: &str) -> String {
+    format!("{installation}-e{epoch}")
 }
 
-pub fn manifest_key(bucket_prefix: &str, installation: &str, generation: u64, sha256_hex: &str) -> String {
-    format!("{bucket_prefix}manifest-{installation}-g{generation:010}-{}.json", &sha256_hex[..KEY_SHA_HEX_DIGITS])
+/// Hex digits of an epoch.
+pub const EPOCH_HEX_DIGITS: usize = 16;
+
+pub fn segment_key(bucket_prefix: &str, writer: &str, sequence: usize, sha256_hex: &str, extension: &str) -> String {
+    format!("{bucket_prefix}seg-{writer}-{sequence:05}-{}.{extension}", &sha256_hex[..KEY_SHA_HEX_DIGITS])
 }
 
-/// Whether `key` is a segment or manifest written by `installation`: the only objects of a
-/// table's folders its orphan sweep may delete.
-pub fn written_by(key: &str, installation: &str) -> bool {
+pub fn manifest_key(bucket_prefix: &str, writer: &str, generation: u64, sha256_hex: &str) -> String {
+    format!("{bucket_prefix}manifest-{writer}-g{generation:010}-{}.json", &sha256_hex[..KEY_SHA_HEX_DIGITS])
+}
+
+/// Who wrote a segment or a manifest, read from its file name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Origin<'a> {
+    /// The installation id; empty for archives written before ids.
+    pub installation: &'a str,
+    /// The epoch of the data directory's life; `None` for archives written before epochs.
+    pub epoch: Option<&'a str>,
+    /// A manifest's generation; `None` for a segment.
+    pub generation: Option<u64>,
+}
+
+/// Splits a writer (`<installation>` or `<installation>-e<epoch>`) into its parts.
+fn split_writer(writer: &str) -> (&str, Option<&str>) {
+    match writer.rsplit_once("-e") {
+        Some((installation, epoch))
+            if epoch.len() == EPOCH_HEX_DIGITS && epoch.bytes().all(|b| b.is_ascii_hexdigit()) =>
+        {
+            (installation, Some(epoch))
+        }
+        _ => (writer, None),
+    }
+}
+
+/// Who wrote `key`, when it is a segment or a manifest (`None` for any other key).
+pub fn origin(key: &str) -> Option<Origin<'_>> {
     let name = key.rsplit('/').next().unwrap_or(key);
-    ["seg-", "manifest-"].iter().any(|kind| {
-        name.strip_prefix(kind)
-            .and_then(|rest| rest.strip_prefix(installation))
-            .is_some_and(|rest| rest.starts_with('-'))
-    })
+    if let Some(rest) = name.strip_prefix("manifest-") {
+        let (rest, _sha) = rest.strip_suffix(".json")?.rsplit_once('-')?;
+        let (writer, generation) = match rest.rsplit_once("-g") {
+            Some((writer, generation)) => (writer, generation),
+            None => ("", rest.strip_prefix('g')?),
+        };
+        if generation.is_empty() || !generation.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        let (installation, epoch) = split_writer(writer);
+        return Some(Origin { installation, epoch, generation: Some(generation.parse().ok()?) });
+    }
+    let rest = name.strip_prefix("seg-")?;
+    let stem = rest.split_once('.').map_or(rest, |(stem, _)| stem);
+    let (rest, _sha) = stem.rsplit_once('-')?;
+    let (writer, sequence) = rest.rsplit_once('-').unwrap_or(("", rest));
+    if sequence.is_empty() || !sequence.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let (installation, epoch) = split_writer(writer);
+    Some(Origin { installation, epoch, generation: None })
+}
+
+/// Whether `key` is a segment or manifest written by `installation` (in any epoch).
+pub fn written_by(key: &str, installation: &str) -> bool {
+    origin(key).is_some_and(|origin| !installation.is_empty() && origin.installation == installation)
 }
 
 /// The generation of a manifest `installation` wrote, from its key (`None` for any other key).
@@ -205,16 +255,7 @@ pub fn manifest_generation(key: &str, installation: &str) -> Option<u64> {
 /// Who wrote a manifest and under which generation, from its key: the installation id (empty
 /// for archives written before ids) and the generation. `None` when `key` is not a manifest.
 pub fn manifest_origin(key: &str) -> Option<(&str, u64)> {
-    let name = key.rsplit('/').next().unwrap_or(key);
-    let (rest, _sha) = name.strip_prefix("manifest-")?.strip_suffix(".json")?.rsplit_once('-')?;
-    let (installation, generation) = match rest.rsplit_once("-g") {
-        Some((installation, generation)) => (installation, generation),
-        None => ("", rest.strip_prefix('g')?),
-    };
-    if generation.is_empty() || !generation.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    Some((installation, generation.parse().ok()?))
+    origin(key).and_then(|origin| Some((origin.installation, origin.generation?)))
 }
 
 /// The folder an object key sits in (with its trailing `/`), for listing an archive's
@@ -363,6 +404,30 @@ mod tests {
         assert_eq!(manifest_origin(&format!("{prefix}manifest-g0000000003-0123456789abcdef.json")), Some(("", 3)));
         assert_eq!(manifest_origin(&format!("{prefix}manifest-aa11-gx-0123456789abcdef.json")), None);
         assert_eq!(manifest_origin(&format!("{prefix}{}", PROBE_PREFIX)), None);
+    }
+
+    #[test]
+    fn a_key_names_the_installation_and_the_epoch_that_wrote_it() {
+        let prefix = bucket_prefix("t", "b", b"p");
+        let sha = &"0".repeat(64);
+        let writer = writer("aa11", "0123456789abcdef");
+        let manifest = manifest_key(&prefix, &writer, 42, sha);
+        assert!(manifest.ends_with("manifest-aa11-e0123456789abcdef-g0000000042-0000000000000000.json"));
+        let expected = Origin { installation: "aa11", epoch: Some("0123456789abcdef"), generation: Some(42) };
+        assert_eq!(origin(&manifest), Some(expected));
+        let segment = segment_key(&prefix, &writer, 3, sha, "parquet");
+        assert_eq!(origin(&segment), Some(Origin { generation: None, ..expected }));
+        assert!(written_by(&segment, "aa11") && written_by(&manifest, "aa11"));
+        assert_eq!(manifest_generation(&manifest, "aa11"), Some(42));
+        // Keys written before epochs, and before installation ids.
+        let legacy = segment_key(&prefix, "aa11", 3, sha, "jsonl");
+        assert_eq!(origin(&legacy), Some(Origin { installation: "aa11", epoch: None, generation: None }));
+        let before_ids = format!("{prefix}seg-00003-{}.jsonl", &sha[..16]);
+        assert_eq!(origin(&before_ids), Some(Origin { installation: "", epoch: None, generation: None }));
+        // An epoch is exactly 16 hex digits; anything else is part of the installation id.
+        let odd = segment_key(&prefix, "aa11-eff", 0, sha, "jsonl");
+        assert_eq!(origin(&odd).map(|o| (o.installation, o.epoch)), Some(("aa11-eff", None)));
+        assert_eq!(origin(&format!("{prefix}_catalog.json")), None);
     }
 
     #[test]

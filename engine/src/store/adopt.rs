@@ -62,9 +62,9 @@ impl Store {
                     }
                     let next = BucketState::Archived { hot_deleted: true };
                     invariants::transition_is_allowed(meta.state, next).map_err(Error::Internal)?;
-                    let prefix = id.encode();
-                    let end = encoding::prefix_end(&prefix);
-                    txn.open_table(INTENTS)?.retain_in(prefix.as_slice()..end.as_slice(), |_, _| false)?;
+                    let mut kept: HashSet<&str> = manifest.segments.iter().map(|s| s.key.as_str()).collect();
+                    kept.insert(manifest_key.as_str());
+                    release_intents(txn, &id, &kept, now)?;
                     let adopted = adopted_meta(&id, &manifest_key, &manifest, &rows, now);
                     let mut meta = meta;
                     meta_touch(&mut meta, now, Some(next));

@@ -23,6 +23,7 @@ mod append;
 pub mod encoding;
 mod holds;
 mod outbox;
+mod ownership;
 mod protocol;
 mod reads;
 pub mod schema;
@@ -35,7 +36,7 @@ pub use self::holds::{HoldPlacement, PolicyHoldSync};
 pub use self::protocol::{CleanupSlice, PlanOutcome, TOMBSTONE_PURGE_RETRY_US};
 pub use self::reads::Snapshot;
 pub use self::writer::GROUP_COMMIT_REQUESTS_MAX;
-use self::{append::*, holds::*, outbox::*, protocol::*, reads::*, writer::*};
+use self::{append::*, holds::*, outbox::*, ownership::release_intents, protocol::*, reads::*, writer::*};
 
 use std::any::Any;
 use std::collections::HashMap;
@@ -222,6 +223,8 @@ fn init_schema(db: &Database) -> Result<()> {
         txn.open_table(DELIVERIES)?;
         txn.open_table(HOLDS)?;
         txn.open_table(TOMBSTONES)?;
+        txn.open_table(EPOCHS)?;
+        txn.open_table(RELEASED)?;
     }
     txn.commit()?;
     upgrade::upgrade(db, stored_version)

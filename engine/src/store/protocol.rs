@@ -364,10 +364,9 @@ impl Store {
                 .ok_or_else(|| Error::Internal(format!("bucket {id} is published but has no manifest")))?;
             let name = rows_table_name(&id);
             let mut records = txn.open_table(rows_table(&name))?;
+            let manifest = recorded_manifest(txn, &id, published)?
+                .ok_or_else(|| Error::Internal(format!("manifest of bucket {id} generation {published} is missing")))?;
             if meta.cleanup_proven != Some(published) {
-                let manifest = recorded_manifest(txn, &id, published)?.ok_or_else(|| {
-                    Error::Internal(format!("manifest of bucket {id} generation {published} is missing"))
-                })?;
                 rows_match_manifest(&records, &id, &manifest.summary)?
                     .map_err(|why| Error::Corruption(format!("refusing to delete the hot rows of {id}: {why}")))?;
                 meta.cleanup_proven = Some(published);
@@ -388,14 +387,17 @@ impl Store {
             if finished {
                 crate::failpoints::hit("mid_cleanup")?;
                 txn.delete_table(rows_table(&name))?;
-                let prefix = id.encode();
-                let end = encoding::prefix_end(&prefix);
                 meta_touch(&mut meta, now, Some(BucketState::Archived { hot_deleted: true }));
                 meta.hot_deleted_at = Some(now);
                 meta.lease_owner = None;
                 meta.lease_expires_at = now;
                 meta.cleanup_proven = None;
-                txn.open_table(INTENTS)?.retain_in(prefix.as_slice()..end.as_slice(), |_, _| false)?;
+                // What earlier attempts uploaded and the published archive does not use is
+                // this directory's to sweep; nothing else is.
+                let mut kept: std::collections::HashSet<&str> =
+                    manifest.segments.iter().map(|s| s.key.as_str()).collect();
+                kept.extend(meta.manifest_key.as_deref());
+                release_intents(txn, &id, &kept, now)?;
                 // Next: the archive's expiry. Being archived is a fact the policy sees, so the
                 // model queues the bucket for a plan made with it before anything is scheduled.
                 reconcile(txn, &mut meta, now)?;

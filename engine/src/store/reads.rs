@@ -308,6 +308,10 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
+    pub(super) fn txn(&self) -> &redb::ReadTransaction {
+        &self.txn
+    }
+
     pub fn bucket(&self, id: &BucketId) -> Result<Option<BucketMeta>> {
         let t = self.txn.open_table(BUCKETS)?;
         t.get(id.encode().as_slice())?.map(|v| decode_value(v.value())).transpose()

@@ -18,6 +18,8 @@
 //! | `deliveries`     | sink name ‖ sequence                             | delivered-at   |
 //! | `holds`          | hold id                                          | `Hold`         |
 //! | `tombstones`     | bucket id                                        | `Tombstone`    |
+//! | `epochs`         | epoch (16 hex digits)                            | first used at  |
+//! | `released`       | target ‖ object key                              | `ReleasedKey`  |
 //!
 //! Each bucket's hot rows live in a table of their own (`rows_table`), so a cleanup drops a
 //! small bucket's rows with the table instead of deleting them key by key (schema 2; schema 1
@@ -53,12 +55,23 @@ pub const OUTBOX: TableDefinition<&[u8], &[u8]> = TableDefinition::new("outbox")
 pub const DELIVERIES: TableDefinition<&[u8], i64> = TableDefinition::new("deliveries");
 pub const HOLDS: TableDefinition<&str, &[u8]> = TableDefinition::new("holds");
 pub const TOMBSTONES: TableDefinition<&[u8], &[u8]> = TableDefinition::new("tombstones");
+/// Every epoch of this data directory's lives that made an object key (`storage::keys`): what
+/// tells this copy's objects from those of another copy of the same installation.
+pub const EPOCHS: TableDefinition<&str, i64> = TableDefinition::new("epochs");
+/// Keys this data directory recorded in an upload intent and no longer references (an earlier
+/// attempt's manifest, a segment no published manifest kept): the only objects of a table's
+/// folders the orphan sweep deletes (`ReleasedKey`).
+pub const RELEASED: TableDefinition<&[u8], &[u8]> = TableDefinition::new("released");
 
 pub const META_SCHEMA_VERSION: &str = "schema_version";
 pub const META_OUTBOX_SEQUENCE: &str = "outbox_sequence";
 /// A random id made when the data directory is created: every object key the installation
 /// writes carries it, and the orphan sweep deletes only objects that carry it.
 pub const META_INSTALLATION_ID: &str = "installation_id";
+
+/// Why the last orphan sweep stopped without deleting anything (`SweepStop`, JSON), until a
+/// sweep completes: shown by `status` and the API.
+pub const META_SWEEP_STOPPED: &str = "sweep_stopped";
 
 /// Prefix of the meta entries `delta_log:<table>`: a table's Delta log as the last sync left
 /// it (`DeltaLogState`, JSON), for `status`.
@@ -386,6 +399,38 @@ pub struct UploadIntent {
     pub target: String,
     pub keys: Vec<String>,
     pub recorded_at: Micros,
+}
+
+/// An object key released by this data directory: it was recorded in an upload intent (so
+/// this directory wrote whatever lies under it) and the bucket's published archive does not
+/// reference it. The orphan sweep deletes it once older than its grace period.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReleasedKey {
+    pub table: String,
+    /// The target's URL, as the intent recorded it.
+    pub target: String,
+    pub key: String,
+    pub released_at: Micros,
+}
+
+impl ReleasedKey {
+    pub fn store_key(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.target.len() + self.key.len() + 4);
+        encoding::put_bytes(&mut out, self.target.as_bytes());
+        encoding::put_bytes(&mut out, self.key.as_bytes());
+        out
+    }
+}
+
+/// Why an orphan sweep stopped before deleting anything: proof that another copy of this data
+/// directory writes to a target.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SweepStop {
+    pub at: Micros,
+    pub target: String,
+    /// The object that proves it.
+    pub key: String,
+    pub reason: String,
 }
 
 /// A durable event, delivered at least once to the configured sinks.

@@ -3,7 +3,8 @@
 //! Never use it in a real policy.
 //!
 //! Config `{"mode": "...", "port": 1234}`; empty means `normal`. In every mode `bucket-for`
-//! loops forever for t = -1, allocates without bound for t = -2 and panics for t = -3; other
+//! loops forever for t = -1, allocates without bound for t = -2, panics for t = -3 and sleeps
+//! for a minute (a WASI clock subscription and a blocking poll, in a host call) for t = -4; other
 //! times get one-hour buckets `hour:<n>`, bent as the mode asks.
 
 mod bindings {
@@ -26,6 +27,7 @@ const PAGE_BYTES: usize = 4096;
 const TIME_LOOP_FOREVER: i64 = -1;
 const TIME_ALLOCATE_FOREVER: i64 = -2;
 const TIME_PANIC: i64 = -3;
+const TIME_SLEEP: i64 = -4;
 
 #[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "kebab-case")]
@@ -134,6 +136,7 @@ fn bucket_for(mode: Mode, t: i64) -> Result<BucketDescriptor, String> {
         TIME_LOOP_FOREVER => loop_forever(),
         TIME_ALLOCATE_FOREVER => allocate_forever(),
         TIME_PANIC => panic!("hostile trap requested"),
+        TIME_SLEEP => std::thread::sleep(std::time::Duration::from_secs(60)),
         _ => {}
     }
     let unrepresentable = || format!("the hour bucket of {t} does not fit in i64 microseconds");

@@ -1,6 +1,7 @@
 //! Test-only archiver backend `memory-archiver`: blobs live in a `BTreeMap` in guest memory, so
 //! they vanish with the instance. Lets the host's tests drive the archiver contract without a
-//! real store. Config: empty (or `{}`).
+//! real store. Config: empty (or `{}`). A `put` of a key ending in `/sleep` sleeps for a minute
+//! first (a WASI clock subscription and a blocking poll), for the host's time-limit tests.
 
 mod bindings {
     wit_bindgen::generate!({ path: "../../../wit", world: "archiver" });
@@ -51,6 +52,9 @@ impl bindings::Guest for Component {
 
 impl BackendGuest for Component {
     fn put(key: String, bytes: Vec<u8>) -> Result<(), BackendError> {
+        if key.ends_with("/sleep") {
+            std::thread::sleep(std::time::Duration::from_secs(60));
+        }
         BLOBS.with_borrow_mut(|blobs| {
             if blobs.contains_key(&key) {
                 return Err(BackendError::AlreadyExists);
