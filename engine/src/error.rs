@@ -75,7 +75,7 @@ pub enum Error {
     #[error("data corruption: {0}")]
     Corruption(String),
 
-    #[error("the store refuses writes after a failed commit ({0}); restart the engine to reopen it")]
+    #[error("the hot store is unavailable after a failed commit: {0}")]
     StorePoisoned(String),
 
     #[error(

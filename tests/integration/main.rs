@@ -8,6 +8,7 @@ mod archivers;
 mod crash;
 #[cfg(feature = "delta")]
 mod delta;
+mod disk;
 mod e2e;
 mod formats;
 mod layers;

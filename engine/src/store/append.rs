@@ -7,8 +7,10 @@ impl Store {
     /// Appends one batch atomically; returns after the commit that holds it.
     pub fn append(&self, batch: AppendBatch) -> Result<AppendOutcome> {
         let (reply, answer) = mpsc::sync_channel(1);
-        self.send(WriteRequest::Append { batch, reply })?;
-        answer.recv().map_err(|_| Error::Internal("the writer dropped an append".into()))?
+        let outcome = self
+            .send(WriteRequest::Append { batch, reply })
+            .and_then(|()| answer.recv().map_err(|_| Error::Internal("the writer dropped an append".into()))?);
+        self.recover_if_poisoned(outcome)
     }
 }
 

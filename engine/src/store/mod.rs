@@ -26,6 +26,7 @@ mod outbox;
 mod ownership;
 mod protocol;
 mod reads;
+mod recovery;
 pub mod schema;
 mod upgrade;
 mod writer;
@@ -35,6 +36,7 @@ pub use self::append::{AppendBatch, AppendOutcome, PreparedRow};
 pub use self::holds::{HoldPlacement, PolicyHoldSync};
 pub use self::protocol::{CleanupSlice, PlanOutcome, TOMBSTONE_PURGE_RETRY_US};
 pub use self::reads::Snapshot;
+pub use self::recovery::{RECOVERY_PROBE_BYTES, RECOVERY_WAIT_MS_MAX};
 pub use self::writer::GROUP_COMMIT_REQUESTS_MAX;
 use self::{append::*, holds::*, outbox::*, ownership::release_intents, protocol::*, reads::*, writer::*};
 
@@ -54,11 +56,15 @@ use crate::model::rows::{RowExtent, RowFields, RowSummary, RowSummer};
 use crate::model::{BucketDescriptor, BucketState, Micros, Record, RetentionPlan};
 
 struct StoreInner {
-    db: Arc<Database>,
+    /// `None` while the store is being reopened after a failed commit (`recovery`).
+    db: std::sync::RwLock<Option<Arc<Database>>>,
     path: PathBuf,
+    cache_bytes: usize,
     sender: Mutex<Option<mpsc::Sender<WriteRequest>>>,
-    poisoned: Arc<Mutex<Option<String>>>,
+    poisoned: Arc<Poison>,
     writer: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// The thread that waits for space and reopens the store after a failed commit.
+    recovery: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
 impl Drop for StoreInner {
@@ -76,6 +82,29 @@ pub struct Store {
     inner: Arc<StoreInner>,
 }
 
+/// Opens (or creates) the database file, refusing one another process holds.
+fn open_database(path: &Path, cache_bytes: usize) -> Result<Database> {
+    redb::Builder::new().set_cache_size(cache_bytes).create(path).map_err(|e| match e {
+        redb::DatabaseError::DatabaseAlreadyOpen => {
+            Error::AlreadyOpen { path: path.parent().unwrap_or(path).to_path_buf() }
+        }
+        other => Error::database(format!("opening {}", path.display()), other),
+    })
+}
+
+/// Starts the writer thread of `db`.
+fn start_writer(
+    db: Arc<Database>,
+    poisoned: Arc<Poison>,
+) -> Result<(mpsc::Sender<WriteRequest>, std::thread::JoinHandle<()>)> {
+    let (sender, receiver) = mpsc::channel();
+    let writer = std::thread::Builder::new()
+        .name("frostline-writer".into())
+        .spawn(move || writer_loop(&db, receiver, &poisoned))
+        .map_err(|e| Error::Internal(format!("cannot start the writer thread: {e}")))?;
+    Ok((sender, writer))
+}
+
 impl Store {
     /// Opens (or creates) the database at `path`. A database held by another process is
     /// refused with a message that says so.
@@ -89,31 +118,19 @@ impl Store {
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
         }
-        let db = redb::Builder::new().set_cache_size(cache_bytes).create(path).map_err(|e| match e {
-            redb::DatabaseError::DatabaseAlreadyOpen => {
-                Error::AlreadyOpen { path: path.parent().unwrap_or(path).to_path_buf() }
-            }
-            other => Error::database(format!("opening {}", path.display()), other),
-        })?;
-        let db = Arc::new(db);
+        let db = Arc::new(open_database(path, cache_bytes)?);
         init_schema(&db)?;
-        let (sender, receiver) = mpsc::channel();
-        let poisoned = Arc::new(Mutex::new(None));
-        let writer = {
-            let db = db.clone();
-            let poisoned = poisoned.clone();
-            std::thread::Builder::new()
-                .name("frostline-writer".into())
-                .spawn(move || writer_loop(&db, receiver, &poisoned))
-                .map_err(|e| Error::Internal(format!("cannot start the writer thread: {e}")))?
-        };
+        let poisoned = Arc::new(Poison::new(path));
+        let (sender, writer) = start_writer(db.clone(), poisoned.clone())?;
         Ok(Store {
             inner: Arc::new(StoreInner {
-                db,
+                db: std::sync::RwLock::new(Some(db)),
                 path: path.to_path_buf(),
+                cache_bytes,
                 sender: Mutex::new(Some(sender)),
                 poisoned,
                 writer: Mutex::new(Some(writer)),
+                recovery: Mutex::new(None),
             }),
         })
     }
@@ -124,12 +141,18 @@ impl Store {
 
     /// `Some(reason)` once a commit has failed; the store then refuses writes.
     pub fn poisoned(&self) -> Option<String> {
-        self.inner.poisoned.lock().expect("poison flag").clone()
+        self.inner.poisoned.reason()
     }
 
     fn send(&self, request: WriteRequest) -> Result<()> {
         let guard = self.inner.sender.lock().expect("sender");
-        let sender = guard.as_ref().ok_or_else(|| Error::Internal("the store is closed".into()))?;
+        let Some(sender) = guard.as_ref() else {
+            // Between a failed commit and the reopen, the writer is gone; say why.
+            return Err(match self.poisoned() {
+                Some(reason) => Error::StorePoisoned(reason),
+                None => Error::Internal("the store is closed".into()),
+            });
+        };
         sender.send(request).map_err(|_| Error::Internal("the writer thread has stopped".into()))
     }
 
@@ -162,13 +185,25 @@ impl Store {
     ) -> Result<T> {
         let (reply, answer) = mpsc::sync_channel(1);
         let f: TxnFn = Box::new(move |txn| f(txn).map(|v| Box::new(v) as Box<dyn Any + Send>));
-        self.send(WriteRequest::Txn { f, durable, reply })?;
-        let value = answer.recv().map_err(|_| Error::Internal("the writer dropped a transaction".into()))??;
+        let value = self
+            .send(WriteRequest::Txn { f, durable, reply })
+            .and_then(|()| answer.recv().map_err(|_| Error::Internal("the writer dropped a transaction".into()))?);
+        let value = self.recover_if_poisoned(value)?;
         Ok(*value.downcast::<T>().expect("the writer returns what the closure made"))
     }
 
     pub fn read(&self) -> Result<redb::ReadTransaction> {
-        Ok(self.inner.db.begin_read()?)
+        // redb refuses reads after a failed commit too ("previous I/O error"): say why instead.
+        if let Some(reason) = self.poisoned() {
+            return Err(Error::StorePoisoned(reason));
+        }
+        let db = self.inner.db.read().expect("database handle").clone().ok_or_else(|| {
+            Error::StorePoisoned(format!(
+                "the store is being reopened after a failed commit ({})",
+                self.poisoned().unwrap_or_default()
+            ))
+        })?;
+        Ok(db.begin_read()?)
     }
 
     // ----- reads -----

@@ -22,7 +22,7 @@ pub(super) enum WriteRequest {
     },
 }
 
-pub(super) fn writer_loop(db: &Database, receiver: mpsc::Receiver<WriteRequest>, poisoned: &Mutex<Option<String>>) {
+pub(super) fn writer_loop(db: &Database, receiver: mpsc::Receiver<WriteRequest>, poisoned: &Poison) {
     while let Ok(first) = receiver.recv() {
         let mut group = vec![first];
         while group.len() < GROUP_COMMIT_REQUESTS_MAX {
@@ -46,28 +46,50 @@ pub(super) fn writer_loop(db: &Database, receiver: mpsc::Receiver<WriteRequest>,
     }
 }
 
-pub(super) fn poison_check(poisoned: &Mutex<Option<String>>) -> Result<()> {
-    match &*poisoned.lock().expect("poison flag") {
-        Some(reason) => Err(Error::StorePoisoned(reason.clone())),
+/// Why the store refuses writes (after a failed commit), with the database's path for the
+/// message.
+pub(super) struct Poison {
+    reason: Mutex<Option<String>>,
+    path: PathBuf,
+}
+
+impl Poison {
+    pub(super) fn new(path: &Path) -> Poison {
+        Poison { reason: Mutex::new(None), path: path.to_path_buf() }
+    }
+
+    pub(super) fn reason(&self) -> Option<String> {
+        self.reason.lock().expect("poison flag").clone()
+    }
+
+    /// Writes are taken again (the store was reopened).
+    pub(super) fn clear(&self) {
+        *self.reason.lock().expect("poison flag") = None;
+    }
+}
+
+pub(super) fn poison_check(poisoned: &Poison) -> Result<()> {
+    match poisoned.reason() {
+        Some(reason) => Err(Error::StorePoisoned(reason)),
         None => Ok(()),
     }
 }
 
-pub(super) fn commit(txn: WriteTransaction, poisoned: &Mutex<Option<String>>) -> Result<()> {
+pub(super) fn commit(txn: WriteTransaction, poisoned: &Poison) -> Result<()> {
     txn.commit().map_err(|e| {
-        let reason = format!("commit failed: {e}");
+        let reason = format!(
+            "a commit to {} failed: {e}; writes are refused until the store reopens itself, which it does once the \
+             filesystem of {} takes writes again (free space there; no restart is needed)",
+            poisoned.path.display(),
+            poisoned.path.parent().unwrap_or(&poisoned.path).display()
+        );
         tracing::error!(%reason, "the hot store refuses further writes until it is reopened");
-        *poisoned.lock().expect("poison flag") = Some(reason.clone());
+        *poisoned.reason.lock().expect("poison flag") = Some(reason.clone());
         Error::StorePoisoned(reason)
     })
 }
 
-pub(super) fn run_txn(
-    db: &Database,
-    f: TxnFn,
-    durable: bool,
-    poisoned: &Mutex<Option<String>>,
-) -> Result<Box<dyn Any + Send>> {
+pub(super) fn run_txn(db: &Database, f: TxnFn, durable: bool, poisoned: &Poison) -> Result<Box<dyn Any + Send>> {
     poison_check(poisoned)?;
     let mut txn = db.begin_write()?;
     if !durable {
@@ -87,11 +109,7 @@ pub(super) fn run_txn(
 
 pub(super) type AppendReply = mpsc::SyncSender<Result<AppendOutcome>>;
 
-pub(super) fn commit_appends(
-    db: &Database,
-    appends: Vec<(AppendBatch, AppendReply)>,
-    poisoned: &Mutex<Option<String>>,
-) {
+pub(super) fn commit_appends(db: &Database, appends: Vec<(AppendBatch, AppendReply)>, poisoned: &Poison) {
     if appends.is_empty() {
         return;
     }
