@@ -130,6 +130,10 @@ impl Engine {
         }
         crate::failpoints::hit("before_policy_holds_sync")?;
         let sync = self.store.sync_policy_holds(policies.holds.clone(), now)?;
+        if !sync.released.is_empty() {
+            // A reload says so in its outcome too (`ops::reload`); at start, this line is all.
+            tracing::warn!(holds = ?sync.released, "policy holds released: they are no longer in the policy directory");
+        }
         if !sync.too_late.is_empty() {
             tracing::warn!(buckets = ?sync.too_late, "a policy hold came after these buckets' expiry started deleting");
         }

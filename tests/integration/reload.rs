@@ -254,3 +254,191 @@ fn reloads_that_arrive_together_run_one_after_the_other() {
     assert_eq!(generations, [before + 1, before + 2], "each reload has a generation of its own");
     assert_eq!(e.engine.policies().generation, before + 2);
 }
+
+/// A hold on one bucket of `r`, declared in the tables file.
+const HELD: &str = r#"
+[[hold]]
+table = "r"
+bucket = "day:2024-03-09"
+reason = "litigation 7"
+"#;
+
+/// A second policy file: another table, and a hold on it.
+const MORE_HELD: &str = r#"
+[[table]]
+id = "s"
+
+[[hold]]
+table = "s"
+reason = "audit 2024"
+"#;
+
+/// The ids of the policy holds in the store (what `frostline hold list` shows).
+fn policy_holds(e: &TestEngine) -> Vec<String> {
+    let listing = frostline::ops::holds::list_holds(&e.engine).unwrap();
+    let mut ids: Vec<String> =
+        listing.into_iter().filter(|h| h.hold.source.starts_with("policy:")).map(|h| h.hold.id).collect();
+    ids.sort();
+    ids
+}
+
+/// An engine directory pair with an empty policy directory, opened with `Engine::open`.
+fn open_on(root: &std::path::Path) -> Result<std::sync::Arc<frostline::engine::Engine>, String> {
+    frostline::engine::Engine::open(
+        &root.join("data"),
+        &root.join("policies"),
+        frostline::settings::Settings::default(),
+        frostline::clock::ManualClock::new(t("2024-03-10T00:00:00Z")),
+    )
+    .map_err(|e| e.to_string())
+}
+
+/// A policy file that cannot be read (a dangling symbolic link: a deploy that relinked it
+/// before its target arrived) refuses the reload, naming the file and the OS error; the
+/// previous set stays, every policy hold stays in the store, and a start on the directory is
+/// refused the same way. (The loader skipped such a file silently, and the reload released
+/// the holds it declared.)
+#[test]
+fn an_unreadable_policy_file_refuses_the_reload_and_the_start_and_keeps_its_holds() {
+    let e = TestEngine::open(
+        &format!("{BASE}{HELD}"),
+        "2024-03-10T00:00:00Z",
+        &[("more.toml", MORE_HELD)],
+        Default::default(),
+    )
+    .unwrap();
+    let held = policy_holds(&e);
+    assert_eq!(held.len(), 2, "{held:?}");
+    let dir = policy_dir(&e);
+    std::fs::remove_file(dir.join("more.toml")).unwrap();
+    std::os::unix::fs::symlink(dir.join("releases/42/more.toml"), dir.join("more.toml")).unwrap();
+
+    assert_refused(&e, &["more.toml", "No such file or directory"]);
+    let set = e.engine.policies();
+    assert!(set.tables.contains_key("s") && set.retired.is_empty(), "the previous set stays");
+    assert_eq!(set.holds.len(), 2);
+    assert_eq!(policy_holds(&e), held, "the holds stay in the store");
+
+    let refusal = match e.restart() {
+        Ok(_) => panic!("the engine started on a directory with an unreadable policy file"),
+        Err(e) => e.to_string(),
+    };
+    assert!(refusal.contains("more.toml") && refusal.contains("No such file or directory"), "{refusal}");
+}
+
+/// A policy directory with no policy file (every file removed, or an unmounted mount point)
+/// is refused at reload and at start, saying how to mean it; with the marker file it loads
+/// (the tables retire, the holds are released, and the reload says so). The marker beside a
+/// policy file is a contradiction, refused too. (An empty directory loaded silently and
+/// released every policy hold.)
+#[test]
+fn an_empty_policy_directory_is_refused_unless_it_is_marked_empty() {
+    let marker = frostline::policy::EMPTY_MARKER;
+    let e = TestEngine::new(&format!("{BASE}{HELD}"), "2024-03-10T00:00:00Z");
+    let held = policy_holds(&e);
+    assert_eq!(held.len(), 1);
+    let dir = policy_dir(&e);
+    std::fs::remove_file(dir.join("tables.toml")).unwrap();
+    assert_refused(&e, &["no policy files", marker]);
+    assert_eq!(policy_holds(&e), held, "the hold stays in the store");
+
+    std::fs::write(dir.join(marker), "").unwrap();
+    let outcome = reload(&e.engine, "test");
+    assert!(outcome.accepted, "{outcome:?}");
+    assert!(e.engine.policies().retired.contains("r"));
+    assert_eq!(outcome.released_holds.iter().map(|h| h.id.clone()).collect::<Vec<_>>(), held);
+    assert!(policy_holds(&e).is_empty());
+
+    write(&e, "tables.toml", BASE);
+    let outcome = reload(&e.engine, "test");
+    assert!(!outcome.accepted, "{outcome:?}");
+    let error = outcome.error.unwrap();
+    assert!(error.contains(marker) && error.contains("tables.toml"), "{error}");
+    assert_eq!(e.engine.policies().generation, 2, "the previous set stays active");
+}
+
+/// The same at start: an empty directory (a subfolder does not count) is refused with the
+/// marker to create; with the marker the engine opens with no tables; the marker beside a
+/// policy file is refused.
+#[test]
+fn a_start_on_an_empty_policy_directory_is_refused_unless_it_is_marked_empty() {
+    let marker = frostline::policy::EMPTY_MARKER;
+    let root = tempfile::tempdir().unwrap();
+    let policies = root.path().join("policies");
+    std::fs::create_dir_all(policies.join("sample")).unwrap();
+    let refusal = open_on(root.path()).err().expect("the engine started on an empty policy directory");
+    assert!(refusal.contains("no policy files") && refusal.contains(marker), "{refusal}");
+
+    std::fs::write(policies.join(marker), "").unwrap();
+    let engine = open_on(root.path()).unwrap();
+    assert!(engine.policies().tables.is_empty());
+    drop(engine);
+
+    std::fs::write(policies.join("tables.toml"), BASE).unwrap();
+    let refusal = open_on(root.path()).err().expect("the engine started beside the marker");
+    assert!(refusal.contains(marker) && refusal.contains("tables.toml"), "{refusal}");
+}
+
+/// A writer for `tracing` that keeps what is written.
+#[derive(Clone, Default)]
+struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A reload that releases a policy hold (its `[[hold]]` removed) is accepted, and says so:
+/// the outcome lists the released holds and a warning is logged naming them (and `policy
+/// check` lists them beforehand). A reload that keeps every hold lists none. (The hold was
+/// released in silence.)
+#[test]
+fn a_reload_that_releases_policy_holds_is_accepted_and_says_so() {
+    let e = TestEngine::new(&format!("{BASE}{HELD}"), "2024-03-10T00:00:00Z");
+    let held = policy_holds(&e);
+    assert_eq!(held.len(), 1);
+    write(&e, "tables.toml", BASE);
+    // `frostline policy check --data` says it before the reload.
+    let engine = &e.engine;
+    let check = frostline::policy::check::check_dir(
+        &policy_dir(&e),
+        &engine.data_dir,
+        &engine.host,
+        &engine.settings,
+        Some(&engine.store),
+        t("2024-03-10T00:00:00Z"),
+    );
+    assert!(check.accepted, "{check:?}");
+    assert_eq!(check.released_holds.iter().map(|h| h.id.clone()).collect::<Vec<_>>(), held);
+    assert!(check.render().contains(&format!("RELEASES policy hold {}", held[0])), "{}", check.render());
+    let log = Captured::default();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer({
+            let log = log.clone();
+            move || log.clone()
+        })
+        .with_ansi(false)
+        .with_max_level(tracing::Level::WARN)
+        .finish();
+    let outcome = tracing::subscriber::with_default(subscriber, || reload(&e.engine, "test"));
+    assert!(outcome.accepted, "{outcome:?}");
+    let released: Vec<String> = outcome.released_holds.iter().map(|h| h.id.clone()).collect();
+    assert_eq!(released, held);
+    assert_eq!(outcome.released_holds[0].reason, "litigation 7");
+    assert!(policy_holds(&e).is_empty());
+    let log = String::from_utf8(log.0.lock().unwrap().clone()).unwrap();
+    assert!(log.contains("WARN") && log.contains("releases") && log.contains(&held[0]), "{log}");
+
+    write(&e, "tables.toml", &format!("{BASE}{HELD}"));
+    let outcome = reload(&e.engine, "test");
+    assert!(outcome.accepted && outcome.released_holds.is_empty(), "{outcome:?}");
+    write(&e, "more.toml", "[[table]]\nid = \"s\"\n");
+    let outcome = reload(&e.engine, "test");
+    assert!(outcome.accepted && outcome.released_holds.is_empty(), "a reload that keeps the hold: {outcome:?}");
+}

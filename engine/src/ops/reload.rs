@@ -22,6 +22,7 @@ use notify::event::{AccessKind, AccessMode, CreateKind, EventKind, ModifyKind, R
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::policy::{PolicySet, ReloadOutcome, hash_files};
+use crate::store::schema::Hold;
 
 /// How long the directory must stay unchanged around a reload the watcher cannot vouch for.
 pub const RELOAD_STABLE_MS: u64 = 200;
@@ -47,17 +48,27 @@ fn reload_after(engine: &Engine, trigger: &str, pause: Duration) -> ReloadOutcom
     let _only_reload = engine.one_reload_at_a_time();
     let current = engine.policies();
     let outcome = match try_reload(engine, &current, pause) {
-        Ok(set) => {
+        Ok((set, released_holds)) => {
             let generation = set.generation;
             match engine.install_policies(set) {
                 Ok(()) => {
-                    tracing::info!(generation, trigger, "policy reload accepted");
+                    if released_holds.is_empty() {
+                        tracing::info!(generation, trigger, "policy reload accepted");
+                    } else {
+                        let released = released_holds.iter().map(describe_hold).collect::<Vec<_>>().join("; ");
+                        tracing::warn!(
+                            generation, trigger, %released,
+                            "policy reload accepted; it releases {} policy hold(s) whose [[hold]] left the policy directory",
+                            released_holds.len()
+                        );
+                    }
                     ReloadOutcome {
                         at: engine.clock.now(),
                         accepted: true,
                         generation,
                         error: None,
                         trigger: trigger.into(),
+                        released_holds,
                     }
                 }
                 Err(e) => refused(engine, &current, trigger, e),
@@ -78,6 +89,7 @@ fn refused(engine: &Engine, current: &PolicySet, trigger: &str, error: Error) ->
         generation: current.generation,
         error: Some(message),
         trigger: trigger.into(),
+        released_holds: Vec::new(),
     }
 }
 
@@ -97,7 +109,17 @@ fn unstable(before: &BTreeMap<String, String>, after: &BTreeMap<String, String>)
     })
 }
 
-fn try_reload(engine: &Engine, current: &Arc<PolicySet>, pause: Duration) -> Result<PolicySet> {
+/// A hold as a log line shows it: id, what it covers, why, and where it was declared.
+fn describe_hold(hold: &Hold) -> String {
+    let scope = [("partition", &hold.partition_key), ("tenant", &hold.tenant), ("bucket", &hold.bucket_key)]
+        .into_iter()
+        .filter_map(|(what, value)| value.as_ref().map(|v| format!(" {what} {v}")))
+        .collect::<String>();
+    format!("{} (table `{}`{scope}, reason {:?}, from {})", hold.id, hold.table, hold.reason, hold.source)
+}
+
+/// Loads and checks the directory; returns the set to install and the policy holds it releases.
+fn try_reload(engine: &Engine, current: &Arc<PolicySet>, pause: Duration) -> Result<(PolicySet, Vec<Hold>)> {
     let dir = current.dir.clone();
     let (before, tree_before) = (hash_files(&dir)?, tree_state(&dir)?);
     if !pause.is_zero() {
@@ -111,7 +133,10 @@ fn try_reload(engine: &Engine, current: &Arc<PolicySet>, pause: Duration) -> Res
     {
         return Err(Error::InvalidInput(why));
     }
-    succeed(engine, current, set)
+    let set = succeed(engine, current, set)?;
+    // Reloads run one at a time, so the store's policy holds do not change before the install.
+    let released = crate::policy::released_holds(engine.store.holds()?, &set);
+    Ok((set, released))
 }
 
 /// Every file under `dir`, by path relative to it, with its size and modification time: what

@@ -214,6 +214,10 @@ pub struct CheckReport {
     pub error: Option<String>,
     pub tables: Vec<String>,
     pub preview: Option<ReplanPreview>,
+    /// The policy holds the reload would release (their `[[hold]]` gone from the directory),
+    /// when checked against a data directory.
+    #[serde(default)]
+    pub released_holds: Vec<Hold>,
 }
 
 impl CheckReport {
@@ -224,6 +228,7 @@ impl CheckReport {
             error: Some(error.to_string()),
             tables: Vec::new(),
             preview: None,
+            released_holds: Vec::new(),
         }
     }
 
@@ -237,6 +242,13 @@ impl CheckReport {
             return text;
         }
         let _ = writeln!(text, "OK {}: tables {}", self.dir, self.tables.join(", "));
+        for hold in &self.released_holds {
+            let _ = writeln!(
+                text,
+                "RELEASES policy hold {} on table `{}` (reason {:?}, from {}): its [[hold]] left the directory",
+                hold.id, hold.table, hold.reason, hold.source
+            );
+        }
         let Some(preview) = &self.preview else {
             let _ = writeln!(text, "(no data directory given: pass --data to see the re-plan it would cause)");
             return text;
@@ -293,19 +305,19 @@ pub fn check_dir(
 ) -> CheckReport {
     let outcome = (|| {
         let mut set = super::load(dir, data_dir, host, settings)?;
-        let preview = match store {
+        let (preview, released_holds) = match store {
             Some(store) => {
                 super::retired::restore(&mut set, &store.table_states()?, host, data_dir);
                 check_against_store(&set, store)?;
-                Some(preview(&set, store, now)?)
+                (Some(preview(&set, store, now)?), super::released_holds(store.holds()?, &set))
             }
-            None => None,
+            None => (None, Vec::new()),
         };
-        Ok::<_, Error>((set.tables.keys().cloned().collect(), preview))
+        Ok::<_, Error>((set.tables.keys().cloned().collect(), preview, released_holds))
     })();
     match outcome {
-        Ok((tables, preview)) => {
-            CheckReport { dir: dir.display().to_string(), accepted: true, error: None, tables, preview }
+        Ok((tables, preview, released_holds)) => {
+            CheckReport { dir: dir.display().to_string(), accepted: true, error: None, tables, preview, released_holds }
         }
         Err(e) => CheckReport::refused(dir, &e),
     }
