@@ -432,6 +432,65 @@ fn a_lost_hosts_archives_are_adopted_only_when_named_and_expire_from_the_log() {
     assert_eq!(fleet.files(None).unwrap(), 0, "no expired file is left in the log");
 }
 
+/// Regression (issue: the Delta log drops another installation's files): one adopted manifest
+/// below `installation=X/` made the whole folder the adopter's, so its syncs removed every file
+/// of X it did not publish (X's own later files, X being alive), and a lite VACUUM then deleted
+/// them: the only copy. A sync now removes only entries of files its own database recorded.
+#[test]
+fn a_sync_after_an_adoption_removes_nothing_of_the_live_installation_and_vacuum_keeps_every_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = format!("[[target]]\nname = \"cold\"\nurl = \"file://{}\"\n", dir.path().display());
+    let uri = dir.path().join("delta/events").display().to_string();
+    let mut fleet = Fleet::open(policy(&target), uri, Vec::new(), None);
+    for (n, e) in fleet.engines.iter().enumerate() {
+        e.engine.append("events", engine_records(n)).unwrap();
+    }
+    fleet.passes();
+    fleet.set_clock("2024-03-10T00:00:00Z");
+    fleet.passes();
+    assert_eq!(fleet.files(None).unwrap(), ENGINES * 9);
+
+    // A new host adopts the archives of a host that is in fact alive (named as lost by mistake).
+    let adopter = TestEngine::open(&policy(&target), "2024-03-10T00:00:00Z", &SECRET_FILES, Default::default())
+        .unwrap_or_else(|e| panic!("{e}"));
+    let live = fleet.engines[0].engine.installation_id.clone();
+    let report = runtime()
+        .block_on(frostline::archive::adopt::adopt(&adopter.engine, false, std::slice::from_ref(&live)))
+        .unwrap();
+    assert_eq!(report.adopted, 9, "{report:?}");
+    fleet.engines.push(adopter);
+    // The live host archives another day; then every host syncs its log.
+    let later: Vec<Record> = records("2024-03-04T00:00:00Z", 1, 12)
+        .into_iter()
+        .map(|mut r| {
+            r.sort_key = format!("late-{}", String::from_utf8_lossy(&r.sort_key)).into_bytes();
+            r
+        })
+        .collect();
+    fleet.engines[0].engine.append("events", later.clone()).unwrap();
+    for report in fleet.passes() {
+        assert!(report.errors.is_empty(), "{report:?}");
+    }
+    for e in &fleet.engines {
+        let table = e.engine.policies().table("events").unwrap().clone();
+        runtime().block_on(sync(&e.engine, &table)).unwrap();
+    }
+    assert_eq!(fleet.files(None).unwrap(), ENGINES * 9 + 3, "the live host's later files stay in the log");
+
+    let out = fleet.read("vacuum", None);
+    assert!(out.status.success(), "vacuum: {}", text(&out.stderr));
+    let deleted: Vec<String> = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(deleted.is_empty(), "a lite VACUUM deletes nothing any installation's manifests name: {deleted:?}");
+    let live_records = fleet.engines[0].query_all("events");
+    assert_eq!(live_records.len(), 36 + 12, "the live host reads all it archived");
+    let mut read = fleet.records("deltalake", None);
+    let mut expected = fleet.expected();
+    read.retain(|r| r["sort_key"].as_str().unwrap().starts_with("late-"));
+    expected.retain(|r| r["sort_key"].as_str().unwrap().starts_with("late-"));
+    assert_eq!(read.len(), 12);
+    assert_eq!(read, expected);
+}
+
 /// What "done" means for the fleet archive: three engines, each a process with its own data
 /// directory and installation, archive one table into one moto bucket at the same time, and
 /// each is killed once just before and once just after a Delta commit (fail points that abort
@@ -584,4 +643,264 @@ fn three_engines_killed_around_their_commits_share_one_delta_table_on_moto_s3() 
         assert_eq!(got, expected, "{reader} reads the union of the engines' queries");
         assert_eq!(buckets.len(), ENGINES * (ROUNDS + 1), "{reader}: a day bucket per round and installation");
     }
+}
+
+/// Partition keys of the shapes device keys take, each needing something of the path
+/// encoding: a `/` (the common shape), every character a URI or Hive reserves, a key that
+/// already looks encoded (decoded twice it would be `/`), non-ASCII, Hive's null and its
+/// escapes, and one whose folder is the hashed `~<sha>` form. `site` needs no encoding.
+fn odd_partition_keys() -> Vec<String> {
+    let mut keys: Vec<String> = [
+        "site",
+        "site-a/sensor-0",
+        "100%",
+        "%2F",
+        "k=v",
+        "#1",
+        "why?",
+        "two words",
+        "it's \"quoted\"",
+        "capteur-é/øst",
+        "東京",
+        "",
+        "__HIVE_DEFAULT_PARTITION__",
+        "_x",
+        "~",
+        "..",
+    ]
+    .map(String::from)
+    .to_vec();
+    keys.push("site/".repeat(30)); // 210 bytes encoded: written as `~<sha>`
+    keys
+}
+
+/// A table archived from one engine on a local directory, two records per partition key.
+fn odd_keys_fleet(dir: &Path) -> Fleet {
+    let target = format!("[[target]]\nname = \"cold\"\nurl = \"file://{}\"\n", dir.display());
+    let uri = dir.join("delta/events").display().to_string();
+    odd_keys_archive(&target, uri, Vec::new(), Some(dir.to_path_buf()))
+}
+
+/// A table archived from one engine on `target`, two records per partition key.
+fn odd_keys_archive(
+    target: &str,
+    uri: String,
+    env: Vec<(String, String)>,
+    local_root: Option<std::path::PathBuf>,
+) -> Fleet {
+    let e = TestEngine::open(&policy(target), NOW, &SECRET_FILES, Default::default()).unwrap_or_else(|e| panic!("{e}"));
+    let keys = odd_partition_keys();
+    let mut rows = Vec::new();
+    for (n, key) in keys.iter().enumerate() {
+        for i in 0..2 {
+            rows.push(Record {
+                partition_key: key.clone().into_bytes(),
+                event_time: t("2024-03-01T00:00:00Z") + (n as i64 * 2 + i) * 1_000_000,
+                sort_key: format!("{n:02}-{i}").into_bytes(),
+                tenant: None,
+                kind: None,
+                body: format!(r#"{{"n":{n}}}"#),
+            });
+        }
+    }
+    e.engine.append("events", rows).unwrap();
+    assert!(e.pass().errors.is_empty()); // plans
+    e.clock.set(t("2024-03-10T00:00:00Z"));
+    let report = e.pass();
+    assert!(report.errors.is_empty(), "{report:?}");
+    assert_eq!(report.archived, keys.len() as u64, "one bucket per partition key: {report:?}");
+    Fleet { uri, env, local_root, engines: vec![e] }
+}
+
+/// What delta-rs returns: every record, with its real partition key as the `partition`
+/// column (an empty key is a null partition value), as the log's `partitionValues` say.
+fn odd_keys_expected(fleet: &Fleet) -> Vec<serde_json::Value> {
+    let mut expected = fleet.expected();
+    for record in &mut expected {
+        if record["partition_key"] == "" {
+            record["_delta"]["partition"] = serde_json::Value::Null;
+        }
+    }
+    assert_eq!(expected.len(), 2 * odd_partition_keys().len());
+    expected
+}
+
+/// The `partition` value a reader that takes partition values from the folder names, like
+/// Hive (polars 2.1 does, ignoring the log's `partitionValues`), reads for `key`: the folder's
+/// value decoded once, Hive's null name as null. That is the key itself except for the two
+/// keys no folder name can give back: the literal `__HIVE_DEFAULT_PARTITION__` (its escaped
+/// folder decodes to Hive's null) and a key whose folder is its hash.
+fn partition_from_folder(key: &str) -> serde_json::Value {
+    let value = percent_decode(&frostline::storage::keys::delta_partition_value(key.as_bytes()));
+    if value == frostline::storage::keys::DELTA_NULL_PARTITION_VALUE {
+        return serde_json::Value::Null;
+    }
+    if value != key {
+        assert!(key == frostline::storage::keys::DELTA_NULL_PARTITION_VALUE || value.starts_with('~'), "{key:?}");
+    }
+    value.into()
+}
+
+/// Reads the table with delta-rs and polars: every record of every partition comes back.
+fn assert_read_back(fleet: &Fleet, expected: &[serde_json::Value]) {
+    assert_eq!(fleet.records("deltalake", None), expected, "deltalake reads every record of every partition");
+    let from_folders: Vec<serde_json::Value> = expected
+        .iter()
+        .map(|record| {
+            let mut record = record.clone();
+            record["_delta"]["partition"] = partition_from_folder(record["partition_key"].as_str().unwrap());
+            record
+        })
+        .collect();
+    assert_eq!(fleet.records("polars", None), from_folders, "polars reads every record of every partition");
+}
+
+/// Decodes `%XX` escapes once (the Delta protocol's `path` is a URI).
+fn percent_decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = bytes.get(i + 1..i + 3).and_then(|h| std::str::from_utf8(h).ok());
+        match hex.filter(|_| bytes[i] == b'%').and_then(|h| u8::from_str_radix(h, 16).ok()) {
+            Some(b) => {
+                out.push(b);
+                i += 3;
+            }
+            None => {
+                out.push(bytes[i]);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).unwrap()
+}
+
+/// The files the newest version of a local Delta table lists: raw `path` and partition
+/// values of each `add` not removed since, replaying the JSON commits in order.
+fn live_files(table_dir: &Path) -> std::collections::BTreeMap<String, serde_json::Value> {
+    let log = table_dir.join("_delta_log");
+    let mut commits: Vec<_> = std::fs::read_dir(&log)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        .collect();
+    commits.sort();
+    let mut files = std::collections::BTreeMap::new();
+    for commit in commits {
+        for line in std::fs::read_to_string(&commit).unwrap().lines() {
+            let action: serde_json::Value = serde_json::from_str(line).unwrap();
+            if let Some(add) = action.get("add") {
+                files.insert(add["path"].as_str().unwrap().to_string(), add["partitionValues"].clone());
+            } else if let Some(remove) = action.get("remove") {
+                files.remove(remove["path"].as_str().unwrap());
+            }
+        }
+    }
+    files
+}
+
+/// Every file the log lists is its object's key percent-encoded once, and carries the real
+/// partition key as its partition value.
+fn assert_log_names_every_object(table_dir: &Path) {
+    let keys = odd_partition_keys();
+    let files = live_files(table_dir);
+    assert_eq!(files.len(), keys.len(), "{files:#?}");
+    assert!(files.keys().any(|path| path.contains("/partition=~")), "the long key's folder is its hash: {files:#?}");
+    let mut partitions = std::collections::BTreeSet::new();
+    for (path, values) in &files {
+        let decoded = percent_decode(path);
+        assert!(table_dir.join(&decoded).is_file(), "`{path}` decoded once is `{decoded}`, which is no object");
+        assert_eq!(path, &decoded.replace('%', "%25"), "only a key's `%` is encoded, once");
+        partitions.insert(values["partition"].as_str().unwrap_or("").to_string());
+    }
+    assert_eq!(partitions, keys.into_iter().collect(), "partition values are the real keys");
+}
+
+/// Regression: the log's `add.path` encoded a key's `%` twice more than once
+/// (`partition=site-a%25252Fsensor-0` for the folder `partition=site-a%2Fsensor-0`), so
+/// delta-rs and polars found no file of any partition whose key needs encoding.
+#[test]
+fn partition_keys_that_need_encoding_are_read_back_by_delta_readers() {
+    let dir = tempfile::tempdir().unwrap();
+    let fleet = odd_keys_fleet(dir.path());
+    assert_read_back(&fleet, &odd_keys_expected(&fleet));
+    assert_log_names_every_object(&dir.path().join("delta/events"));
+}
+
+/// The same on S3 (moto), where a key's `%` travels URL-encoded in every request.
+#[test]
+fn partition_keys_that_need_encoding_are_read_back_by_delta_readers_on_moto_s3() {
+    let server = Server::moto();
+    server.create_bucket("odd");
+    let env = vec![
+        ("AWS_ENDPOINT_URL".to_string(), server.endpoint()),
+        ("AWS_ACCESS_KEY_ID".to_string(), KEY_ID.to_string()),
+        ("AWS_SECRET_ACCESS_KEY".to_string(), SECRET_KEY.to_string()),
+        ("AWS_SESSION_TOKEN".to_string(), SESSION_TOKEN.to_string()),
+        ("AWS_REGION".to_string(), "us-east-1".to_string()),
+    ];
+    let target = s3_target(&server.endpoint(), "odd", "");
+    let fleet = odd_keys_archive(&target, "s3://odd/archive/v1/delta/events".to_string(), env, None);
+    assert_read_back(&fleet, &odd_keys_expected(&fleet));
+}
+
+/// A table written before the fix: every `path` of its log is what the old encoding wrote
+/// (the key's `%` encoded twice more: `%2F` as `%25252F`), from the log of `table_dir`.
+fn encode_paths_as_before_the_fix(table_dir: &Path) {
+    for entry in std::fs::read_dir(table_dir.join("_delta_log")).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_none_or(|x| x != "json") {
+            continue;
+        }
+        let mut text = String::new();
+        for line in std::fs::read_to_string(&path).unwrap().lines() {
+            let mut action: serde_json::Value = serde_json::from_str(line).unwrap();
+            for kind in ["add", "remove"] {
+                if let Some(file) = action.get_mut(kind) {
+                    file["path"] = file["path"].as_str().unwrap().replace('%', "%25").into();
+                }
+            }
+            text.push_str(&format!("{action}\n"));
+        }
+        std::fs::write(&path, text).unwrap();
+    }
+}
+
+/// A log written with the doubly encoded paths is repaired in place by the next sync (what
+/// `frostline delta rebuild` and a process's first pass run): one commit replaces each bad
+/// path by the right one, the files of keys that need no encoding stay as they are, and the
+/// readers read every record again.
+#[test]
+fn a_log_with_doubly_encoded_paths_is_repaired_by_the_next_sync() {
+    let dir = tempfile::tempdir().unwrap();
+    let table_dir = dir.path().join("delta/events");
+    let fleet = odd_keys_fleet(dir.path());
+    encode_paths_as_before_the_fix(&table_dir);
+    let bad = live_files(&table_dir);
+    let needing_encoding = bad.keys().filter(|p| p.contains('%')).count();
+    assert!(needing_encoding < bad.len(), "some paths need no encoding, and stay as they are");
+    assert!(bad.keys().any(|p| p.contains("partition=site-a%25252Fsensor-0/")), "{bad:#?}");
+    let broken = fleet.read("deltalake", None);
+    assert!(!broken.status.success(), "the old log cannot be read: {}", text(&broken.stdout));
+    assert!(text(&broken.stderr).contains("No such file"), "{}", text(&broken.stderr));
+
+    let e = &fleet.engines[0];
+    let table = e.engine.policies().table("events").unwrap().clone();
+    let report = runtime().block_on(sync(&e.engine, &table)).unwrap();
+    assert_eq!((report.repaired, report.added, report.removed), (needing_encoding, 0, 0), "{report:?}");
+    // One commit, a remove and an add per file, none a change of the table's data.
+    let commit = std::fs::read_to_string(table_dir.join(format!("_delta_log/{:020}.json", report.version))).unwrap();
+    let actions: Vec<serde_json::Value> = commit.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(actions[0]["commitInfo"]["operation"], "FSCK", "{commit}");
+    for kind in ["remove", "add"] {
+        let files: Vec<_> = actions.iter().filter_map(|a| a.get(kind)).collect();
+        assert_eq!(files.len(), needing_encoding, "{commit}");
+        assert!(files.iter().all(|f| f["dataChange"] == false), "{commit}");
+    }
+    assert_log_names_every_object(&table_dir);
+    assert_read_back(&fleet, &odd_keys_expected(&fleet));
+    assert_eq!(fleet.files(None).unwrap(), odd_partition_keys().len());
+    let again = runtime().block_on(sync(&e.engine, &table)).unwrap();
+    assert_eq!((again.repaired, again.added, again.removed), (0, 0, 0), "{again:?}");
 }

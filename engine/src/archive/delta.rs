@@ -15,6 +15,15 @@
 //! Every commit carries an application transaction (`frostline-<installation>`, one version
 //! more than the last) for readers that track what a writer committed.
 //!
+//! A file's `path` in the log is its key relative to the table root, percent-encoded once as
+//! the protocol says (a URI): delta-rs's serializer does that encoding, so the actions hold
+//! the key itself, and the folder `partition=site-a%2Fsensor-0` is listed as
+//! `partition=site-a%252Fsensor-0`. Its `partitionValues` are the real values (the manifest's),
+//! never read back from folder names (an empty value is null, a long one's folder a hash).
+//! Builds before this encoding wrote every `%` of a key twice more (`%25252F`), which no reader
+//! can open; a sync finds this installation's files listed so and replaces them in one commit
+//! (an `FSCK` of removes and adds without data change), so readers see every file throughout.
+//!
 //! When it runs: after every pass that published or expired a bucket, on the first pass of a
 //! process and after a failed sync (so a crash between publication and commit is caught up),
 //! before an expiry deletes its first object (so a reader of the newest version is never sent
@@ -56,6 +65,9 @@ pub struct DeltaSync {
     /// Files added and removed by this installation's commits.
     pub added: usize,
     pub removed: usize,
+    /// Files whose entry, written with the path encoding of earlier builds, was replaced by
+    /// one with the right path (module documentation).
+    pub repaired: usize,
     /// The log's version after the sync.
     pub version: u64,
     /// Whether this sync wrote the table's first version.
@@ -118,7 +130,7 @@ pub async fn sync(engine: &Arc<Engine>, table: &Arc<TablePolicy>) -> Result<Delt
 /// error of a failure (keeping the last success's figures).
 async fn record(engine: &Arc<Engine>, table: &TablePolicy, result: &Result<DeltaSync>) -> Result<()> {
     let (store, id, now) = (engine.store.clone(), table.id.clone(), engine.clock.now());
-    let outcome = result.as_ref().map(|r| (r.version, r.added + r.removed > 0)).map_err(|e| e.to_string());
+    let outcome = result.as_ref().map(|r| (r.version, r.added + r.removed + r.repaired > 0)).map_err(|e| e.to_string());
     blocking(move || {
         let previous = store.delta_log_state(&id)?;
         let state = match outcome {
@@ -144,7 +156,8 @@ async fn sync_serialized(engine: &Arc<Engine>, table: &Arc<TablePolicy>) -> Resu
         Error::InvalidInput(format!("table `{}`: its target is not an object store; it has no Delta log", table.id))
     })?;
     let root = keys::delta_table_root(&table.id);
-    let (wanted, owned) = published_files(engine, table, &root).await?;
+    let (wanted, known) = published_files(engine, table, &root).await?;
+    let known_misencoded: BTreeSet<String> = known.iter().map(|path| doubly_encoded(path)).collect();
     let log_store = log_store(store, table.backend.local_dir(), &root)?;
     let created = create_if_absent(&log_store, &table.id, engine.clock.now()).await?;
     let mut report = DeltaSync { table: table.id.clone(), created, ..Default::default() };
@@ -159,20 +172,41 @@ async fn sync_serialized(engine: &Arc<Engine>, table: &Arc<TablePolicy>) -> Resu
             .log_data()
             .into_iter()
             .map(|file| (file.path().into_owned(), file.size()))
-            .filter(|(path, _)| owned.iter().any(|folder| path.starts_with(folder.as_str())))
+            // Only files this database published or adopted (under the paths earlier builds
+            // wrote too): another installation's, or another copy's of this one, are never its
+            // to remove, whatever folder they lie in.
+            .filter(|(path, _)| known.contains(path) || known_misencoded.contains(path))
             .collect();
         let now_ms = engine.clock.now().div_euclid(1_000);
+        // Published files the log lists only under the path earlier builds wrote: each entry
+        // is replaced (the same file, no data change), not removed and added again.
+        let misencoded: BTreeMap<&str, String> = wanted
+            .keys()
+            .filter(|path| !present.contains_key(*path))
+            .map(|path| (path.as_str(), doubly_encoded(path)))
+            .filter(|(path, old)| old != path && present.contains_key(old))
+            .collect();
+        let replaced: BTreeSet<&str> = misencoded.values().map(String::as_str).collect();
+        let repairs: Vec<Action> = misencoded
+            .iter()
+            .flat_map(|(path, old)| {
+                [
+                    Action::Remove(remove_action(old, present[old], now_ms, false)),
+                    Action::Add(add_action(path, &wanted[*path], false)),
+                ]
+            })
+            .collect();
         let removes: Vec<Action> = present
             .iter()
-            .filter(|(path, _)| !wanted.contains_key(*path))
-            .map(|(path, size)| Action::Remove(remove_action(path, *size, now_ms)))
+            .filter(|(path, _)| !wanted.contains_key(*path) && !replaced.contains(path.as_str()))
+            .map(|(path, size)| Action::Remove(remove_action(path, *size, now_ms, true)))
             .collect();
         let adds: Vec<Action> = wanted
             .iter()
-            .filter(|(path, _)| !present.contains_key(*path))
-            .map(|(path, file)| Action::Add(add_action(path, file)))
+            .filter(|(path, _)| !present.contains_key(*path) && !misencoded.contains_key(path.as_str()))
+            .map(|(path, file)| Action::Add(add_action(path, file, true)))
             .collect();
-        if removes.is_empty() && adds.is_empty() {
+        if repairs.is_empty() && removes.is_empty() && adds.is_empty() {
             report.version = delta.version().unwrap_or(0);
             return Ok(report);
         }
@@ -181,19 +215,25 @@ async fn sync_serialized(engine: &Arc<Engine>, table: &Arc<TablePolicy>) -> Resu
             .await
             .map_err(|e| unavailable(&table.id, "cannot read its Delta log", e))?
             .unwrap_or(0);
-        // Removes and adds in separate commits, each the operation a reader expects of it
-        // (a delete, an append); both carry the next application transaction version.
+        // Repairs, removes and adds in separate commits, each the operation a reader expects
+        // of it (a repair of the log, a delete, an append); each carries the next application
+        // transaction version.
         let mut outcome = Ok(());
         let mut version = last;
         for (actions, operation) in [
+            (repairs, DeltaOperation::FileSystemCheck {}),
             (removes, DeltaOperation::Delete { predicate: None }),
             (adds, DeltaOperation::Write { mode: SaveMode::Append, partition_by: None, predicate: None }),
         ] {
             if actions.is_empty() {
                 continue;
             }
-            let removing = matches!(operation, DeltaOperation::Delete { .. });
-            let count = actions.len();
+            // Files added, removed and repaired (a remove and an add each) by the commit.
+            let (added, removed, repaired) = match operation {
+                DeltaOperation::FileSystemCheck {} => (0, 0, actions.len() / 2),
+                DeltaOperation::Delete { .. } => (0, actions.len(), 0),
+                _ => (actions.len(), 0, 0),
+            };
             version += 1;
             let properties = CommitProperties::default()
                 .with_application_transaction(Transaction::new_with_last_update(&app_id, version, Some(now_ms)))
@@ -209,13 +249,10 @@ async fn sync_serialized(engine: &Arc<Engine>, table: &Arc<TablePolicy>) -> Resu
             match committed {
                 Ok(done) => {
                     report.version = done.version();
-                    if removing {
-                        report.removed += count;
-                    } else {
-                        report.added += count;
-                    }
-                    tracing::info!(table = %table.id, version = report.version, removed = if removing { count } else { 0 },
-                        added = if removing { 0 } else { count }, "Delta log commit");
+                    report.added += added;
+                    report.removed += removed;
+                    report.repaired += repaired;
+                    tracing::info!(table = %table.id, version = report.version, removed, added, repaired, "Delta log commit");
                     crate::failpoints::hit("after_delta_commit")?;
                 }
                 Err(e) => {
@@ -251,29 +288,25 @@ struct PublishedFile {
 }
 
 /// The published segments of `table` below the Delta root on the table's current target, by
-/// path relative to the root; and the installation folders this installation answers for in
-/// the log: its own, and those of archives it adopted from a lost installation (any folder a
-/// manifest it records names), whose files it removes when they expire.
+/// path relative to the root; and every file this installation answers for in the log: the
+/// segments of every manifest its database ever recorded there (published, adopted from a
+/// lost installation, or since expired), whose entries it removes once they are no longer
+/// published. Nothing else in the log is its own, not even a file below its own installation's
+/// folder that a copy of its data directory wrote (ARCHITECTURE.md, "The ownership rule").
 async fn published_files(
     engine: &Arc<Engine>,
     table: &Arc<TablePolicy>,
     root: &str,
 ) -> Result<(BTreeMap<String, PublishedFile>, BTreeSet<String>)> {
     let (store, id, target) = (engine.store.clone(), table.id.clone(), table.backend.target().to_string());
-    let installation = engine.installation_id.clone();
     let root = root.to_string();
     blocking(move || {
-        let folder_of = |key: &str| -> Option<String> {
-            let relative = key.strip_prefix(root.as_str())?;
-            relative
-                .starts_with("installation=")
-                .then(|| relative.split_inclusive('/').next().unwrap_or("").to_string())
-        };
-        let mut owned =
-            BTreeSet::from([format!("installation={}/", keys::delta_partition_value(installation.as_bytes()))]);
+        let mut known = BTreeSet::new();
         store.snapshot()?.visit_manifests(|manifest| {
             if manifest.table == id && manifest.target == target {
-                owned.extend(manifest.segments.iter().filter_map(|s| folder_of(&s.key)));
+                known.extend(
+                    manifest.segments.iter().filter_map(|s| s.key.strip_prefix(root.as_str())).map(str::to_string),
+                );
             }
             Ok(())
         })?;
@@ -301,7 +334,7 @@ async fn published_files(
                 );
             }
         }
-        Ok((files, owned))
+        Ok((files, known))
     })
     .await
 }
@@ -329,10 +362,17 @@ fn log_store(store: Arc<dyn ObjectStore>, local_dir: Option<std::path::PathBuf>,
     Ok(default_logstore(prefixed, store, &location, &StorageConfig::default()))
 }
 
-/// A key as a URL path: the Delta log's paths are URL-encoded, and frostline's keys hold only
-/// `A-Z a-z 0-9 - _ . : % ~ = /`, of which only `%` needs it.
+/// A key as a URL path: frostline's keys hold only `A-Z a-z 0-9 - _ . : % ~ = /`, of which
+/// only `%` needs encoding.
 fn url_path(key: &str) -> String {
     key.replace('%', "%25")
+}
+
+/// The path of `key` (relative to the table root) as delta-rs decodes it from a log written
+/// by builds before the encoding was fixed: they encoded the key as a URL path before delta-rs
+/// encoded it again, so each `%` was written `%2525`, and reads back `%25`.
+fn doubly_encoded(key: &str) -> String {
+    url_path(key)
 }
 
 /// Writes the table's first version unless it exists: protocol, schema and partition columns,
@@ -408,7 +448,9 @@ fn partition_values(file: &PublishedFile) -> HashMap<String, Option<String>> {
     ])
 }
 
-fn add_action(path: &str, file: &PublishedFile) -> Add {
+/// The add action of `file`, whose key relative to the table root is `path`: delta-rs
+/// percent-encodes the path once when it writes the action, as the protocol says.
+fn add_action(path: &str, file: &PublishedFile, data_change: bool) -> Add {
     let segment = &file.segment;
     // Times to the millisecond, the minimum rounded down and the maximum up, so a reader that
     // skips files by these bounds never skips a row.
@@ -420,11 +462,11 @@ fn add_action(path: &str, file: &PublishedFile) -> Add {
         "maxValues": {"event_time": stats_time(max)},
     });
     Add {
-        path: url_path(path),
+        path: path.to_string(),
         partition_values: partition_values(file),
         size: segment.bytes as i64,
         modification_time: file.created_at.div_euclid(1_000),
-        data_change: true,
+        data_change,
         stats: Some(stats.to_string()),
         tags: None,
         deletion_vector: None,
@@ -446,10 +488,12 @@ fn stats_time(micros: Micros) -> String {
         .unwrap_or_default()
 }
 
-fn remove_action(path: &str, size: i64, now_ms: i64) -> Remove {
+/// The remove action of the file the log lists as `path`, as delta-rs decoded it from the log
+/// (it encodes it again when it writes the action, giving back the path the log holds).
+fn remove_action(path: &str, size: i64, now_ms: i64, data_change: bool) -> Remove {
     Remove {
-        path: url_path(path),
-        data_change: true,
+        path: path.to_string(),
+        data_change,
         deletion_timestamp: Some(now_ms),
         extended_file_metadata: Some(false),
         partition_values: None,
@@ -483,11 +527,43 @@ mod tests {
             partition_key: String::new(),
             created_at: 0,
         };
-        let add = add_action("installation=i/bucket=b/partition=__HIVE_DEFAULT_PARTITION__/seg-a%b.parquet", &file);
+        let add =
+            add_action("installation=i/bucket=b/partition=__HIVE_DEFAULT_PARTITION__/seg-a%b.parquet", &file, true);
         let stats: serde_json::Value = serde_json::from_str(add.stats.as_deref().unwrap()).unwrap();
         assert_eq!(stats["minValues"]["event_time"], "2023-11-14T22:13:20.123Z");
         assert_eq!(stats["maxValues"]["event_time"], "2023-11-14T22:13:20.125Z");
-        assert_eq!(add.path, "installation=i/bucket=b/partition=__HIVE_DEFAULT_PARTITION__/seg-a%25b.parquet");
+        assert_eq!(add.path, "installation=i/bucket=b/partition=__HIVE_DEFAULT_PARTITION__/seg-a%b.parquet");
         assert_eq!(add.partition_values["partition"], None, "an empty partition key is a null partition value");
+    }
+
+    /// The protocol's `path` is a URI: the key's `%` is written `%25`, once, by delta-rs's
+    /// serializer; an action read back holds the key again.
+    #[test]
+    fn a_files_path_is_its_key_percent_encoded_once() {
+        let file = PublishedFile {
+            segment: SegmentInfo {
+                key: String::new(),
+                sha256: String::new(),
+                bytes: 10,
+                rows: 2,
+                min_event_time: 0,
+                max_event_time: 0,
+                summary: crate::model::rows::RowSummary { rows: 2, first: None, last: None, checksum: String::new() },
+            },
+            installation: "00aa".into(),
+            bucket_key: "day:2024-03-01".into(),
+            partition_key: "site-a/sensor-0".into(),
+            created_at: 0,
+        };
+        let key = "installation=00aa/bucket=day:2024-03-01/partition=site-a%2Fsensor-0/seg-00aa-00000-0123456789abcdef.parquet";
+        let add = serde_json::to_value(Action::Add(add_action(key, &file, true))).unwrap();
+        assert_eq!(add["add"]["path"], key.replace("%2F", "%252F"));
+        assert_eq!(add["add"]["partitionValues"]["partition"], "site-a/sensor-0", "the real value, not the folder's");
+        let read: Action = serde_json::from_value(add).unwrap();
+        assert!(matches!(&read, Action::Add(add) if add.path == key), "{read:?}");
+        let remove = serde_json::to_value(Action::Remove(remove_action(key, 10, 0, true))).unwrap();
+        assert_eq!(remove["remove"]["path"], key.replace("%2F", "%252F"));
+        // What earlier builds wrote, and how delta-rs reads it back: the path a sync replaces.
+        assert_eq!(doubly_encoded(key), key.replace("%2F", "%252F"));
     }
 }

@@ -149,7 +149,7 @@ pub fn run_delta_rebuild(engine: EngineArgs, table: Option<String>) -> anyhow::R
             Ok(report) => println!(
                 "{}",
                 serde_json::json!({"table": report.table, "added": report.added, "removed": report.removed,
-                    "version": report.version, "created": report.created})
+                    "repaired": report.repaired, "version": report.version, "created": report.created})
             ),
             Err(e) => {
                 clean = false;

@@ -1,11 +1,13 @@
 """Reads a frostline table's archive as a Delta Lake table, without frostline.
 
-usage: read_delta.py deltalake|polars|files TABLE_URI [VERSION]
+usage: read_delta.py deltalake|polars|files|vacuum TABLE_URI [VERSION]
 
 `deltalake` and `polars` print one JSON object per record, in (event_time, sort_key,
 partition_key) order: the record as `frostline query` prints it, plus the Delta table's
 partition columns `installation`, `bucket` and `partition` under "_delta". `files` prints the
-number of data files the version lists. Object storage options come from the environment
+number of data files the version lists. `vacuum` runs delta-rs's lite VACUUM with no retention
+period (every file the log removed is deleted at once) and prints the deleted paths as a JSON
+list. Object storage options come from the environment
 (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ...), as delta-rs and polars read them.
 """
 import json
@@ -22,6 +24,14 @@ if reader == "files":
     from deltalake import DeltaTable
 
     print(len(DeltaTable(uri, version=version, storage_options=options or None).file_uris()))
+    sys.stdout.flush()
+    os._exit(0)
+if reader == "vacuum":
+    from deltalake import DeltaTable
+
+    table = DeltaTable(uri, storage_options=options or None)
+    deleted = table.vacuum(retention_hours=0, dry_run=False, enforce_retention_duration=False)
+    print(json.dumps(sorted(deleted)))
     sys.stdout.flush()
     os._exit(0)
 if reader == "deltalake":
