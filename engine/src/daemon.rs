@@ -2,6 +2,9 @@
 //! policy watcher; publishes its process id, API address and status in the data directory;
 //! stops gracefully on SIGTERM or Ctrl-C within `SHUTDOWN_SECONDS_MAX`.
 //!
+//! At start the soft open-file limit is raised to the hard limit (`raise_open_file_limit`):
+//! the API's connection cap is derived from it.
+//!
 //! Shutdown: the API stops accepting and finishes the requests in flight, the pass in flight
 //! runs to its end (passes are never cancelled midway), the watcher stops. Whatever is still
 //! running after `SHUTDOWN_SECONDS_MAX` is abandoned and the process exits; a bucket left
@@ -61,6 +64,7 @@ pub async fn run(engine: Arc<Engine>, serve: ServeSettings, archive: tokio::runt
     // Take over SIGTERM before anything else, so a stop during start-up is graceful too.
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|e| Error::Internal(format!("cannot listen for SIGTERM: {e}")))?;
+    raise_open_file_limit();
     let metrics = Arc::new(Metrics::new()?);
     let observed = metrics.clone();
     let passes = Arc::new(Passes::new(
@@ -121,6 +125,41 @@ pub async fn run(engine: Arc<Engine>, serve: ServeSettings, archive: tokio::runt
         Some(Ok(Err(e))) => Err(Error::Internal(format!("the HTTP server failed: {e}"))),
         Some(Err(e)) => Err(Error::Internal(format!("the HTTP server panicked: {e}"))),
     }
+}
+
+/// Raises the process's soft open-file limit (RLIMIT_NOFILE) to its hard limit. Every API
+/// connection takes a file descriptor beside those of the store, the object stores and the
+/// plugins, and a service often starts with a soft limit of 1,024 (systemd's default;
+/// packaging/frostline.service sets `LimitNOFILE`); `api::start` derives its connection cap
+/// from the limit in force. Logs the old and the new value; a limit that cannot be raised is
+/// logged at warn and the start goes on.
+pub fn raise_open_file_limit() {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit writes only the struct it is given.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        let error = std::io::Error::last_os_error();
+        tracing::warn!(%error, "cannot read the open-file limit (RLIMIT_NOFILE) to raise it");
+        return;
+    }
+    let (soft_before, hard) = (limit.rlim_cur, limit.rlim_max);
+    if soft_before >= hard {
+        tracing::info!(soft = soft_before, hard, "the open-file soft limit (RLIMIT_NOFILE) is its hard limit already");
+        return;
+    }
+    limit.rlim_cur = hard;
+    // SAFETY: setrlimit reads only the struct it is given.
+    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) } != 0 {
+        let error = std::io::Error::last_os_error();
+        tracing::warn!(
+            %error,
+            soft = soft_before,
+            hard,
+            "cannot raise the open-file soft limit (RLIMIT_NOFILE) to the hard limit; going on with the soft limit \
+             (set LimitNOFILE in the systemd unit, or ulimit -n)"
+        );
+        return;
+    }
+    tracing::info!(soft_before, soft = hard, hard, "raised the open-file soft limit (RLIMIT_NOFILE) to the hard limit");
 }
 
 /// Reads the API's certificate and key again on every SIGHUP (the signal that also reloads the

@@ -47,6 +47,8 @@ const SCRUBBED: &[&str] = &[
     "ARCHIVER_INTERVAL_SECONDS",
     "ARCHIVER_LEASE_SECONDS",
     "ARCHIVER_LEASE_RENEWAL_SECONDS",
+    "FROSTLINE_MAX_CONNECTIONS",
+    "FROSTLINE_FIRST_REQUEST_TIMEOUT_SECONDS",
 ];
 
 struct Dirs {
@@ -85,9 +87,13 @@ struct Server {
 impl Server {
     /// Starts the engine with `args` and tokens USER and ADMIN (unless `tokens` is false).
     fn start(d: &Dirs, args: &[&str], tokens: bool) -> Server {
+        Server::start_command(d, command(d), args, tokens)
+    }
+
+    /// `start` with a command the test prepared (`command(d)` with more environment, limits).
+    fn start_command(d: &Dirs, mut command: Command, args: &[&str], tokens: bool) -> Server {
         let log = d.root.path().join(format!("run-{}.log", rand::random::<u32>()));
         let addr_file = d.data.join(frostline::api::ADDR_FILE);
-        let mut command = command(d);
         command
             .args(["run", "--listen", "127.0.0.1:0"])
             .args(args)
@@ -578,6 +584,39 @@ fn https_status(url: &str, authority: &[u8]) -> u16 {
     agent.get(url).call().map(|r| r.status().as_u16()).unwrap_or(0)
 }
 
+/// Completes a TLS handshake with the engine at `addr` (trusting `authority`, DER), then sends
+/// nothing: how long after the handshake the engine closed the connection.
+fn tls_idle_until_closed(addr: &str, authority: &[u8]) -> Duration {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(rustls::pki_types::CertificateDer::from(authority.to_vec())).unwrap();
+    let config =
+        rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+    let host = addr.rsplit_once(':').unwrap().0.to_string();
+    let name = rustls::pki_types::ServerName::try_from(host).unwrap();
+    let mut connection = rustls::ClientConnection::new(std::sync::Arc::new(config), name).unwrap();
+    let mut socket = std::net::TcpStream::connect(addr).unwrap();
+    socket.set_read_timeout(Some(WAIT)).unwrap();
+    while connection.is_handshaking() {
+        connection.complete_io(&mut socket).unwrap();
+    }
+    let handshaken = Instant::now();
+    let mut stream = rustls::Stream::new(&mut connection, &mut socket);
+    match stream.read(&mut [0u8; 64]) {
+        // A close (with or without close_notify), or a reset.
+        Ok(0) => {}
+        Ok(n) => panic!("the engine sent {n} bytes unasked"),
+        Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+            panic!("the engine did not close an idle TLS connection within {WAIT:?}")
+        }
+        Err(_) => {}
+    }
+    handshaken.elapsed()
+}
+
 /// `--tls-cert` and `--tls-key` serve the API over TLS with a certificate made in the test:
 /// a client trusting its authority is answered, plain HTTP and a client trusting another
 /// authority are not; the local CLI reaches the engine over TLS (with FROSTLINE_CA_FILE);
@@ -611,6 +650,7 @@ fn the_api_serves_tls_and_reads_its_certificate_again_on_sighup() {
     let log = dir.join("tls-run.log");
     let mut child = command(&d)
         .args(["run", "--listen", "127.0.0.1:0", "--tls-cert", cert_arg, "--tls-key", key_arg])
+        .args(["--first-request-timeout-seconds", "2"])
         .env("FROSTLINE_TOKENS", USER)
         .env("FROSTLINE_ADMIN_TOKENS", ADMIN)
         .stdin(Stdio::null())
@@ -639,6 +679,9 @@ fn the_api_serves_tls_and_reads_its_certificate_again_on_sighup() {
     };
     wait_for("the first answer over TLS", &|| https_status(&health, &ca_der) == 200);
     assert!(agent().get(&format!("http://{addr}/health")).call().is_err(), "plain HTTP is not served");
+    // The first-request timeout runs from the end of the handshake.
+    let idle = tls_idle_until_closed(&addr, &ca_der);
+    assert!(idle >= Duration::from_millis(1_950) && idle < WAIT, "closed {idle:?} after the handshake");
     let other_der = test_certificates().ca_der;
     assert_eq!(https_status(&health, &other_der), 0, "a client trusting another authority refuses the certificate");
 
@@ -1258,4 +1301,235 @@ fn the_cli_places_lists_and_lifts_holds_and_verifies_through_a_running_engine() 
     assert!(verdicts.as_array().unwrap().len() <= 1 && verdicts.as_array().unwrap().iter().all(|v| v["ok"] == true));
     let refused = cli(&["verify"], USER, None);
     assert!(!refused.status.success() && text(&refused.stderr).contains("403"), "{}", text(&refused.stderr));
+}
+
+/// `command(d)` whose process starts with an open-file soft limit of `soft` (the hard limit
+/// unchanged), as under a shell's `ulimit -Sn` or a systemd unit without `LimitNOFILE`.
+fn command_with_soft_open_files(d: &Dirs, soft: u64) -> Command {
+    use std::os::unix::process::CommandExt as _;
+    let mut command = command(d);
+    // SAFETY: getrlimit and setrlimit are async-signal-safe and touch only the child's limits.
+    unsafe {
+        command.pre_exec(move || {
+            let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+            if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            limit.rlim_cur = (soft as libc::rlim_t).min(limit.rlim_max);
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    command
+}
+
+/// The soft and hard open-file limits of process `pid`, from `/proc/<pid>/limits`.
+fn open_file_limits(pid: u32) -> (u64, u64) {
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+    let line = limits.lines().find(|l| l.starts_with("Max open files")).unwrap();
+    let mut values = line["Max open files".len()..].split_whitespace().map(|v| v.parse::<u64>().unwrap());
+    (values.next().unwrap(), values.next().unwrap())
+}
+
+/// Files process `pid` holds open now.
+fn open_files(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map(|dir| dir.count()).unwrap_or(0)
+}
+
+/// `n` connections to `addr` that never send a byte.
+fn idle_connections(addr: &str, n: usize) -> Vec<std::net::TcpStream> {
+    (0..n).map(|_| std::net::TcpStream::connect(addr).unwrap()).collect()
+}
+
+/// `GET /health` on a new connection, waiting at most `bound` for the whole answer: its
+/// status, or why none came.
+fn health_within(addr: &str, bound: Duration) -> Result<u16, String> {
+    let started = Instant::now();
+    let late = || format!("no answer within {bound:?}");
+    let mut stream = std::net::TcpStream::connect_timeout(&addr.parse().unwrap(), bound)
+        .map_err(|e| format!("cannot connect: {e}"))?;
+    write!(stream, "GET /health HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n")
+        .map_err(|e| format!("cannot send the request: {e}"))?;
+    let mut answer = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        let left = bound.checked_sub(started.elapsed()).filter(|left| !left.is_zero()).ok_or_else(late)?;
+        stream.set_read_timeout(Some(left)).unwrap();
+        match stream.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(n) => answer.extend_from_slice(&chunk[..n]),
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+                return Err(late());
+            }
+            Err(e) => return Err(format!("the connection failed: {e}")),
+        }
+    }
+    let answer = text(&answer);
+    answer.split_whitespace().nth(1).and_then(|s| s.parse().ok()).ok_or_else(|| format!("not HTTP: {answer:?}"))
+}
+
+/// A log without its colours (ANSI escape sequences).
+fn plain(log: &str) -> String {
+    let mut out = String::with_capacity(log.len());
+    let mut chars = log.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            // CSI: ESC [ parameters, then a final byte in @..~.
+            for c in chars.by_ref() {
+                if ('@'..='~').contains(&c) && c != '[' {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// The last lines of a log, for a failure message.
+fn tail(log: &str) -> String {
+    let lines: Vec<&str> = log.lines().collect();
+    lines[lines.len().saturating_sub(40)..].join("\n")
+}
+
+/// Raises this test process's open-file soft limit to its hard limit: it holds hundreds of
+/// connections.
+fn raise_own_open_files() {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: plain system calls on a local struct.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 {
+            limit.rlim_cur = limit.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+        }
+    }
+}
+
+/// The issue "a thousand idle connections stop the API", at a smaller scale: the engine starts
+/// with an open-file soft limit of 256 and receives more connections than that which never send
+/// a byte. It raised its soft limit to the hard one at start (and said so), holds at most
+/// `--max-connections` at once (the kernel's backlog queues the rest) and closes each that sends
+/// nothing within the first-request timeout; so `/health` answers within seconds, and appends,
+/// queries and archival go on while more idle connections keep arriving. The engine never holds
+/// as many files as the limit it was started with.
+#[test]
+fn idle_connections_past_the_open_file_limit_leave_the_api_serving() {
+    const SOFT: u64 = 256;
+    const IDLE: usize = 300;
+    const CAP: usize = 64;
+    raise_own_open_files();
+    let d = dirs();
+    let mut command = command_with_soft_open_files(&d, SOFT);
+    command.env("FROSTLINE_MAX_CONNECTIONS", CAP.to_string()).env("FROSTLINE_FIRST_REQUEST_TIMEOUT_SECONDS", "1");
+    let server = Server::start_command(&d, command, &["--interval-seconds", "3600"], true);
+    let pid = server.child.id();
+
+    // More idle connections than the limit the engine was started with: /health is answered
+    // once the idle ones ahead of it have been closed, about IDLE / CAP first-request timeouts.
+    let idle = idle_connections(&server.addr, IDLE);
+    let started = Instant::now();
+    let bound = Duration::from_secs(30);
+    let status = health_within(&server.addr, bound).unwrap_or_else(|e| {
+        panic!("GET /health behind {IDLE} idle connections: {e}; the log ends:\n{}", tail(&server.log()))
+    });
+    assert_eq!(status, 200);
+    eprintln!("/health answered {:?} after {IDLE} idle connections", started.elapsed());
+
+    // The engine raised its soft limit to the hard one, and said so.
+    let (soft, hard) = open_file_limits(pid);
+    assert_eq!(soft, hard, "the soft open-file limit is raised to the hard one; log:\n{}", server.log());
+    if hard > SOFT {
+        let log = plain(&server.log());
+        let said =
+            format!("raised the open-file soft limit (RLIMIT_NOFILE) to the hard limit soft_before={SOFT} soft={hard}");
+        assert!(log.contains(&said), "{}", tail(&log));
+    }
+
+    // Idle connections keep arriving, about 80 a second (more than the engine closes: it is at
+    // its cap throughout), while records are appended, read and archived.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flood = {
+        let (addr, stop) = (server.addr.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let (mut held, mut most_files) = (Vec::new(), 0);
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) && held.len() < 2_000 {
+                held.extend(idle_connections(&addr, 8));
+                most_files = most_files.max(open_files(pid));
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            (held.len(), most_files)
+        })
+    };
+    let lines = sample_lines(40);
+    let (status, body) = server.post("/v1/tables/events/records", Some(USER), Some(&lines.join("\n")));
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = server.post("/v1/archive", Some(ADMIN), None);
+    assert_eq!(status, 200, "{body}");
+    let report: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert!(report["archived"].as_u64().unwrap() > 0, "{report}");
+    assert!(!server.json("/v1/tables/events/buckets?state=archived")["buckets"].as_array().unwrap().is_empty());
+    assert_eq!(count_records(&server), 40, "hot and archived records are read back");
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (flooded, most_files) = flood.join().unwrap();
+    eprintln!("{flooded} more idle connections; the engine held at most {most_files} files");
+    assert!(most_files < SOFT as usize, "the engine held {most_files} files, the cap is {CAP}");
+    assert!(health_within(&server.addr, bound).is_ok());
+    let log = server.log();
+    assert!(!log.contains("Too many open files"), "{}", tail(&log));
+    drop(idle);
+}
+
+/// At `--max-connections`, a further connection is not served until one held is closed, here
+/// by the first-request timeout, since the held ones never send a byte; the server closes them
+/// and counts them in its log. A connection that has sent its first byte is not timed out.
+#[test]
+fn the_connection_cap_holds_until_idle_connections_time_out() {
+    const CAP: usize = 4;
+    const TIMEOUT: Duration = Duration::from_secs(3);
+    let d = dirs();
+    let mut command = command(&d);
+    command
+        .env("FROSTLINE_MAX_CONNECTIONS", CAP.to_string())
+        .env("FROSTLINE_FIRST_REQUEST_TIMEOUT_SECONDS", TIMEOUT.as_secs().to_string())
+        .env("FROSTLINE_LOG", "info,frostline::api::connections=debug");
+    let server = Server::start_command(&d, command, &["--interval-seconds", "3600"], true);
+
+    // The held connections are ahead of the request in the kernel's queue: the engine takes
+    // them first, and the request only once the first of them is closed.
+    let opened = Instant::now();
+    let mut idle = idle_connections(&server.addr, CAP);
+    let status = health_within(&server.addr, WAIT).unwrap_or_else(|e| panic!("{e}; log:\n{}", tail(&server.log())));
+    let waited = opened.elapsed();
+    assert_eq!(status, 200);
+    assert!(
+        waited >= TIMEOUT - Duration::from_millis(50),
+        "a request beyond the cap of {CAP} was answered after {waited:?}, before the first-request timeout \
+         ({TIMEOUT:?}) closed any held connection"
+    );
+    for stream in &mut idle {
+        stream.set_read_timeout(Some(WAIT)).unwrap();
+        match stream.read(&mut [0u8; 64]) {
+            Ok(0) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+            other => panic!("an idle connection was not closed by the engine: {other:?}"),
+        }
+    }
+    server.wait_for("the count of idle connections closed", |s| {
+        plain(&s.log())
+            .lines()
+            .any(|l| l.contains("closed a connection that sent nothing") && l.ends_with(&format!(" closed_idle={CAP}")))
+    });
+
+    // After the first byte, the first-request timeout no longer applies.
+    let mut slow = std::net::TcpStream::connect(&server.addr).unwrap();
+    write!(slow, "GET /health HTTP/1.1\r\n").unwrap();
+    std::thread::sleep(TIMEOUT + Duration::from_secs(1));
+    write!(slow, "Host: {}\r\nConnection: close\r\n\r\n", server.addr).unwrap();
+    slow.set_read_timeout(Some(WAIT)).unwrap();
+    let mut answer = Vec::new();
+    let _ = slow.read_to_end(&mut answer);
+    assert!(text(&answer).starts_with("HTTP/1.1 200"), "{:?}", text(&answer));
 }

@@ -427,7 +427,15 @@ impl LocalApi {
             )),
             stopping,
         });
-        let settings = api::ServeSettings { listen: "127.0.0.1:0".parse()?, auth: state.auth.clone(), tls: None };
+        let settings = api::ServeSettings {
+            listen: "127.0.0.1:0".parse()?,
+            auth: state.auth.clone(),
+            tls: None,
+            max_connections: None,
+            first_request_timeout: std::time::Duration::from_secs(
+                api::connections::FIRST_REQUEST_TIMEOUT_SECONDS_DEFAULT,
+            ),
+        };
         let running = runtime.block_on(api::start(state, &settings))?;
         Ok(LocalApi {
             runtime,

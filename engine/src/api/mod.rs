@@ -14,6 +14,7 @@
 
 pub mod auth;
 pub mod browser;
+pub mod connections;
 mod handlers;
 pub mod metrics;
 pub mod tls;
@@ -21,6 +22,7 @@ pub mod tls;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Router;
 use axum::http::StatusCode;
@@ -121,6 +123,19 @@ pub struct ServeArgs {
     /// The PEM private key of --tls-cert; read again on SIGHUP.
     #[arg(long, env = "FROSTLINE_TLS_KEY", requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
+    /// Connections the API holds open at once (1 to 1048576); more wait in the kernel's queue.
+    /// Default: the open-file limit less 256 kept for the engine's own files, at most 4096;
+    /// never more than that limit allows.
+    #[arg(long, env = "FROSTLINE_MAX_CONNECTIONS")]
+    pub max_connections: Option<usize>,
+    /// Seconds a new connection has to send its first byte (after its TLS handshake) before
+    /// it is closed (1 to 3600).
+    #[arg(
+        long,
+        env = "FROSTLINE_FIRST_REQUEST_TIMEOUT_SECONDS",
+        default_value_t = connections::FIRST_REQUEST_TIMEOUT_SECONDS_DEFAULT
+    )]
+    pub first_request_timeout_seconds: u64,
 }
 
 impl Default for ServeArgs {
@@ -131,6 +146,8 @@ impl Default for ServeArgs {
             admin_token_file: None,
             tls_cert: None,
             tls_key: None,
+            max_connections: None,
+            first_request_timeout_seconds: connections::FIRST_REQUEST_TIMEOUT_SECONDS_DEFAULT,
         }
     }
 }
@@ -142,6 +159,11 @@ pub struct ServeSettings {
     pub auth: Auth,
     /// The certificate and key when the API serves TLS.
     pub tls: Option<Arc<tls::ApiTls>>,
+    /// `--max-connections`; `None` derives the cap from the open-file limit
+    /// (`connections::connection_cap`).
+    pub max_connections: Option<usize>,
+    /// A new connection that sends no byte for this long is closed.
+    pub first_request_timeout: Duration,
 }
 
 impl ServeArgs {
@@ -177,7 +199,29 @@ impl ServeArgs {
                 ));
             }
         };
-        Ok(ServeSettings { listen, auth, tls })
+        if let Some(n) = self.max_connections
+            && !(1..=connections::CONNECTIONS_MAX).contains(&n)
+        {
+            return Err(Error::InvalidInput(format!(
+                "FROSTLINE_MAX_CONNECTIONS (--max-connections) must be 1 to {}, not {n}",
+                connections::CONNECTIONS_MAX
+            )));
+        }
+        let seconds = self.first_request_timeout_seconds;
+        if !(1..=connections::FIRST_REQUEST_TIMEOUT_SECONDS_MAX).contains(&seconds) {
+            return Err(Error::InvalidInput(format!(
+                "FROSTLINE_FIRST_REQUEST_TIMEOUT_SECONDS (--first-request-timeout-seconds) must be 1 to {}, not \
+                 {seconds}",
+                connections::FIRST_REQUEST_TIMEOUT_SECONDS_MAX
+            )));
+        }
+        Ok(ServeSettings {
+            listen,
+            auth,
+            tls,
+            max_connections: self.max_connections,
+            first_request_timeout: Duration::from_secs(seconds),
+        })
     }
 }
 
@@ -212,7 +256,9 @@ pub struct RunningApi {
     pub task: tokio::task::JoinHandle<std::io::Result<()>>,
 }
 
-/// Binds `settings.listen` and serves until `state.stopping` fires.
+/// Binds `settings.listen` and serves until `state.stopping` fires, holding at most the
+/// connections the soft open-file limit in force leaves room for (`connections`; the daemon
+/// raises that limit first).
 pub async fn start(state: Arc<ApiState>, settings: &ServeSettings) -> Result<RunningApi> {
     let listener = tokio::net::TcpListener::bind(settings.listen).await.map_err(|e| {
         Error::InvalidInput(format!(
@@ -233,16 +279,41 @@ pub async fn start(state: Arc<ApiState>, settings: &ServeSettings) -> Result<Run
              /v1/holds/{{id}} are refused (403)"
         );
     }
+    let open_files = connections::open_file_limits().map_or(connections::OPEN_FILES_ASSUMED, |(soft, _)| soft);
+    let (cap, lowered) = connections::connection_cap(settings.max_connections, open_files);
+    if lowered {
+        tracing::warn!(
+            asked = settings.max_connections,
+            cap,
+            open_files,
+            reserved = connections::OPEN_FILES_RESERVED,
+            "FROSTLINE_MAX_CONNECTIONS (--max-connections) is more than the open-file limit leaves room for; the API \
+             holds at most {cap} connections (raise LimitNOFILE, or ulimit -n, to allow more)"
+        );
+    }
+    tracing::info!(
+        max_connections = cap,
+        open_files,
+        first_request_timeout_seconds = settings.first_request_timeout.as_secs(),
+        "the API holds at most max_connections connections at once and closes one that sends nothing within \
+         first_request_timeout_seconds"
+    );
     let mut stopping = state.stopping.clone();
     let stopped = async move {
         let _ = stopping.wait_for(|stop| *stop).await;
     };
     let app = router(state);
+    let capped = connections::CappedListener::new(listener, cap);
+    let timeout = settings.first_request_timeout;
     let task = match &settings.tls {
-        None => tokio::spawn(async move { axum::serve(listener, app).with_graceful_shutdown(stopped).await }),
+        None => {
+            let listener = connections::FirstRequestListener::new(capped, timeout);
+            tokio::spawn(async move { axum::serve(listener, app).with_graceful_shutdown(stopped).await })
+        }
         Some(certificate) => {
-            let listener = tls::TlsListener::new(listener, certificate.server_config()?)
+            let listener = tls::TlsListener::new(capped, certificate.server_config()?)
                 .map_err(|e| Error::Internal(format!("TLS listener: {e}")))?;
+            let listener = connections::FirstRequestListener::new(listener, timeout);
             tokio::spawn(async move { axum::serve(listener, app).with_graceful_shutdown(stopped).await })
         }
     };
@@ -336,6 +407,29 @@ mod tests {
         let tokens = |name: &str| (name == "FROSTLINE_TOKENS").then(|| "a-token-of-enough-length".to_string());
         let args = ServeArgs { listen: "0.0.0.0:7070".into(), ..Default::default() };
         assert!(!args.validate_with(tokens).unwrap().auth.is_disabled());
+    }
+
+    #[test]
+    fn connection_settings_are_bounded() {
+        let settings = ServeArgs::default().validate_with(|_| None).unwrap();
+        assert_eq!(settings.max_connections, None);
+        assert_eq!(settings.first_request_timeout, Duration::from_secs(10));
+        for n in [0, connections::CONNECTIONS_MAX + 1] {
+            let args = ServeArgs { max_connections: Some(n), ..Default::default() };
+            let error = args.validate_with(|_| None).unwrap_err().to_string();
+            assert!(error.contains("FROSTLINE_MAX_CONNECTIONS") && error.contains("1 to 1048576"), "{error}");
+        }
+        let args = ServeArgs { max_connections: Some(64), first_request_timeout_seconds: 1, ..Default::default() };
+        let settings = args.validate_with(|_| None).unwrap();
+        assert_eq!((settings.max_connections, settings.first_request_timeout), (Some(64), Duration::from_secs(1)));
+        for seconds in [0, 3_601] {
+            let args = ServeArgs { first_request_timeout_seconds: seconds, ..Default::default() };
+            let error = args.validate_with(|_| None).unwrap_err().to_string();
+            assert!(
+                error.contains("FROSTLINE_FIRST_REQUEST_TIMEOUT_SECONDS") && error.contains("1 to 3600"),
+                "{error}"
+            );
+        }
     }
 
     #[test]

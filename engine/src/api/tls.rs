@@ -6,18 +6,21 @@
 //! PEM, a key that does not match the certificate) is refused with the reason while the one
 //! in use goes on. Handshakes run in their own tasks, each bounded by
 //! `TLS_HANDSHAKE_SECONDS_MAX` and at most `TLS_HANDSHAKES_MAX` at once, so a client that never
-//! finishes one holds up no other.
+//! finishes one holds up no other. The connection cap and the first-request timeout
+//! (`connections`) wrap this listener as they wrap the plain one: the cap below it (a
+//! connection counts from its accept), the timeout above it (it runs from the end of the
+//! handshake).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+use axum::serve::Listener;
 use rustls::pki_types::pem::PemObject as _;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
-use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 use tokio_rustls::server::TlsStream;
 
@@ -28,8 +31,8 @@ pub const TLS_HANDSHAKE_SECONDS_MAX: u64 = 10;
 /// Connections whose handshake finished, waiting for the server to take them.
 const READY_CONNECTIONS_MAX: usize = 64;
 /// Handshakes under way at once: each holds a socket for up to `TLS_HANDSHAKE_SECONDS_MAX`,
-/// so a flood of connections that never finish one waits here instead of taking every file
-/// descriptor the process has (redb and the object stores need theirs).
+/// so a flood of connections that never finish one waits here (the connection cap,
+/// `connections::CappedListener`, bounds the sockets held in all).
 pub const TLS_HANDSHAKES_MAX: usize = 256;
 
 /// The certificate chain and key the API serves, reloadable.
@@ -109,16 +112,19 @@ fn certified_key(cert: &Path, key: &Path) -> Result<CertifiedKey> {
     Ok(pair)
 }
 
-/// A TCP listener whose connections are handed over once their TLS handshake has finished.
-pub struct TlsListener {
-    ready: mpsc::Receiver<(TlsStream<TcpStream>, SocketAddr)>,
+/// A listener whose connections are handed over once their TLS handshake has finished. The
+/// inner listener is the API's `connections::CappedListener`, so a connection counts against
+/// the cap from its accept on, handshake included.
+pub struct TlsListener<L: Listener> {
+    ready: mpsc::Receiver<(TlsStream<L::Io>, SocketAddr)>,
     local_addr: SocketAddr,
 }
 
-impl TlsListener {
-    /// Accepts on `tcp` in a task of its own, which ends when the listener is dropped.
-    pub fn new(tcp: TcpListener, config: Arc<rustls::ServerConfig>) -> std::io::Result<TlsListener> {
-        let local_addr = tcp.local_addr()?;
+impl<L: Listener<Addr = SocketAddr>> TlsListener<L> {
+    /// Accepts on `inner` in a task of its own, which ends when the listener is dropped.
+    /// `inner` handles its accept errors (axum's TCP listener logs them and pauses a second).
+    pub fn new(mut inner: L, config: Arc<rustls::ServerConfig>) -> std::io::Result<TlsListener<L>> {
+        let local_addr = inner.local_addr()?;
         let acceptor = tokio_rustls::TlsAcceptor::from(config);
         let (sender, ready) = mpsc::channel(READY_CONNECTIONS_MAX);
         let handshakes = Arc::new(tokio::sync::Semaphore::new(TLS_HANDSHAKES_MAX));
@@ -128,18 +134,9 @@ impl TlsListener {
                     _ = sender.closed() => return,
                     permit = handshakes.clone().acquire_owned() => permit.expect("the semaphore is never closed"),
                 };
-                let accepted = tokio::select! {
+                let (stream, peer) = tokio::select! {
                     _ = sender.closed() => return,
-                    accepted = tcp.accept() => accepted,
-                };
-                let (stream, peer) = match accepted {
-                    Ok(connection) => connection,
-                    Err(e) => {
-                        // Out of file descriptors and the like: pause rather than spin.
-                        tracing::warn!(error = %e, "accepting an API connection failed");
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                        continue;
-                    }
+                    accepted = inner.accept() => accepted,
                 };
                 let (acceptor, sender) = (acceptor.clone(), sender.clone());
                 tokio::spawn(async move {
@@ -159,8 +156,8 @@ impl TlsListener {
     }
 }
 
-impl axum::serve::Listener for TlsListener {
-    type Io = TlsStream<TcpStream>;
+impl<L: Listener<Addr = SocketAddr>> Listener for TlsListener<L> {
+    type Io = TlsStream<L::Io>;
     type Addr = SocketAddr;
 
     async fn accept(&mut self) -> (Self::Io, Self::Addr) {
