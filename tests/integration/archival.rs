@@ -160,8 +160,8 @@ fn an_existing_object_with_other_bytes_is_never_overwritten() {
         })
         .next()
         .unwrap()
-        // The same key as this engine would write: its own installation id in the name.
-        .replace(&scratch.engine.installation_id, &e.engine.installation_id);
+        // The same key as this engine would write: its own installation id and epoch in the name.
+        .replace(&scratch.engine.writer().unwrap(), &e.engine.writer().unwrap());
     runtime().block_on(e.backend("r").put_create(&key, bytes::Bytes::from_static(b"planted"))).unwrap();
     let report = e.pass();
     assert_eq!(report.deferred, 1, "{report:?}");

@@ -442,6 +442,36 @@ url = "file://{}"
     assert_eq!(query_engine(&b, "r").len(), 1);
 }
 
+/// Regression (issue: the `_catalog.json` of a table outside Delta on a shared target was
+/// rewritten by each installation with only its own archives, so its readers saw one host's
+/// data): each installation now keeps a catalog of its own, and together they list every
+/// archive.
+#[test]
+fn each_installation_on_a_shared_target_keeps_a_catalog_of_its_own() {
+    let shared = tempfile::tempdir().unwrap();
+    let policy = moved_policy(&[shared.path()], "t0");
+    let (first, second) = (Site::new(&policy, "2024-03-01T12:00:00Z"), Site::new(&policy, "2024-03-01T12:00:00Z"));
+    let (a, b) = (first.open(Settings::default()), second.open(Settings::default()));
+    for (site, engine) in [(&first, &a), (&second, &b)] {
+        engine.append("r", vec![record("p", "2024-03-01T01:00:00Z", None)]).unwrap();
+        site.clock.set(t("2024-03-03T00:00:00Z"));
+        assert_eq!(run_pass(engine).archived, 1);
+    }
+    let mut listed = Vec::new();
+    for engine in [&a, &b] {
+        let key = frostline::archive::catalog::catalog_key("r", &engine.installation_id);
+        let text = std::fs::read_to_string(shared.path().join(&key)).unwrap_or_else(|e| panic!("{key}: {e}"));
+        let catalog: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let manifests = catalog["manifests"].as_array().unwrap();
+        assert_eq!(manifests.len(), 1, "{catalog}");
+        let manifest = manifests[0]["manifest_key"].as_str().unwrap().to_string();
+        assert!(manifest.contains(&engine.installation_id), "{manifest}");
+        listed.push(manifest);
+    }
+    assert_ne!(listed[0], listed[1], "together the catalogs list both installations' archives");
+    assert!(!shared.path().join("table=r/_catalog.json").exists(), "no catalog of one host stands for the table");
+}
+
 /// Regression: a partition key whose encoded form exceeded a file name (255 bytes) failed the
 /// upload forever and left the bucket fenced, refusing appends.
 #[test]

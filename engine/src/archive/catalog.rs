@@ -1,12 +1,18 @@
-//! The catalog: one object per table, `table=<table>/_catalog.json`, listing every published
-//! manifest with its bounds and segments, so a reader (DuckDB, Spark, a script) finds every
-//! segment without listing every bucket. A table whose archive is a Delta table has none: its
-//! Delta log lists its files, those of every installation sharing the target (`super::delta`).
+//! The catalogs: one object per table and installation,
+//! `table=<table>/_catalogs/<installation>/_catalog.json`, listing every manifest that
+//! installation published with its bounds and segments, so a reader (DuckDB, Spark, a script)
+//! finds every segment without listing every bucket: on a target several installations share,
+//! the table's archive is the union of their catalogs (`table=<table>/_catalogs/*/_catalog.json`).
+//! Each installation rewrites only its own, so none hides another's archives. A table whose
+//! archive is a Delta table has none: its Delta log lists its files, those of every
+//! installation sharing the target (`super::delta`).
 //!
 //! It is derived data, never the only copy of anything: it is rebuilt from the recorded
-//! manifests after every pass that published or expired something, and by `frostline
-//! catalog`. Backends are create-only, so a rebuild deletes the old catalog and creates the new
-//! one; a reader that finds none in between can retry or list the manifests.
+//! manifests after every pass that published or expired something, and after an adoption.
+//! Backends are create-only, so a rebuild deletes the old catalog and creates the new one; a
+//! reader that finds none in between can retry or list the manifests. The one catalog per table
+//! that earlier builds wrote (`table=<table>/_catalog.json`, whichever installation wrote last)
+//! is deleted when an installation writes its own.
 
 use std::sync::Arc;
 
@@ -43,7 +49,16 @@ pub struct Catalog {
     pub manifests: Vec<CatalogEntry>,
 }
 
-pub fn catalog_key(table: &str) -> String {
+/// The folder below a table's folder that holds the installations' catalogs.
+pub const CATALOGS_FOLDER: &str = "_catalogs/";
+
+/// The catalog of `installation`'s archives of `table`.
+pub fn catalog_key(table: &str, installation: &str) -> String {
+    format!("{}{CATALOGS_FOLDER}{installation}/{CATALOG_FILE}", crate::storage::keys::table_prefix(table))
+}
+
+/// The one catalog per table of earlier builds.
+fn legacy_catalog_key(table: &str) -> String {
     format!("{}{CATALOG_FILE}", crate::storage::keys::table_prefix(table))
 }
 
@@ -77,12 +92,13 @@ pub async fn build(engine: &Arc<Engine>, table: &str) -> Result<Catalog> {
 pub async fn write(engine: &Arc<Engine>, table: &str) -> Result<usize> {
     let catalog = build(engine, table).await?;
     let backend = engine.policies().table(table)?.backend.clone();
-    let key = catalog_key(table);
+    let key = catalog_key(table, &engine.installation_id);
     let bytes = Bytes::from(serde_json::to_vec_pretty(&catalog).expect("a catalog serializes"));
+    backend.delete(&legacy_catalog_key(table)).await?;
     backend.delete(&key).await?;
     match backend.put_create(&key, bytes).await? {
         PutOutcome::Created => {}
-        // Another writer rebuilt it at the same moment; both are derived from the same state.
+        // Another pass of this installation rebuilt it at the same moment, from the same state.
         PutOutcome::AlreadyExists => {}
     }
     Ok(catalog.manifests.len())
