@@ -491,6 +491,53 @@ fn a_sync_after_an_adoption_removes_nothing_of_the_live_installation_and_vacuum_
     assert_eq!(read, expected);
 }
 
+/// Regression (issue: a restored backup drops the other copy's files from the Delta log): a
+/// data directory restored from a backup shares its installation's folder with the copy that
+/// went on; its sync took every file of that folder it did not publish for its own and
+/// removed the other copy's later files, which a lite VACUUM then deleted. It now removes only
+/// entries of files its own database recorded.
+#[test]
+fn a_restored_copys_sync_keeps_the_files_the_other_copy_archived_after_the_backup() {
+    use crate::replan::{Site, copy_dir, record};
+    use frostline::settings::Settings;
+    let shared = tempfile::tempdir().unwrap();
+    let target = format!("[[target]]\nname = \"cold\"\nurl = \"file://{}\"\n", shared.path().display());
+    let site = Site::new(&policy(&target), "2024-03-01T12:00:00Z");
+    let files = || {
+        let uri = shared.path().join("delta/events").display().to_string();
+        let fleet = Fleet { uri, env: Vec::new(), local_root: None, engines: Vec::new() };
+        fleet.files(None).unwrap()
+    };
+    let engine = site.open(Settings::default());
+    engine.append("events", vec![record("p", "2024-03-01T01:00:00Z", None)]).unwrap();
+    site.clock.set(t("2024-03-03T00:00:00Z"));
+    assert_eq!(crate::support::run_pass(&engine).archived, 1);
+    drop(engine);
+    let backup = site.root.path().join("backup");
+    copy_dir(&site.data(), &backup);
+    // The copy that goes on archives another bucket after the backup.
+    let engine = site.open(Settings::default());
+    engine.append("events", vec![record("p", "2024-03-03T01:00:00Z", None)]).unwrap();
+    site.clock.set(t("2024-03-05T00:00:00Z"));
+    assert_eq!(crate::support::run_pass(&engine).archived, 1);
+    drop(engine);
+    assert_eq!(files(), 2);
+    // The backup replaces it and archives a record of its own for the same bucket.
+    std::fs::remove_dir_all(site.data()).unwrap();
+    copy_dir(&backup, &site.data());
+    let restored = site.open(Settings::default());
+    restored.append("events", vec![record("p", "2024-03-03T02:00:00Z", None)]).unwrap();
+    assert_eq!(crate::support::run_pass(&restored).archived, 1);
+    let table = restored.policies().table("events").unwrap().clone();
+    runtime().block_on(sync(&restored, &table)).unwrap();
+    assert_eq!(files(), 3, "the other copy's later file stays in the log beside the restored copy's");
+    let uri = shared.path().join("delta/events").display().to_string();
+    let out = Fleet { uri, env: Vec::new(), local_root: None, engines: Vec::new() }.read("vacuum", None);
+    assert!(out.status.success(), "vacuum: {}", text(&out.stderr));
+    let deleted: Vec<String> = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(deleted.is_empty(), "a lite VACUUM deletes nothing either copy archived: {deleted:?}");
+}
+
 /// What "done" means for the fleet archive: three engines, each a process with its own data
 /// directory and installation, archive one table into one moto bucket at the same time, and
 /// each is killed once just before and once just after a Delta commit (fail points that abort

@@ -585,7 +585,7 @@ fn a_policy_directory_moved_elsewhere_keeps_its_file_strategies() {
     assert_eq!(query_engine(&engine, "gone").len(), 2);
 }
 
-fn copy_dir(from: &Path, to: &Path) {
+pub(crate) fn copy_dir(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).unwrap();
     for entry in std::fs::read_dir(from).unwrap() {
         let entry = entry.unwrap();
