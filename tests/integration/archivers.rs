@@ -1,8 +1,9 @@
 //! Archiver backends written as WASM components, and the capabilities their grants give:
 //! conformance of the Rust, Python and JavaScript archivers through `frostline plugin check`;
 //! the whole archival protocol through a plugin target; and the sandbox: a plugin reaches
-//! exactly what the grant for its content hash gives (a preopen, read-only or read-write, and
-//! a blob store), nothing outside it, nothing without it, and nothing once its bytes change.
+//! exactly what the grant for its content hash gives (a preopen, read-only or read-write, a
+//! blob store, HTTP origins, and a loopback address only when the grant names it), nothing
+//! outside it, nothing without it, and nothing once its bytes change.
 
 use std::io::ErrorKind as IoErrorKind;
 use std::path::{Path, PathBuf};
@@ -339,6 +340,18 @@ fn grants_and_plugin_targets_are_parsed_strictly() {
             "http_body_limit_mib = 0 is outside 1..=4096",
         ),
         (format!("[[grant]]\nsha256 = \"{hash}\"\nhttp_body_limit_mib = 8\n"), "without http_hosts limits nothing"),
+        (
+            format!(
+                "[[grant]]\nsha256 = \"{hash}\"\nhttp_hosts = [\"http://x:1\"]\nhttp_private_hosts = [\"http://y:1\"]\n"
+            ),
+            "http_private_hosts lists http://y:1, which http_hosts does not",
+        ),
+        (
+            format!(
+                "[[grant]]\nsha256 = \"{hash}\"\nhttp_hosts = [\"http://10.0.0.5:1\"]\nhttp_private_hosts = [\"http://10.0.0.5:1\"]\n"
+            ),
+            "an IP address",
+        ),
         (
             format!(
                 "[[grant]]\nsha256 = \"{hash}\"\npreopen = [{{ host = \"{area}\", guest = \"data\", mode = \"rw\" }}]\n"
@@ -790,16 +803,54 @@ fn the_host_denies_an_unlisted_host_a_redirect_to_one_and_a_plain_http_downgrade
 /// A table archived through the HTTP example archiver into `server`, with `extra` lines in its
 /// grant.
 fn http_archived_engine(server: &ObjectServer, extra_grant: &str) -> TestEngine {
+    TestEngine::new(&http_archiver_policy(&server.origin(), extra_grant), "2024-03-10T00:00:00Z")
+}
+
+/// A daily table whose target is the HTTP example archiver at `{origin}/o`, granted `origin`
+/// and `extra` lines.
+fn http_archiver_policy(origin: &str, extra_grant: &str) -> String {
     let plugin = guest_path("http_archiver");
     let hash = sha256_of(&plugin);
-    let policy = format!(
-        "{DAILY_TABLE}\n[[target]]\nname = \"arch\"\nplugin = \"{}\"\nconfig = {{ url = \"{}/o\" }}\n\n\
-         [[grant]]\nsha256 = \"{hash}\"\nhttp_hosts = [\"{}\"]\n{extra_grant}",
+    format!(
+        "{DAILY_TABLE}\n[[target]]\nname = \"arch\"\nplugin = \"{}\"\nconfig = {{ url = \"{origin}/o\" }}\n\n\
+         [[grant]]\nsha256 = \"{hash}\"\nhttp_hosts = [\"{origin}\"]\n{extra_grant}",
         s(&plugin),
-        server.origin(),
-        server.origin()
-    );
-    TestEngine::new(&policy, "2024-03-10T00:00:00Z")
+    )
+}
+
+#[test]
+fn a_granted_name_that_resolves_to_loopback_is_refused_without_explicit_permission() {
+    let server = ObjectServer::start();
+    let port = server.port;
+    // `localhost` is granted by name, but the name resolves to a loopback address, which only
+    // an address written in the grant, or http_private_hosts, allows.
+    let origin = format!("http://localhost:{port}");
+    let (code, out) = check_http_archiver(&format!("{origin}/o"), &["--http-host", &origin]);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.contains("DestinationIpProhibited"), "{out}");
+    assert!(out.contains(&format!("{origin}: localhost resolves to ")) && out.contains("(loopback)"), "{out}");
+    let literal = [format!("http://127.0.0.1:{port}"), format!("http://[::1]:{port}")];
+    assert!(literal.iter().any(|l| out.contains(l.as_str())), "the refusal shows the address to write: {out}");
+    assert!(out.contains("http_private_hosts"), "the refusal says how to allow the name: {out}");
+    assert!(server.requests().is_empty(), "no request reached the server: {:?}", server.requests());
+
+    // A policy with the same grant is refused at load: the archiver fails its checks.
+    let dir = PolicyDir::new();
+    let message = dir.refusal(&http_archiver_policy(&origin, ""));
+    assert!(message.contains("DestinationIpProhibited"), "{message}");
+    assert!(server.requests().is_empty(), "no request reached the server: {:?}", server.requests());
+}
+
+#[test]
+fn a_granted_name_that_resolves_to_loopback_is_reached_when_the_grant_lists_it_in_http_private_hosts() {
+    let server = ObjectServer::start();
+    let origin = format!("http://localhost:{}", server.port);
+    let policy = http_archiver_policy(&origin, &format!("http_private_hosts = [\"{origin}\"]\n"));
+    let e = TestEngine::new(&policy, "2024-03-10T00:00:00Z");
+    archive_and_read_back(&e);
+    let keys = server.keys();
+    assert_eq!(keys.iter().filter(|k| k.contains("/manifest-")).count(), 15, "{keys:#?}");
+    assert!(server.requests().iter().any(|r| r.starts_with("PUT /o/table%3Dr/")), "{:?}", server.requests());
 }
 
 #[test]

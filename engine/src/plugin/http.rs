@@ -7,12 +7,24 @@
 //! downgrade) nor another name for the same address. Default deny: without a grant every
 //! request fails with `HTTP-request-denied` before any connection is made.
 //!
-//! The host resolves names and connects itself (the guest never picks an address), never
-//! follows a redirect (a 3xx reaches the guest, and a request to its `Location` is checked
-//! like any other), bounds every wait by the plugin's time limit (a host call is not
-//! interrupted by the epoch deadline, so each wait needs its own), and counts the bytes of
-//! each request body and each response body against the grant's limit.
+//! The host resolves names and connects itself (the guest never picks an address), and checks
+//! every address a granted name resolves to: a loopback, link-local (the cloud metadata
+//! service's 169.254.169.254 among them), private, shared or unspecified address, or an IPv6
+//! form of one, fails the request with `destination-IP-prohibited` unless the grant names it
+//! explicitly: the `http_hosts` entry is that IP address itself, or the origin is also listed
+//! in the grant's `http_private_hosts`. Plain HTTP then connects to the addresses it checked,
+//! never to a fresh resolution, so a name that answers differently the second time (DNS
+//! rebinding) reaches nothing it was not checked for. HTTPS goes through wasmtime-wasi-http's
+//! default sender (rustls with the Mozilla roots), which resolves the name again: there the
+//! certificate check for the granted name is what binds the connection to it (see
+//! `send_https`).
+//!
+//! The host never follows a redirect (a 3xx reaches the guest, and a request to its `Location`
+//! is checked like any other), bounds every wait by the plugin's time limit (a host call is not
+//! interrupted by the epoch deadline, so each wait needs its own), and counts the bytes of each
+//! request body and each response body against the grant's limit.
 
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -36,6 +48,10 @@ pub struct HttpOrigin {
     /// Lower-case; an IPv6 address keeps its brackets.
     pub host: String,
     pub port: u16,
+    /// The grant also lists this origin in `http_private_hosts`: its name may resolve to
+    /// loopback, link-local or private addresses. (An IP literal needs no such permission: the
+    /// grant names the address itself.)
+    pub private_allowed: bool,
 }
 
 impl HttpOrigin {
@@ -72,6 +88,7 @@ impl HttpOrigin {
             port: authority.port_u16().unwrap_or(default_port(&scheme)),
             host: authority.host().to_ascii_lowercase(),
             scheme,
+            private_allowed: false,
         })
     }
 
@@ -83,7 +100,19 @@ impl HttpOrigin {
             port: authority.port_u16().unwrap_or(default_port(&scheme)),
             host: authority.host().to_ascii_lowercase(),
             scheme,
+            private_allowed: false,
         })
+    }
+
+    /// The same scheme, host and port (whatever either allows).
+    fn same_origin(&self, other: &HttpOrigin) -> bool {
+        (&self.scheme, &self.host, self.port) == (&other.scheme, &other.host, other.port)
+    }
+
+    /// The address the host names, when it is an IP literal (`127.0.0.1`, `[::1]`).
+    pub fn ip_literal(&self) -> Option<IpAddr> {
+        let host = self.host.strip_prefix('[').and_then(|h| h.strip_suffix(']')).unwrap_or(&self.host);
+        host.parse().ok()
     }
 }
 
@@ -106,26 +135,65 @@ pub struct HttpGrant {
 }
 
 impl HttpGrant {
-    /// The HTTP part of a grant: each origin well formed and listed once, the body limit within
-    /// range (and only beside origins).
+    /// The HTTP part of a grant without `http_private_hosts` (`frostline plugin check
+    /// --http-host`): see `parse_with_private`.
     pub fn parse(hosts: &[String], body_limit_mib: Option<u64>) -> Result<Option<Arc<HttpGrant>>> {
+        Self::parse_with_private(hosts, &[], body_limit_mib)
+    }
+
+    /// The HTTP part of a grant: each origin well formed and listed once; each of
+    /// `private_hosts` (origins whose names may resolve to loopback, link-local or private
+    /// addresses) a name, listed once and also in `hosts`; the body limit within range (and
+    /// only beside origins).
+    pub fn parse_with_private(
+        hosts: &[String],
+        private_hosts: &[String],
+        body_limit_mib: Option<u64>,
+    ) -> Result<Option<Arc<HttpGrant>>> {
         if hosts.is_empty() {
-            return match body_limit_mib {
-                Some(_) => Err(Error::InvalidInput(
+            return match (body_limit_mib, private_hosts.is_empty()) {
+                (Some(_), _) => Err(Error::InvalidInput(
                     "http_body_limit_mib without http_hosts limits nothing; list the origins the plugin may reach in \
                      http_hosts, or remove http_body_limit_mib"
                         .into(),
                 )),
-                None => Ok(None),
+                (None, false) => Err(Error::InvalidInput(
+                    "http_private_hosts without http_hosts allows nothing; list every origin the plugin may reach in \
+                     http_hosts, and in http_private_hosts those of them whose names resolve to loopback, link-local \
+                     or private addresses"
+                        .into(),
+                )),
+                (None, true) => Ok(None),
             };
         }
         let mut origins: Vec<HttpOrigin> = Vec::new();
         for host in hosts {
             let origin = HttpOrigin::parse(host)?;
-            if origins.contains(&origin) {
+            if origins.iter().any(|o| o.same_origin(&origin)) {
                 return Err(Error::InvalidInput(format!("http_hosts lists {origin} twice")));
             }
             origins.push(origin);
+        }
+        let mut private: Vec<HttpOrigin> = Vec::new();
+        for host in private_hosts {
+            let origin = HttpOrigin::parse(host)?;
+            if private.iter().any(|o| o.same_origin(&origin)) {
+                return Err(Error::InvalidInput(format!("http_private_hosts lists {origin} twice")));
+            }
+            if origin.ip_literal().is_some() {
+                return Err(Error::InvalidInput(format!(
+                    "http_private_hosts lists {origin}, an IP address: an address written in http_hosts is reached \
+                     whatever its range, so list it there only"
+                )));
+            }
+            let Some(granted) = origins.iter_mut().find(|o| o.same_origin(&origin)) else {
+                return Err(Error::InvalidInput(format!(
+                    "http_private_hosts lists {origin}, which http_hosts does not; list it in http_hosts too \
+                     (http_private_hosts only lets an origin of http_hosts resolve to private addresses)"
+                )));
+            };
+            granted.private_allowed = true;
+            private.push(origin);
         }
         let body_bytes_max = match body_limit_mib {
             None => HTTP_BODY_BYTES_DEFAULT,
@@ -140,9 +208,114 @@ impl HttpGrant {
     }
 
     pub fn describe(&self) -> String {
-        let origins: Vec<String> = self.origins.iter().map(ToString::to_string).collect();
+        let origins: Vec<String> = self
+            .origins
+            .iter()
+            .map(|o| if o.private_allowed { format!("{o} (private addresses allowed)") } else { o.to_string() })
+            .collect();
         format!("http to {} (bodies up to {} MiB)", origins.join(", "), self.body_bytes_max / (1024 * 1024))
     }
+}
+
+/// The class of an address a granted name may resolve to only with `http_private_hosts`
+/// (`"loopback"`, `"link-local"`, `"private"`, ...), or `None` for any other address.
+///
+/// IPv4: 0.0.0.0/8 (unspecified: Linux connects 0.0.0.0 to the host itself), 127.0.0.0/8,
+/// 169.254.0.0/16 (the cloud metadata service 169.254.169.254 among them), 10.0.0.0/8,
+/// 172.16.0.0/12, 192.168.0.0/16, 100.64.0.0/10 (shared, carrier-grade NAT: some clouds' own
+/// services live there) and 255.255.255.255. IPv6: `::`, `::1`, fe80::/10, fc00::/7 (unique
+/// local), fec0::/10 (the deprecated site-local), and an IPv4 address written as IPv6
+/// (`::ffff:a.b.c.d` mapped, `::a.b.c.d` compatible, `64:ff9b::a.b.c.d` NAT64) when that
+/// IPv4 address is one of the above.
+pub fn non_public(ip: IpAddr) -> Option<&'static str> {
+    match ip {
+        IpAddr::V4(v4) => non_public_v4(v4),
+        IpAddr::V6(v6) => non_public_v6(v6),
+    }
+}
+
+fn non_public_v4(ip: Ipv4Addr) -> Option<&'static str> {
+    match ip.octets() {
+        [0, ..] => Some("unspecified"),
+        [127, ..] => Some("loopback"),
+        [169, 254, ..] => Some("link-local"),
+        [10, ..] | [172, 16..=31, ..] | [192, 168, ..] => Some("private"),
+        [100, 64..=127, ..] => Some("shared"),
+        [255, 255, 255, 255] => Some("broadcast"),
+        _ => None,
+    }
+}
+
+fn non_public_v6(ip: Ipv6Addr) -> Option<&'static str> {
+    if ip.is_unspecified() {
+        return Some("unspecified");
+    }
+    if ip.is_loopback() {
+        return Some("loopback");
+    }
+    let segments = ip.segments();
+    if let [0, 0, 0, 0, 0, 0xffff | 0, ..] | [0x64, 0xff9b, 0, 0, 0, 0, ..] = segments {
+        let [.., a, b, c, d] = ip.octets();
+        return non_public_v4(Ipv4Addr::new(a, b, c, d));
+    }
+    match segments[0] {
+        s if s & 0xffc0 == 0xfe80 => Some("link-local"),
+        s if s & 0xfe00 == 0xfc00 || s & 0xffc0 == 0xfec0 => Some("private"),
+        _ => None,
+    }
+}
+
+/// Whether a request to `origin` may go to `addresses` (what its host resolved to): each must be
+/// public unless the grant names it explicitly, by writing the address itself in `http_hosts`
+/// (an IP literal is reached whatever its range) or by listing the origin in
+/// `http_private_hosts`. The refusal names the address and both ways to allow it.
+fn check_addresses(origin: &HttpOrigin, addresses: &[SocketAddr]) -> std::result::Result<(), String> {
+    if origin.private_allowed || origin.ip_literal().is_some() {
+        return Ok(());
+    }
+    for address in addresses {
+        if let Some(class) = non_public(address.ip()) {
+            return Err(format!(
+                "{origin}: {} resolves to {} ({class}), and a grant reaches a loopback, link-local or private \
+                 address only when it names it explicitly: write the address itself in http_hosts and in the \
+                 plugin's URL ({}://{address}), or list {origin} in the grant's http_private_hosts as well as in \
+                 http_hosts",
+                origin.host,
+                address.ip(),
+                origin.scheme,
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The addresses of `origin`'s host: an IP literal itself, or what the system resolver answers
+/// for the name before `deadline` (in its order, each once).
+async fn resolve(
+    origin: &HttpOrigin,
+    deadline: tokio::time::Instant,
+) -> std::result::Result<Vec<SocketAddr>, HttpError> {
+    if let Some(ip) = origin.ip_literal() {
+        return Ok(vec![SocketAddr::new(ip, origin.port)]);
+    }
+    let lookup = tokio::net::lookup_host((origin.host.as_str(), origin.port));
+    let found = match tokio::time::timeout_at(deadline, lookup).await {
+        Err(_) => return Err(HttpError::DnsTimeout),
+        Ok(Err(e)) => {
+            return Err(HttpError::DnsError { rcode: Some(format!("{}: {e}", origin.host)), info_code: None });
+        }
+        Ok(Ok(found)) => found,
+    };
+    let mut addresses: Vec<SocketAddr> = Vec::new();
+    for address in found {
+        if !addresses.contains(&address) {
+            addresses.push(address);
+        }
+    }
+    if addresses.is_empty() {
+        return Err(HttpError::DnsError { rcode: Some(format!("{}: no address", origin.host)), info_code: None });
+    }
+    Ok(addresses)
 }
 
 /// The `wasi:http` hooks of one plugin instance: its grant (if any), its time limit, and its
@@ -153,30 +326,28 @@ pub(crate) struct HttpHooks {
     pub plugin_name: Arc<str>,
 }
 
-type ResponseFuture = Box<
-    dyn Future<
-            Output = std::result::Result<
-                (http::Response<WasiBody>, Box<dyn Future<Output = std::result::Result<(), HttpError>> + Send>),
-                HttpError,
-            >,
-        > + Send,
->;
+/// What is left of an exchange once its response has arrived: the connection, driven to its end.
+type IoFuture = Box<dyn Future<Output = std::result::Result<(), HttpError>> + Send>;
+
+type ResponseFuture =
+    Box<dyn Future<Output = std::result::Result<(http::Response<WasiBody>, IoFuture), HttpError>> + Send>;
 
 impl HttpHooks {
-    /// The grant that allows a request to `uri`, or why there is none (logged, and answered
-    /// `HTTP-request-denied`).
-    fn allow(&self, uri: &http::Uri) -> std::result::Result<Arc<HttpGrant>, String> {
+    /// The grant that allows a request to `uri`, and its entry for the request's origin, or why
+    /// there is none (logged, and answered `HTTP-request-denied`).
+    fn allow(&self, uri: &http::Uri) -> std::result::Result<(Arc<HttpGrant>, HttpOrigin), String> {
         let Some(grant) = &self.grant else {
             return Err(format!("{uri}: the plugin has no http_hosts grant"));
         };
         let Some(origin) = HttpOrigin::of_request(uri) else {
             return Err(format!("{uri}: the request names no scheme and host"));
         };
-        if grant.origins.contains(&origin) {
-            Ok(grant.clone())
-        } else {
-            let granted: Vec<String> = grant.origins.iter().map(ToString::to_string).collect();
-            Err(format!("{origin} is not in the grant's http_hosts ({})", granted.join(", ")))
+        match grant.origins.iter().find(|o| o.same_origin(&origin)) {
+            Some(granted) => Ok((grant.clone(), granted.clone())),
+            None => {
+                let granted: Vec<String> = grant.origins.iter().map(ToString::to_string).collect();
+                Err(format!("{origin} is not in the grant's http_hosts ({})", granted.join(", ")))
+            }
         }
     }
 
@@ -202,26 +373,162 @@ impl WasiHttpHooks for HttpHooks {
         options: Option<RequestOptions>,
         _fut: Box<dyn Future<Output = std::result::Result<(), HttpError>> + Send>,
     ) -> ResponseFuture {
-        let grant = match self.allow(request.uri()) {
-            Ok(grant) => grant,
+        let (grant, origin) = match self.allow(request.uri()) {
+            Ok(allowed) => allowed,
             Err(why) => {
                 tracing::warn!(plugin = &*self.plugin_name, "outgoing HTTP request denied: {why}");
                 return Box::new(async { Err(HttpError::HttpRequestDenied) });
             }
         };
         let options = self.bounded(options);
+        let plugin_name = self.plugin_name.clone();
         let max = grant.body_bytes_max;
         let request = request.map(|body| limited(body, max, HttpError::HttpRequestBodySize(Some(max))));
         Box::new(async move {
-            let (response, io) = wasmtime_wasi_http::default_send_request(request, Some(options)).await?;
-            let response =
-                response.map(|body| limited(body.boxed_unsync(), max, HttpError::HttpResponseBodySize(Some(max))));
-            Ok((response, Box::new(io) as Box<dyn Future<Output = _> + Send>))
+            // Resolving and connecting share the connect timeout, as in the default sender.
+            let connect_timeout = options.connect_timeout.unwrap_or(Duration::from_millis(HTTP_CONNECT_TIMEOUT_MS_MAX));
+            let deadline = tokio::time::Instant::now() + connect_timeout;
+            let addresses = resolve(&origin, deadline).await?;
+            if let Err(why) = check_addresses(&origin, &addresses) {
+                tracing::warn!(plugin = &*plugin_name, "outgoing HTTP request refused: {why}");
+                return Err(HttpError::DestinationIpProhibited);
+            }
+            let (response, io) = if origin.scheme == "https" {
+                send_https(request, options).await?
+            } else {
+                send_plain(&addresses, deadline, request, options).await?
+            };
+            let response = response.map(|body| limited(body, max, HttpError::HttpResponseBodySize(Some(max))));
+            Ok((response, io))
         })
     }
 
     fn p2_error_from_hyper(&mut self, err: &hyper::Error) -> ErrorCode {
         error_code_of(err)
+    }
+}
+
+/// HTTPS through wasmtime-wasi-http's default sender: rustls with the Mozilla roots
+/// (webpki-roots) and the granted name as the server name. That sender resolves the name
+/// again, so an answer changed since `check_addresses` (DNS rebinding) is not checked; what
+/// binds the connection to the granted name is its certificate, which must be valid for that
+/// name: an address the name was rebound to receives a TCP connection and a TLS hello naming
+/// the granted host, but no request, unless it holds a certificate for that name. (Connecting
+/// to the checked addresses as `send_plain` does needs a TLS client of our own with the same
+/// roots, and webpki-roots is not a dependency of the engine.)
+async fn send_https(
+    request: http::Request<WasiBody>,
+    options: RequestOptions,
+) -> std::result::Result<(http::Response<WasiBody>, IoFuture), HttpError> {
+    let (response, io) = wasmtime_wasi_http::default_send_request(request, Some(options)).await?;
+    Ok((response.map(|body| body.boxed_unsync()), Box::new(io)))
+}
+
+/// Plain HTTP to the addresses that were checked, never to a fresh resolution: tried in order
+/// until one connects, by `deadline`. The exchange is the default sender's
+/// (`default_send_request`, which takes a name rather than an address): an HTTP/1.1 handshake
+/// within the connect timeout, the response head within the first-byte timeout, each next
+/// frame of its body within the between-bytes timeout.
+async fn send_plain(
+    addresses: &[SocketAddr],
+    deadline: tokio::time::Instant,
+    mut request: http::Request<WasiBody>,
+    options: RequestOptions,
+) -> std::result::Result<(http::Response<WasiBody>, IoFuture), HttpError> {
+    use std::pin::Pin;
+    use std::task::{Poll, ready};
+
+    // Always set, by `HttpHooks::bounded`.
+    let limit = |asked: Option<Duration>| asked.unwrap_or(Duration::from_millis(HTTP_CONNECT_TIMEOUT_MS_MAX));
+    let (connect_timeout, first_byte_timeout) = (limit(options.connect_timeout), limit(options.first_byte_timeout));
+    // Tokio's interval panics on a zero period.
+    let between_bytes_timeout = limit(options.between_bytes_timeout).max(Duration::from_nanos(1));
+
+    let stream = match tokio::time::timeout_at(deadline, tokio::net::TcpStream::connect(addresses)).await {
+        Ok(stream) => stream.map_err(HttpError::Connect)?,
+        Err(_) => return Err(HttpError::ConnectionTimeout),
+    };
+    let handshake = hyper::client::conn::http1::Builder::new().handshake(wasmtime_wasi_http::io::TokioIo::new(stream));
+    let (mut sender, conn) =
+        tokio::time::timeout(connect_timeout, handshake).await.map_err(|_| HttpError::ConnectionTimeout)??;
+
+    // The request names its scheme and authority, which HTTP/1.1 sends only to a proxy (the
+    // `Host` header carries the authority).
+    let path = request.uri().path_and_query().map_or("/", |p| p.as_str()).to_string();
+    *request.uri_mut() =
+        http::Uri::builder().path_and_query(path).build().map_err(|_| HttpError::HttpRequestUriInvalid)?;
+
+    let send = async move {
+        let response = tokio::time::timeout(first_byte_timeout, sender.send_request(request))
+            .await
+            .map_err(|_| HttpError::ConnectionReadTimeout)??;
+        let mut timeout = tokio::time::interval(between_bytes_timeout);
+        timeout.reset();
+        Ok::<_, HttpError>(response.map(|incoming| TimedBody { incoming, timeout }.boxed_unsync()))
+    };
+    let mut send = std::pin::pin!(send);
+    let mut conn = Some(conn);
+    // Wait for the response while driving the connection.
+    let response = std::future::poll_fn(|cx| match send.as_mut().poll(cx) {
+        Poll::Ready(result) => Poll::Ready(result),
+        Poll::Pending => {
+            let Some(driving) = conn.as_mut() else { return Poll::Pending };
+            let ended = ready!(Pin::new(driving).poll(cx));
+            conn = None;
+            match ended {
+                Ok(()) => send.as_mut().poll(cx),
+                Err(err) => Poll::Ready(Err(HttpError::from(err))),
+            }
+        }
+    })
+    .await?;
+    let io = async move {
+        let Some(conn) = conn else { return Ok(()) };
+        conn.await.map_err(|err| if err.is_timeout() { HttpError::HttpResponseTimeout } else { HttpError::from(err) })
+    };
+    Ok((response, Box::new(io)))
+}
+
+/// A response body whose next frame must arrive within the between-bytes timeout (as in the
+/// default sender).
+struct TimedBody {
+    incoming: hyper::body::Incoming,
+    timeout: tokio::time::Interval,
+}
+
+impl hyper::body::Body for TimedBody {
+    type Data = bytes::Bytes;
+    type Error = HttpError;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<std::result::Result<hyper::body::Frame<bytes::Bytes>, HttpError>>> {
+        use std::task::{Poll, ready};
+        match std::pin::Pin::new(&mut self.incoming).poll_frame(cx) {
+            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Ready(Some(Err(err))) => Poll::Ready(Some(Err(if err.is_timeout() {
+                HttpError::HttpResponseTimeout
+            } else {
+                HttpError::from(err)
+            }))),
+            Poll::Ready(Some(Ok(frame))) => {
+                self.timeout.reset();
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Pending => {
+                ready!(self.timeout.poll_tick(cx));
+                Poll::Ready(Some(Err(HttpError::ConnectionReadTimeout)))
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.incoming.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.incoming.size_hint()
     }
 }
 
@@ -298,6 +605,180 @@ mod tests {
         assert!(denied.contains("http://localhost:9000") && denied.contains("http://127.0.0.1:9000"), "{denied}");
         let ungranted = HttpHooks { grant: None, call_ms: 1, plugin_name: "x".into() };
         assert!(ungranted.allow(&"http://127.0.0.1:9000/".parse().unwrap()).unwrap_err().contains("no http_hosts"));
+    }
+
+    #[test]
+    fn private_hosts_mark_their_origins_and_parse_strictly() {
+        let hosts = ["http://minio.internal:9000".to_string(), "https://store.example".to_string()];
+        let grant =
+            HttpGrant::parse_with_private(&hosts, &["HTTP://Minio.Internal:9000/".into()], None).unwrap().unwrap();
+        let allowed: Vec<bool> = grant.origins.iter().map(|o| o.private_allowed).collect();
+        assert_eq!(allowed, [true, false]);
+        assert_eq!(
+            grant.describe(),
+            "http to http://minio.internal:9000 (private addresses allowed), https://store.example:443 (bodies up to 256 MiB)"
+        );
+        let refusal = |private: &[&str], hosts: &[String]| {
+            let private: Vec<String> = private.iter().map(ToString::to_string).collect();
+            HttpGrant::parse_with_private(hosts, &private, None).unwrap_err().to_string()
+        };
+        let e = refusal(&["http://other.internal:9000"], &hosts);
+        assert!(e.contains("http://other.internal:9000, which http_hosts does not"), "{e}");
+        let e = refusal(&["http://minio.internal:9000", "http://minio.internal:9000/"], &hosts);
+        assert!(e.contains("http_private_hosts lists http://minio.internal:9000 twice"), "{e}");
+        let e = refusal(&["http://127.0.0.1:9000"], &["http://127.0.0.1:9000".into()]);
+        assert!(e.contains("an IP address") && e.contains("list it there only"), "{e}");
+        let e = refusal(&["http://minio.internal:9000"], &[]);
+        assert!(e.contains("http_private_hosts without http_hosts"), "{e}");
+        let e = refusal(&["minio.internal:9000"], &hosts);
+        assert!(e.contains("scheme://host:port"), "{e}");
+    }
+
+    #[test]
+    fn loopback_link_local_private_and_unspecified_addresses_are_told_from_public_ones() {
+        let class = |text: &str| non_public(text.parse().unwrap());
+        for (address, expected) in [
+            ("127.0.0.1", "loopback"),
+            ("127.255.0.9", "loopback"),
+            ("::1", "loopback"),
+            ("169.254.169.254", "link-local"),
+            ("fe80::1", "link-local"),
+            ("febf::1", "link-local"),
+            ("10.1.2.3", "private"),
+            ("172.16.0.1", "private"),
+            ("172.31.255.255", "private"),
+            ("192.168.1.1", "private"),
+            ("fc00::1", "private"),
+            ("fd12:3456::1", "private"),
+            ("fec0::1", "private"),
+            ("100.64.0.1", "shared"),
+            ("100.100.100.200", "shared"),
+            ("0.0.0.0", "unspecified"),
+            ("0.1.2.3", "unspecified"),
+            ("::", "unspecified"),
+            ("255.255.255.255", "broadcast"),
+            // IPv4 written as IPv6: mapped, compatible, NAT64.
+            ("::ffff:127.0.0.1", "loopback"),
+            ("::ffff:169.254.169.254", "link-local"),
+            ("::ffff:10.0.0.1", "private"),
+            ("::127.0.0.1", "loopback"),
+            ("64:ff9b::a9fe:a9fe", "link-local"),
+        ] {
+            assert_eq!(class(address), Some(expected), "{address}");
+        }
+        for public in [
+            "93.184.216.34",
+            "172.15.255.255",
+            "172.32.0.1",
+            "100.63.255.255",
+            "100.128.0.1",
+            "169.253.1.1",
+            "8.8.8.8",
+            "2606:4700::1111",
+            "::ffff:8.8.8.8",
+            "64:ff9b::808:808",
+        ] {
+            assert_eq!(class(public), None, "{public}");
+        }
+    }
+
+    #[test]
+    fn a_name_may_resolve_to_a_private_address_only_when_the_grant_names_it() {
+        let at = |text: &str| -> Vec<SocketAddr> { vec![text.parse().unwrap()] };
+        let name = HttpOrigin::parse("http://store.example:9000").unwrap();
+        assert!(check_addresses(&name, &at("93.184.216.34:9000")).is_ok());
+        for address in
+            ["127.0.0.1:9000", "[::1]:9000", "169.254.169.254:9000", "10.0.0.5:9000", "[::ffff:127.0.0.1]:9000"]
+        {
+            let why = check_addresses(&name, &at(address)).unwrap_err();
+            let ip = address.parse::<SocketAddr>().unwrap().ip().to_string();
+            assert!(
+                why.contains(&format!("store.example resolves to {ip} (")) && why.contains("http_private_hosts"),
+                "{address}: {why}"
+            );
+        }
+        // One private address among public ones is enough to refuse.
+        let mixed: Vec<SocketAddr> = vec!["93.184.216.34:9000".parse().unwrap(), "127.0.0.1:9000".parse().unwrap()];
+        let why = check_addresses(&name, &mixed).unwrap_err();
+        assert!(why.contains("127.0.0.1 (loopback)") && why.contains("http://127.0.0.1:9000"), "{why}");
+        // Named explicitly: by the address itself, or through http_private_hosts.
+        let literal = HttpOrigin::parse("http://127.0.0.1:9000").unwrap();
+        assert!(check_addresses(&literal, &at("127.0.0.1:9000")).is_ok());
+        let literal6 = HttpOrigin::parse("http://[::1]:9000").unwrap();
+        assert_eq!(literal6.ip_literal(), Some("::1".parse().unwrap()));
+        let private = HttpOrigin { private_allowed: true, ..name };
+        assert!(check_addresses(&private, &mixed).is_ok());
+    }
+
+    #[tokio::test]
+    async fn an_ip_literal_is_not_looked_up_and_a_name_is() {
+        let soon = tokio::time::Instant::now() + Duration::from_secs(5);
+        let literal = HttpOrigin::parse("http://[::1]:9000").unwrap();
+        assert_eq!(resolve(&literal, soon).await.unwrap(), ["[::1]:9000".parse().unwrap()]);
+        let localhost = HttpOrigin::parse("http://localhost:9000").unwrap();
+        let found = resolve(&localhost, soon).await.unwrap();
+        assert!(!found.is_empty() && found.iter().all(|a| a.ip().is_loopback() && a.port() == 9000), "{found:?}");
+        let why = check_addresses(&localhost, &found).unwrap_err();
+        assert!(why.contains("localhost resolves to") && why.contains("(loopback)"), "{why}");
+        let missing = HttpOrigin::parse("http://frostline-test.invalid:9000").unwrap();
+        assert!(matches!(resolve(&missing, soon).await, Err(HttpError::DnsError { .. } | HttpError::DnsTimeout)));
+    }
+
+    /// A server on 127.0.0.1 that reads (the start of) one request, writes `answer`, and then
+    /// holds the connection open without a word.
+    async fn stalling_server(answer: &'static [u8]) -> SocketAddr {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let mut request = [0u8; 4096];
+            let _ = socket.read(&mut request).await;
+            socket.write_all(answer).await.unwrap();
+            tokio::time::sleep(Duration::from_secs(30)).await;
+        });
+        address
+    }
+
+    fn get(address: SocketAddr) -> http::Request<WasiBody> {
+        http::Request::get(format!("http://{address}/o/a")).header("host", address.to_string()).body(full(b"")).unwrap()
+    }
+
+    #[tokio::test]
+    async fn plain_http_goes_to_the_checked_addresses_and_each_wait_ends_at_its_timeout() {
+        let ms = Duration::from_millis;
+        let options = RequestOptions {
+            connect_timeout: Some(ms(2_000)),
+            first_byte_timeout: Some(ms(200)),
+            between_bytes_timeout: Some(ms(200)),
+        };
+        let deadline = || tokio::time::Instant::now() + ms(2_000);
+        let started = std::time::Instant::now();
+
+        // The request goes to the addresses given, not to what its URI names (a name that does
+        // not resolve here); an address that refuses is passed over for the next one.
+        let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap().local_addr().unwrap();
+        let whole = stalling_server(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok").await;
+        let mut named = get(whole);
+        *named.uri_mut() = "http://frostline-test.invalid:1/o/a".parse().unwrap();
+        let (response, io) = send_plain(&[closed, whole], deadline(), named, options).await.unwrap();
+        tokio::spawn(std::pin::Pin::from(io));
+        assert_eq!(response.into_body().collect().await.unwrap().to_bytes(), &b"ok"[..]);
+        let refused = send_plain(&[closed], deadline(), get(closed), options).await.err().unwrap();
+        assert!(matches!(refused, HttpError::Connect(_)), "{refused:?}");
+
+        // No answer: the first byte's wait ends.
+        let silent = stalling_server(b"").await;
+        let waited = send_plain(&[silent], deadline(), get(silent), options).await.err().unwrap();
+        assert!(matches!(waited, HttpError::ConnectionReadTimeout), "{waited:?}");
+
+        // Half a body: the wait between bytes ends.
+        let half = stalling_server(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\n01234").await;
+        let (response, io) = send_plain(&[half], deadline(), get(half), options).await.unwrap();
+        tokio::spawn(std::pin::Pin::from(io));
+        let stalled = response.into_body().collect().await.err().unwrap();
+        assert!(matches!(stalled, HttpError::ConnectionReadTimeout), "{stalled:?}");
+        assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
     }
 
     #[test]

@@ -34,6 +34,10 @@ pub(super) struct RawGrant {
     /// Origins (`scheme://host:port`) the archiver may send `wasi:http` requests to.
     #[serde(default)]
     http_hosts: Vec<String>,
+    /// Origins of `http_hosts` whose names may resolve to loopback, link-local or private
+    /// addresses (refused otherwise; an IP literal in `http_hosts` needs no entry here).
+    #[serde(default)]
+    http_private_hosts: Vec<String>,
     /// Bytes of one request or response body, at most, in MiB (default 256).
     http_body_limit_mib: Option<u64>,
 }
@@ -83,7 +87,7 @@ pub(super) fn validate(dir: &Path, raw: Vec<(PathBuf, RawGrant)>, native_targets
                 format!("{what}: also granted in {}; give one grant per hash", other.file.display()),
             ));
         }
-        let http = HttpGrant::parse(&g.http_hosts, g.http_body_limit_mib)
+        let http = HttpGrant::parse_with_private(&g.http_hosts, &g.http_private_hosts, g.http_body_limit_mib)
             .map_err(|e| invalid(&file, format!("{what}: {e}")))?;
         let mut preopens: Vec<Preopen> = Vec::new();
         for p in g.preopen {
