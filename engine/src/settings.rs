@@ -81,6 +81,12 @@ pub struct ArchiverArgs {
     /// Buckets a pass works on at once (1 to 64; default: one per core).
     #[arg(long, env = "ARCHIVER_CONCURRENCY")]
     pub concurrency: Option<usize>,
+    /// The key file given to `frostline plugin compile --key-file` where this engine's plugins
+    /// were precompiled (an edge build, without a compiler, runs no other precompiled plugin):
+    /// artifacts in DATA/plugin-cache are run only when proven by it or by the engine's own key,
+    /// DATA/plugin-cache.key, made at first use for what the engine compiles itself.
+    #[arg(long, env = "FROSTLINE_PLUGIN_CACHE_KEY_FILE", value_name = "FILE")]
+    pub plugin_cache_key_file: Option<std::path::PathBuf>,
 }
 
 impl Default for ArchiverArgs {
@@ -98,6 +104,7 @@ impl Default for ArchiverArgs {
             store_cache_mib: STORE_CACHE_MIB_DEFAULT,
             cleanup_slice_rows: CLEANUP_SLICE_ROWS_DEFAULT,
             concurrency: None,
+            plugin_cache_key_file: None,
         }
     }
 }
@@ -121,6 +128,8 @@ pub struct Settings {
     /// binary's setting) draws the seed from the operating system; tests and the simulation
     /// set it so a seed replays the same choices.
     pub random_seed: Option<u64>,
+    /// The operator's key that proves precompiled plugins (`plugin::provenance`).
+    pub plugin_cache_key_file: Option<std::path::PathBuf>,
 }
 
 impl Default for Settings {
@@ -203,6 +212,7 @@ impl ArchiverArgs {
             cleanup_slice_rows: self.cleanup_slice_rows,
             archive_concurrency,
             random_seed: None,
+            plugin_cache_key_file: self.plugin_cache_key_file.clone(),
             tombstone_retention_us: positive("ARCHIVER_TOMBSTONE_RETENTION_SECONDS", self.tombstone_retention_seconds)?,
             orphan_grace_us: self.orphan_grace_seconds as i64 * MICROS_PER_SECOND,
             sweep_interval_us: positive("ARCHIVER_SWEEP_INTERVAL_SECONDS", self.sweep_interval_seconds)?,

@@ -330,6 +330,105 @@ fn compiled_cache_is_used_on_the_second_load_and_corrupt_entries_are_recompiled(
     assert_eq!(s.bucket_for(0).unwrap().key, "year:1970");
 }
 
+/// The artifact the cache in `dir` holds for `source`, and the name it would hold `other`'s under.
+fn artifact_of(dir: &std::path::Path, source: &PluginSource, other: &PluginSource) -> (std::path::PathBuf, String) {
+    use sha2::Digest as _;
+    let hash = hex::encode(sha2::Sha256::digest(&source.bytes));
+    let path = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|e| e == "cwasm") && p.to_string_lossy().contains(&hash))
+        .unwrap_or_else(|| panic!("no artifact of {} in {}", source.name, dir.display()));
+    let name =
+        path.file_name().unwrap().to_string_lossy().replace(&hash, &hex::encode(sha2::Sha256::digest(&other.bytes)));
+    (path, name)
+}
+
+/// Regression (issue: precompiled artifacts are trusted by file name): whoever could write into
+/// the plugin cache could put there the artifact of a component of theirs (valid wasmtime bytes)
+/// named for another one, with the SHA-256 beside it the cache used to write, and the engine ran
+/// their code in its place, with its grants. Such an artifact is refused and the component
+/// recompiled from its own bytes; so is one with a proof taken from another component's
+/// artifact, or proven by a key the engine does not hold. The log says why each was refused.
+#[test]
+fn a_planted_artifact_is_refused_and_recompiled_never_run() {
+    use sha2::Digest as _;
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("plugin-cache");
+    let theirs = test_plugin("hostile_strategy");
+    let victim = builtin::find("calendar-year-utc").unwrap().source();
+    let compiling = PluginHost::new(Some(cache.clone())).unwrap();
+    compiling.load(&theirs, Role::BucketStrategy, PluginLimits::default()).unwrap();
+    let (artifact, planted_name) = artifact_of(&cache, &theirs, &victim);
+    let planted = cache.join(&planted_name);
+    let bytes = std::fs::read(&artifact).unwrap();
+    std::fs::write(&planted, &bytes).unwrap();
+    std::fs::write(planted.with_extension("cwasm.sha256"), hex::encode(sha2::Sha256::digest(&bytes))).unwrap();
+
+    let host = PluginHost::new(Some(cache.clone())).unwrap();
+    let loaded = host.load(&victim, Role::BucketStrategy, PluginLimits::default()).unwrap();
+    assert_eq!(host.cache_stats().disk_hits, 0, "the planted artifact was run as {}", victim.name);
+    assert_eq!((host.cache_stats().rejected, host.cache_stats().compiled), (1, 1));
+    let strategy = WasmStrategy::new(loaded, r#"{"unit":"year"}"#.into()).unwrap();
+    assert_eq!(strategy.bucket_for(0).unwrap().key, "year:1970");
+    // What the engine compiled it proved with its own key, made beside the cache for its owner
+    // only, and it loads that artifact; the old digest is gone.
+    let key = dir.path().join("plugin-cache.key");
+    let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&key).unwrap().permissions());
+    assert_eq!(mode & 0o777, 0o600, "{mode:o}");
+    assert!(!planted.with_extension("cwasm.sha256").exists());
+    let proven = PluginHost::new(Some(cache.clone())).unwrap();
+    proven.load(&victim, Role::BucketStrategy, PluginLimits::default()).unwrap();
+    assert_eq!((proven.cache_stats().disk_hits, proven.cache_stats().compiled), (1, 0));
+
+    let stranger = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(stranger.path(), "a key the engine was never given, 32 bytes or more").unwrap();
+    let stranger = frostline::plugin::provenance::ArtifactKey::from_file(stranger.path(), "test").unwrap();
+    let proof = |path: &std::path::Path| path.with_extension("cwasm.hmac");
+    for (how, proof_text, says) in [
+        (
+            "the proof of their artifact, renamed with it",
+            std::fs::read_to_string(proof(&artifact)).unwrap(),
+            "its MAC does not verify under key".to_string(),
+        ),
+        (
+            "a proof under a key the engine does not hold",
+            stranger.prove(&planted_name, &bytes),
+            format!("it was signed with key {}, which is not a key this engine holds", stranger.id()),
+        ),
+        ("an older frostline's digest", String::new(), "it has only a SHA-256 beside it".to_string()),
+    ] {
+        std::fs::write(&planted, &bytes).unwrap();
+        if proof_text.is_empty() {
+            std::fs::remove_file(proof(&planted)).unwrap();
+            std::fs::write(planted.with_extension("cwasm.sha256"), hex::encode(sha2::Sha256::digest(&bytes))).unwrap();
+        } else {
+            std::fs::write(proof(&planted), &proof_text).unwrap();
+        }
+        let checked = run_frostline(&[
+            "plugin",
+            "check",
+            "builtin:calendar-year-utc",
+            "--role",
+            "bucket-strategy",
+            "--seed",
+            "1",
+            "--cache-dir",
+            cache.to_str().unwrap(),
+        ]);
+        let stderr = text(&checked.stderr);
+        assert_eq!(checked.status.code(), Some(0), "{how}: {}{stderr}", text(&checked.stdout));
+        assert!(stderr.contains("compiled plugin cache entry refused, not run; recompiling"), "{how}: {stderr}");
+        assert!(stderr.contains(&says) && stderr.contains(&planted_name), "{how}: {stderr}");
+        assert_ne!(std::fs::read(&planted).unwrap(), bytes, "{how}: the planted artifact was kept");
+    }
+
+    // An operator's key that cannot be read stops the host, naming the setting.
+    let missing = dir.path().join("no-such.key");
+    let Err(refused) = PluginHost::with_cache(Some(cache.clone()), Some(&missing)) else { panic!("no key, no host") };
+    assert!(refused.to_string().contains("FROSTLINE_PLUGIN_CACHE_KEY_FILE"), "{refused}");
+}
+
 #[test]
 fn descriptor_cache_calls_the_plugin_only_for_unknown_buckets() {
     let b = builtin::find("calendar-year-utc").unwrap();
@@ -512,11 +611,14 @@ fn the_c_strategy_passes_conformance_and_answers_utc_hours() {
 
 /// `plugin compile --target` writes, for another host, the artifacts an edge build loads: the
 /// components a policy directory names (built-ins skipped) and named files, under the compiled
-/// cache's names with their digests, and with `--builtins` the built-ins by component name with
-/// the hash of the component each was made from (what the edge build's build script checks).
+/// cache's names, each proven by --key-file (made, for its owner only, when missing), and with
+/// `--builtins` the built-ins by component name (no proof: the binary that embeds them proves
+/// them) with the hash of the component each was made from (what the edge build's build
+/// script checks).
 #[test]
 fn plugin_compile_writes_artifacts_for_another_host() {
     use frostline::plugin::precompile::Target;
+    use frostline::plugin::provenance::{self, ArtifactKey};
     use sha2::Digest as _;
     let policies = tempfile::tempdir().unwrap();
     let hostile = std::fs::read(format!("{}/hostile_strategy.wasm", builtin::GUEST_DIR)).unwrap();
@@ -530,34 +632,47 @@ fn plugin_compile_writes_artifacts_for_another_host() {
     .unwrap();
     let out = tempfile::tempdir().unwrap();
     let out_dir = out.path().to_str().unwrap();
+    let keys = tempfile::tempdir().unwrap();
+    let key_file = keys.path().join("edge.key");
     let memory = format!("{}/memory_archiver.wasm", builtin::GUEST_DIR);
     let args = ["plugin", "compile", "--target", "aarch64", "--out", out_dir, "--builtins", "--policy-dir"];
-    let ran = run_frostline(&[&args[..], &[policies.path().to_str().unwrap(), memory.as_str()]].concat());
+    let key_args = ["--key-file", key_file.to_str().unwrap()];
+    let ran = run_frostline(&[&args[..], &[policies.path().to_str().unwrap(), memory.as_str()], &key_args].concat());
     assert_eq!(ran.status.code(), Some(0), "{}{}", text(&ran.stdout), text(&ran.stderr));
+    assert!(text(&ran.stderr).contains("made a new key in"), "{}", text(&ran.stderr));
+    let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&key_file).unwrap().permissions());
+    assert_eq!(mode & 0o777, 0o600, "{mode:o}");
+    let key = ArtifactKey::from_file(&key_file, "test").unwrap();
 
     let target = Target::parse("aarch64").unwrap();
     let mut written: Vec<String> =
         std::fs::read_dir(out.path()).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
     written.sort();
     let artifact = |bytes: &[u8]| target.artifact_name(&hex::encode(sha2::Sha256::digest(bytes)));
-    let mut expected = vec![
-        artifact(&hostile),
-        artifact(&std::fs::read(&memory).unwrap()),
-        "calendar_utc.cwasm".to_string(),
-        "eligible_before.cwasm".to_string(),
-    ];
-    expected.extend(expected.clone().into_iter().map(|name| format!("{name}.sha256")));
-    expected.extend(["calendar_utc.wasm.sha256".to_string(), "eligible_before.wasm.sha256".to_string()]);
+    let components = [artifact(&hostile), artifact(&std::fs::read(&memory).unwrap())];
+    let mut expected: Vec<String> = components.iter().flat_map(|name| [name.clone(), format!("{name}.hmac")]).collect();
+    expected.extend(
+        ["calendar_utc.cwasm", "eligible_before.cwasm", "calendar_utc.wasm.sha256", "eligible_before.wasm.sha256"]
+            .map(String::from),
+    );
     expected.sort();
     assert_eq!(written, expected);
-    for name in expected.iter().filter(|n| n.ends_with(".cwasm")) {
+    for name in &components {
         let bytes = std::fs::read(out.path().join(name)).unwrap();
-        let digest = std::fs::read_to_string(out.path().join(format!("{name}.sha256"))).unwrap();
-        assert_eq!(digest, hex::encode(sha2::Sha256::digest(&bytes)), "{name}");
+        let proof = std::fs::read_to_string(out.path().join(format!("{name}.hmac"))).unwrap();
+        assert_eq!(provenance::verify(std::slice::from_ref(&key), name, &bytes, &proof).unwrap().id(), key.id());
     }
     let (_, calendar) = builtin::COMPONENTS[0];
     let made_from = std::fs::read_to_string(out.path().join("calendar_utc.wasm.sha256")).unwrap();
     assert_eq!(made_from, hex::encode(sha2::Sha256::digest(calendar)));
+    // The same key file signs again (it is not made anew); without one, components are refused.
+    let again = run_frostline(
+        &[&["plugin", "compile", "--target", "aarch64", "--out", out_dir][..], &key_args[..], &[memory.as_str()]]
+            .concat(),
+    );
+    assert_eq!(again.status.code(), Some(0), "{}", text(&again.stderr));
+    assert!(!text(&again.stderr).contains("made a new key"), "{}", text(&again.stderr));
+    assert_eq!(ArtifactKey::from_file(&key_file, "test").unwrap().id(), key.id());
 
     // Bad input names what is wrong and writes nothing.
     let empty = tempfile::tempdir().unwrap();
@@ -573,8 +688,14 @@ fn plugin_compile_writes_artifacts_for_another_host() {
             "reading the component /nonexistent.wasm",
         ),
         (vec!["--target", "aarch64", "--out", empty_dir, "Cargo.toml"], "not WebAssembly"),
+        (vec!["--target", "aarch64", "--out", empty_dir, "--no-key", memory.as_str()], "--key-file FILE is needed"),
     ] {
-        let refused = run_frostline(&[&["plugin", "compile"][..], &args].concat());
+        // Every case but the last names the key file.
+        let with_key = match args.iter().position(|a| *a == "--no-key") {
+            Some(at) => [&args[..at], &args[at + 1..]].concat(),
+            None => [&key_args[..], &args[..]].concat(),
+        };
+        let refused = run_frostline(&[&["plugin", "compile"][..], &with_key].concat());
         assert_ne!(refused.status.code(), Some(0), "{args:?}");
         assert!(text(&refused.stderr).contains(says), "{args:?}: {}", text(&refused.stderr));
     }

@@ -208,8 +208,9 @@ pub enum PluginCommand {
     /// in Rust, Python or JavaScript.
     New(plugin_new::NewArgs),
     /// Precompile components for another host (an edge build has no compiler): the
-    /// components of a policy directory, named files, and with --builtins the built-ins for
-    /// an edge build of this source.
+    /// components of a policy directory and named files, each proven by an HMAC under
+    /// --key-file (give the engine the same file as FROSTLINE_PLUGIN_CACHE_KEY_FILE), and with
+    /// --builtins the built-ins for an edge build of this source.
     #[cfg(feature = "compiler")]
     Compile(plugin_compile::CompileArgs),
 }

@@ -22,9 +22,14 @@ pub struct CheckArgs {
     /// Seed for the random cases (printed in the report, so a failure can be replayed).
     #[arg(long)]
     pub seed: Option<u64>,
-    /// Directory of the compiled-component cache.
+    /// Directory of the compiled-component cache. Its artifacts are run only when proven by
+    /// the key beside it (DIR.key, made at first use) or by --cache-key-file.
     #[arg(long, env = "FROSTLINE_PLUGIN_CACHE")]
     pub cache_dir: Option<PathBuf>,
+    /// The key file given to `frostline plugin compile --key-file` where the cache's artifacts
+    /// were precompiled (an edge build, without a compiler, runs no other precompiled plugin).
+    #[arg(long, env = "FROSTLINE_PLUGIN_CACHE_KEY_FILE", value_name = "FILE")]
+    pub cache_key_file: Option<PathBuf>,
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
@@ -105,7 +110,7 @@ pub fn run(args: CheckArgs) -> anyhow::Result<ExitCode> {
         Some(path) => Some(read_times(path)?),
         None => None,
     };
-    let host = PluginHost::new(args.cache_dir.clone())?;
+    let host = PluginHost::with_cache(args.cache_dir.clone(), args.cache_key_file.as_deref())?;
     let report = match check_with(&host, &source, role, config.clone(), seed, capabilities) {
         Ok(report) => report,
         Err(e) => {

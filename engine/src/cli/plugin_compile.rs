@@ -1,6 +1,8 @@
 //! `frostline plugin compile`: precompile components on a build host for an edge build, which
-//! has no compiler. The output is in the compiled cache's format and names, so its files are
-//! copied into the edge host's `DATA_DIR/plugin-cache` as they are.
+//! has no compiler. The output is in the compiled cache's format and names, each artifact with
+//! its proof under the operator's key (`plugin::provenance`), so its files are copied into the
+//! edge host's `DATA_DIR/plugin-cache` as they are, and the edge engine, given the same key,
+//! runs them and nothing planted beside them.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -13,6 +15,7 @@ use sha2::{Digest, Sha256};
 use crate::plugin::builtin;
 use crate::plugin::cache::write_artifact;
 use crate::plugin::precompile::{CrossCompiler, Target};
+use crate::plugin::provenance::{ArtifactKey, KEY_FILE_ENV};
 
 #[derive(Debug, clap::Args)]
 pub struct CompileArgs {
@@ -22,11 +25,18 @@ pub struct CompileArgs {
     /// Where to write the artifacts (created if missing).
     #[arg(long)]
     pub out: PathBuf,
+    /// The key that proves the artifacts to the engine that runs them: give the engine the same
+    /// file (FROSTLINE_PLUGIN_CACHE_KEY_FILE or --plugin-cache-key-file), which runs no
+    /// precompiled artifact its keys do not prove. Made (32 random bytes as hex, mode 0600) when
+    /// missing; any file of at least 32 bytes serves. Needed for components, not for --builtins.
+    #[arg(long, env = "FROSTLINE_PLUGIN_CACHE_KEY_FILE", value_name = "FILE")]
+    pub key_file: Option<PathBuf>,
     /// Compile every component the policy files of this directory name.
     #[arg(long, value_name = "DIR")]
     pub policy_dir: Option<PathBuf>,
     /// Also write the built-ins, named by component (`calendar_utc.cwasm`, ...), for building
-    /// an edge binary of this same source with FROSTLINE_PRECOMPILED_BUILTINS=OUT.
+    /// an edge binary of this same source with FROSTLINE_PRECOMPILED_BUILTINS=OUT (they are
+    /// embedded in it, which proves them: they carry no MAC).
     #[arg(long)]
     pub builtins: bool,
     /// Component files to compile.
@@ -44,18 +54,30 @@ pub fn run(args: CompileArgs) -> anyhow::Result<ExitCode> {
     if components.is_empty() && !args.builtins {
         anyhow::bail!("nothing to compile: name component files, --policy-dir DIR or --builtins");
     }
-    let compiler = CrossCompiler::new(target)?;
-    std::fs::create_dir_all(&args.out).with_context(|| format!("creating --out {}", args.out.display()))?;
+    let mut sources = Vec::new();
     for path in components.keys() {
         let bytes = std::fs::read(path).with_context(|| format!("reading the component {}", path.display()))?;
-        let hash = hex::encode(Sha256::digest(&bytes));
+        sources.push((path.display().to_string(), bytes));
+    }
+    let key = match (&args.key_file, sources.is_empty()) {
+        (_, true) => None,
+        (Some(path), false) => Some(signing_key(path)?),
+        (None, false) => anyhow::bail!(
+            "--key-file FILE is needed: the engine that runs these artifacts runs only those proven by a key it holds. \
+             Name a file (made if missing) and give the engine the same file as {KEY_FILE_ENV}"
+        ),
+    };
+    let compiler = CrossCompiler::new(target)?;
+    std::fs::create_dir_all(&args.out).with_context(|| format!("creating --out {}", args.out.display()))?;
+    for (name, bytes) in &sources {
+        let hash = hex::encode(Sha256::digest(bytes));
         let out = args.out.join(compiler.target().artifact_name(&hash));
-        compile_one(&compiler, &path.display().to_string(), &bytes, &out)?;
+        compile_one(&compiler, name, bytes, &out, key.as_ref())?;
     }
     if args.builtins {
         for (component, bytes) in builtin::COMPONENTS {
             let out = args.out.join(format!("{component}.cwasm"));
-            compile_one(&compiler, &format!("builtin {component}"), bytes, &out)?;
+            compile_one(&compiler, &format!("builtin {component}"), bytes, &out, None)?;
             // What the edge build's build script compares with the built-in it embeds.
             let made_from = args.out.join(format!("{component}.wasm.sha256"));
             std::fs::write(&made_from, hex::encode(Sha256::digest(bytes)))
@@ -65,10 +87,37 @@ pub fn run(args: CompileArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn compile_one(compiler: &CrossCompiler, name: &str, bytes: &[u8], out: &Path) -> anyhow::Result<()> {
+/// The operator's key in `path`, made there when there is none.
+fn signing_key(path: &Path) -> anyhow::Result<ArtifactKey> {
+    let (key, made) =
+        ArtifactKey::load_or_create(path, "--key-file").map_err(|why| anyhow::anyhow!("--key-file: {why}"))?;
+    if made {
+        eprintln!(
+            "made a new key in {} (mode 0600): give the engine that runs these artifacts the same file, as \
+             {KEY_FILE_ENV} or --plugin-cache-key-file, and keep it from anyone who should not sign native code for it",
+            path.display()
+        );
+    }
+    eprintln!("signing the artifacts with key {} ({})", key.id(), path.display());
+    Ok(key)
+}
+
+/// Compiles one component to `out`; with `key`, proves it beside it (a built-in, embedded in a
+/// binary, needs no proof).
+fn compile_one(
+    compiler: &CrossCompiler,
+    name: &str,
+    bytes: &[u8],
+    out: &Path,
+    key: Option<&ArtifactKey>,
+) -> anyhow::Result<()> {
     let started = Instant::now();
     let artifact = compiler.compile(name, bytes)?;
-    write_artifact(out, &artifact).with_context(|| format!("writing {}", out.display()))?;
+    let written = match key {
+        Some(key) => write_artifact(out, &artifact, key),
+        None => std::fs::write(out, &artifact),
+    };
+    written.with_context(|| format!("writing {}", out.display()))?;
     println!(
         "{name}: {} bytes for {} -> {} ({} bytes, {} ms)",
         bytes.len(),

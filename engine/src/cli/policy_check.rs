@@ -48,7 +48,10 @@ pub fn run(args: PolicyCheckArgs) -> anyhow::Result<ExitCode> {
             }
             match crate::store::Store::open(&database) {
                 Ok(store) => {
-                    let host = crate::plugin::PluginHost::new(Some(data.join("plugin-cache")))?;
+                    let host = crate::plugin::PluginHost::with_cache(
+                        Some(data.join("plugin-cache")),
+                        settings.plugin_cache_key_file.as_deref(),
+                    )?;
                     check_dir(&dir, &data, &host, &settings, Some(&store), now)
                 }
                 Err(crate::Error::AlreadyOpen { .. }) => match crate::ops::wire::read_addr_file(&data)? {

@@ -17,11 +17,12 @@ pub mod grants;
 pub mod http;
 pub mod instance;
 pub mod precompile;
+pub mod provenance;
 pub mod retention;
 pub mod strategy;
 pub mod waits;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -338,8 +339,19 @@ pub struct PluginHost {
 }
 
 impl PluginHost {
-    /// A host whose compiled components are cached in `cache_dir` (`None`: in memory only).
+    /// A host whose compiled components are cached in `cache_dir` (`None`: in memory only),
+    /// proven by the engine's own key beside it (`plugin::provenance`).
     pub fn new(cache_dir: Option<PathBuf>) -> Result<Self> {
+        Self::with_cache(cache_dir, None)
+    }
+
+    /// `new`, also accepting the artifacts proven by the operator's key in `operator_key_file`
+    /// (FROSTLINE_PLUGIN_CACHE_KEY_FILE: what `plugin compile --key-file` made on a build
+    /// host; the only artifacts, besides its built-ins, a build without a compiler runs).
+    pub fn with_cache(cache_dir: Option<PathBuf>, operator_key_file: Option<&Path>) -> Result<Self> {
+        let operator_key = operator_key_file
+            .map(|path| provenance::ArtifactKey::from_file(path, provenance::KEY_FILE_ENV))
+            .transpose()?;
         let engine = Engine::new(&engine_config())
             .map_err(|e| Error::Internal(format!("cannot create the wasm engine: {e}")))?;
 
@@ -351,7 +363,7 @@ impl PluginHost {
 
         let ticker_stop = Arc::new(AtomicBool::new(false));
         spawn_epoch_ticker(engine.weak(), ticker_stop.clone());
-        let cache = cache::CompiledCache::new(cache_dir, &engine);
+        let cache = cache::CompiledCache::new(cache_dir, &engine, operator_key);
         Ok(PluginHost { inner: Arc::new(HostInner { engine, linker, archiver_linker, cache, ticker_stop }) })
     }
 

@@ -1,14 +1,17 @@
 //! Components compiled on one host for another. The lean edge build has no compiler: it runs
 //! the built-ins precompiled into it at build time, and any other component only as an artifact
-//! `frostline plugin compile --target` made for it on a build host (packaging/README.md).
+//! `frostline plugin compile --target --key-file KEY` made for it on a build host
+//! (packaging/README.md).
 //!
 //! An artifact has the compiled cache's format and name, `{component sha256}-{key}.cwasm` with
-//! its own SHA-256 beside it, so a precompiled directory is copied into an edge host's
-//! `plugin-cache` as it is. The key cannot be wasmtime's compatibility hash, which only a build
-//! with a compiler can compute; it is `target_key`: wasmtime's version, the target's
-//! architecture and operating system, and `ENGINE_SETTINGS`. wasmtime still checks what the key
-//! does not name (target, compiler flags, CPU features, tunables) when it loads an artifact, so
-//! a key that matches wrongly gets the artifact refused with wasmtime's reason, never run.
+//! its proof beside it (`plugin::provenance`: an HMAC under the operator's KEY, which the edge
+//! engine is given too), so a precompiled directory is copied into an edge host's
+//! `plugin-cache` as it is. The key in the name cannot be wasmtime's compatibility hash, which
+//! only a build with a compiler can compute; it is `target_key`: wasmtime's version, the
+//! target's architecture and operating system, and `ENGINE_SETTINGS`. wasmtime still checks
+//! what the key does not name (target, compiler flags, CPU features, tunables) when it loads an
+//! artifact, so a key that matches wrongly gets the artifact refused with wasmtime's reason,
+//! never run.
 
 use sha2::{Digest, Sha256};
 
@@ -79,21 +82,46 @@ impl Target {
 #[cfg(not(feature = "compiler"))]
 pub(crate) fn not_precompiled(source_name: &str, hash: &str, cache_dir: Option<&std::path::Path>) -> Error {
     let target = Target::native();
-    let place = match cache_dir {
-        Some(dir) => format!("into {}", dir.display()),
-        None => "into the engine's plugin cache (DATA_DIR/plugin-cache, or --cache-dir for plugin check)".to_string(),
-    };
     Error::PluginLoad {
         source_name: source_name.to_string(),
         reason: format!(
             "this is an edge build of frostline, without a compiler, and no artifact precompiled for {} was found \
-             (looked for {}). On a build host with the full build, run `frostline plugin compile --target {} --out DIR \
-             {source_name}` (or `--policy-dir` for a whole policy directory) and copy DIR's files {place}",
+             (looked for {}). {}",
             target.arch,
             target.artifact_name(hash),
-            target.arch,
+            how_to_precompile(source_name, cache_dir),
         ),
     }
+}
+
+/// Why a build without a compiler refused the artifact at `artifact`, and what to run instead.
+#[cfg(any(test, not(feature = "compiler")))]
+pub(crate) fn refused(source_name: &str, artifact: &std::path::Path, reason: &str) -> Error {
+    Error::PluginLoad {
+        source_name: source_name.to_string(),
+        reason: format!(
+            "this edge build of frostline, without a compiler, refused its precompiled artifact {}, and runs nothing \
+             in its place: {reason}. {}",
+            artifact.display(),
+            how_to_precompile(source_name, artifact.parent()),
+        ),
+    }
+}
+
+#[cfg(any(test, not(feature = "compiler")))]
+fn how_to_precompile(source_name: &str, cache_dir: Option<&std::path::Path>) -> String {
+    let place = match cache_dir {
+        Some(dir) => format!("into {}", dir.display()),
+        None => "into the engine's plugin cache (DATA_DIR/plugin-cache, or --cache-dir for plugin check)".to_string(),
+    };
+    format!(
+        "On a build host with the full build of this version, run `frostline plugin compile --target {} --key-file \
+         KEY --out DIR {source_name}` (or `--policy-dir` for a whole policy directory), copy DIR's files {place}, and \
+         give this engine the same KEY file as {} (--plugin-cache-key-file; --cache-key-file for plugin check): it \
+         runs only artifacts proven by that key",
+        Target::native().arch,
+        super::provenance::KEY_FILE_ENV,
+    )
 }
 
 /// Compiles components for another host with wasmtime's Cranelift, in `engine_config`'s settings.
