@@ -139,6 +139,30 @@ fn a_restored_data_directory_adopts_what_its_other_copy_archived_and_sweeps_agai
     assert_eq!(files_under(shared.path()), archived);
 }
 
+/// Adopting what another copy of the data directory archived resolves that copy: the sweep no
+/// longer stops on its epoch, and still keeps what it left unreferenced (nothing proves this
+/// directory wrote it). Before, a leftover object of the other copy stopped every later sweep.
+#[test]
+fn after_adopting_the_other_copys_archives_the_sweep_runs_again_and_keeps_its_leftovers() {
+    let shared = tempfile::tempdir().unwrap();
+    let (site, backup) = restored_copy(shared.path());
+    // A leftover of the copy that went on: an object of its epoch that nothing references.
+    let segment = files_under(shared.path()).into_iter().find(|f| f.to_string_lossy().contains("/seg-")).unwrap();
+    let name = segment.file_name().unwrap().to_string_lossy().to_string();
+    let leftover = segment.with_file_name(name.replacen("-00000-", "-00007-", 1));
+    std::fs::copy(&segment, &leftover).unwrap();
+    site.clock.set(t("2030-01-01T00:00:00Z"));
+    let restored = Engine::open(&backup, &site.policies(), Settings::default(), site.clock.clone())
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(sweep(&restored).is_err(), "the other copy's epoch stops the sweep");
+    let report = adopt_now(&restored, false);
+    assert_eq!(report.adopted, 1, "{report:?}");
+    let swept = sweep(&restored).unwrap_or_else(|e| panic!("the sweep still stops after the adoption: {e}"));
+    assert_eq!((swept.deleted, swept.unproven), (0, 1), "{swept:?}");
+    assert!(leftover.exists() && segment.exists());
+    assert!(frostline::ops::status::collect(&restored).unwrap().sweep_stopped.is_none(), "the stop is cleared");
+}
+
 /// A restored copy that took appends after the copies parted holds rows the other copy's
 /// archive lacks: adoption leaves that bucket as it is, names it, and loses nothing.
 #[test]

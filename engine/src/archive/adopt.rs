@@ -138,6 +138,16 @@ pub async fn adopt(engine: &Arc<Engine>, dry_run: bool, from_installations: &[St
                             break;
                         }
                     }
+                    // An archive of another copy of this data directory (its own installation,
+                    // an epoch it never recorded): adopting it resolves that copy, so the
+                    // sweep no longer stops on that epoch's keys (it still deletes only the
+                    // keys this directory released).
+                    if let Some(keys::Origin { installation, epoch: Some(epoch), .. }) = keys::origin(&key)
+                        && installation == engine.installation_id
+                    {
+                        let (store, epoch, now) = (engine.store.clone(), epoch.to_string(), engine.clock.now());
+                        blocking(move || store.record_epoch(epoch, now)).await?;
+                    }
                     tracing::info!(key = %key, rows, "archive adopted");
                     report.adopted += 1;
                     report.rows += rows;

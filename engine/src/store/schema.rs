@@ -55,8 +55,10 @@ pub const OUTBOX: TableDefinition<&[u8], &[u8]> = TableDefinition::new("outbox")
 pub const DELIVERIES: TableDefinition<&[u8], i64> = TableDefinition::new("deliveries");
 pub const HOLDS: TableDefinition<&str, &[u8]> = TableDefinition::new("holds");
 pub const TOMBSTONES: TableDefinition<&[u8], &[u8]> = TableDefinition::new("tombstones");
-/// Every epoch of this data directory's lives that made an object key (`storage::keys`): what
-/// tells this copy's objects from those of another copy of the same installation.
+/// Every epoch of this data directory's lives that made an object key (`storage::keys`), and
+/// those of another copy whose archives `adopt` took in: what tells this copy's objects from
+/// those of a copy it has not resolved. (The sweep deletes only released keys, whatever their
+/// epoch.)
 pub const EPOCHS: TableDefinition<&str, i64> = TableDefinition::new("epochs");
 /// Keys this data directory recorded in an upload intent and no longer references (an earlier
 /// attempt's manifest, a segment no published manifest kept): the only objects of a table's
