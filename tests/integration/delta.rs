@@ -250,17 +250,22 @@ fn three_engines_share_one_delta_table_on_a_local_directory() {
     fleet_archive(Fleet::open(policy(&target), uri, Vec::new(), Some(dir.path().to_path_buf())));
 }
 
-#[test]
-fn three_engines_share_one_delta_table_on_moto_s3() {
-    let server = Server::moto();
-    server.create_bucket("fleet");
-    let env = vec![
+/// What the Python readers need to reach `server` (moto).
+fn reader_env(server: &Server) -> Vec<(String, String)> {
+    vec![
         ("AWS_ENDPOINT_URL".to_string(), server.endpoint()),
         ("AWS_ACCESS_KEY_ID".to_string(), KEY_ID.to_string()),
         ("AWS_SECRET_ACCESS_KEY".to_string(), SECRET_KEY.to_string()),
         ("AWS_SESSION_TOKEN".to_string(), SESSION_TOKEN.to_string()),
         ("AWS_REGION".to_string(), "us-east-1".to_string()),
-    ];
+    ]
+}
+
+#[test]
+fn three_engines_share_one_delta_table_on_moto_s3() {
+    let server = Server::moto();
+    server.create_bucket("fleet");
+    let env = reader_env(&server);
     let target = s3_target(&server.endpoint(), "fleet", "");
     fleet_archive(Fleet::open(policy(&target), "s3://fleet/archive/v1/delta/events".to_string(), env, None));
 }
@@ -498,6 +503,8 @@ fn a_sync_after_an_adoption_removes_nothing_of_the_live_installation_and_vacuum_
 /// entries of files its own database recorded.
 #[test]
 fn a_restored_copys_sync_keeps_the_files_the_other_copy_archived_after_the_backup() {
+    // A device key as users have them: a `/`, a `%`, a space and non-ASCII.
+    const DEVICE: &str = "site-a/100% é";
     use crate::replan::{Site, copy_dir, record};
     use frostline::settings::Settings;
     let shared = tempfile::tempdir().unwrap();
@@ -509,7 +516,7 @@ fn a_restored_copys_sync_keeps_the_files_the_other_copy_archived_after_the_backu
         fleet.files(None).unwrap()
     };
     let engine = site.open(Settings::default());
-    engine.append("events", vec![record("p", "2024-03-01T01:00:00Z", None)]).unwrap();
+    engine.append("events", vec![record(DEVICE, "2024-03-01T01:00:00Z", None)]).unwrap();
     site.clock.set(t("2024-03-03T00:00:00Z"));
     assert_eq!(crate::support::run_pass(&engine).archived, 1);
     drop(engine);
@@ -517,7 +524,7 @@ fn a_restored_copys_sync_keeps_the_files_the_other_copy_archived_after_the_backu
     copy_dir(&site.data(), &backup);
     // The copy that goes on archives another bucket after the backup.
     let engine = site.open(Settings::default());
-    engine.append("events", vec![record("p", "2024-03-03T01:00:00Z", None)]).unwrap();
+    engine.append("events", vec![record(DEVICE, "2024-03-03T01:00:00Z", None)]).unwrap();
     site.clock.set(t("2024-03-05T00:00:00Z"));
     assert_eq!(crate::support::run_pass(&engine).archived, 1);
     drop(engine);
@@ -526,7 +533,7 @@ fn a_restored_copys_sync_keeps_the_files_the_other_copy_archived_after_the_backu
     std::fs::remove_dir_all(site.data()).unwrap();
     copy_dir(&backup, &site.data());
     let restored = site.open(Settings::default());
-    restored.append("events", vec![record("p", "2024-03-03T02:00:00Z", None)]).unwrap();
+    restored.append("events", vec![record(DEVICE, "2024-03-03T02:00:00Z", None)]).unwrap();
     assert_eq!(crate::support::run_pass(&restored).archived, 1);
     let table = restored.policies().table("events").unwrap().clone();
     runtime().block_on(sync(&restored, &table)).unwrap();
@@ -880,13 +887,7 @@ fn partition_keys_that_need_encoding_are_read_back_by_delta_readers() {
 fn partition_keys_that_need_encoding_are_read_back_by_delta_readers_on_moto_s3() {
     let server = Server::moto();
     server.create_bucket("odd");
-    let env = vec![
-        ("AWS_ENDPOINT_URL".to_string(), server.endpoint()),
-        ("AWS_ACCESS_KEY_ID".to_string(), KEY_ID.to_string()),
-        ("AWS_SECRET_ACCESS_KEY".to_string(), SECRET_KEY.to_string()),
-        ("AWS_SESSION_TOKEN".to_string(), SESSION_TOKEN.to_string()),
-        ("AWS_REGION".to_string(), "us-east-1".to_string()),
-    ];
+    let env = reader_env(&server);
     let target = s3_target(&server.endpoint(), "odd", "");
     let fleet = odd_keys_archive(&target, "s3://odd/archive/v1/delta/events".to_string(), env, None);
     assert_read_back(&fleet, &odd_keys_expected(&fleet));

@@ -648,10 +648,12 @@ fn a_data_directory_restored_from_a_backup_never_sweeps_the_archives_of_the_copy
 /// released.
 #[test]
 fn a_restored_copy_that_archives_the_same_bucket_again_never_deletes_the_other_copys_archive() {
+    // A device key as users have them: a `/`, a `%`, a space and non-ASCII.
+    const DEVICE: &str = "site-a/100% é";
     let shared = tempfile::tempdir().unwrap();
     let site = Site::new(&moved_policy(&[shared.path()], "t0").replace("10d", "3650d"), "2024-03-01T12:00:00Z");
     let engine = site.open(Settings::default());
-    engine.append("r", vec![record("p", "2024-03-01T01:00:00Z", None)]).unwrap();
+    engine.append("r", vec![record(DEVICE, "2024-03-01T01:00:00Z", None)]).unwrap();
     site.clock.set(t("2024-03-03T00:00:00Z"));
     assert_eq!(run_pass(&engine).archived, 1);
     drop(engine);
@@ -660,7 +662,7 @@ fn a_restored_copy_that_archives_the_same_bucket_again_never_deletes_the_other_c
 
     // The copy that goes on archives a bucket after the backup was taken.
     let engine = site.open(Settings::default());
-    let later = record("p", "2024-03-03T01:00:00Z", None);
+    let later = record(DEVICE, "2024-03-03T01:00:00Z", None);
     engine.append("r", vec![later.clone()]).unwrap();
     site.clock.set(t("2024-03-05T00:00:00Z"));
     assert_eq!(run_pass(&engine).archived, 1);
@@ -672,7 +674,7 @@ fn a_restored_copy_that_archives_the_same_bucket_again_never_deletes_the_other_c
     std::fs::remove_dir_all(site.data()).unwrap();
     copy_dir(&backup, &site.data());
     let restored = site.open(Settings::default());
-    restored.append("r", vec![record("p", "2024-03-03T02:00:00Z", None)]).unwrap();
+    restored.append("r", vec![record(DEVICE, "2024-03-03T02:00:00Z", None)]).unwrap();
     assert_eq!(run_pass(&restored).archived, 1);
     let generations: Vec<u64> = restored.store.buckets("r", None).unwrap().iter().map(|b| b.generation).collect();
     assert_eq!(generations, vec![1, 1], "the same generation numbers as the copy that went on");

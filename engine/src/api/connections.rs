@@ -131,31 +131,38 @@ impl<Io: AsyncRead + Unpin> AsyncRead for Capped<Io> {
     }
 }
 
-impl<Io: AsyncWrite + Unpin> AsyncWrite for Capped<Io> {
-    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write(cx, buf)
-    }
+/// The write half of a connection wrapper whose `io` field is the connection: passed through.
+macro_rules! forward_async_write {
+    ($wrapper:ident) => {
+        impl<Io: AsyncWrite + Unpin> AsyncWrite for $wrapper<Io> {
+            fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+                Pin::new(&mut self.io).poll_write(cx, buf)
+            }
 
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
-    }
+            fn poll_write_vectored(
+                mut self: Pin<&mut Self>,
+                cx: &mut Context<'_>,
+                bufs: &[io::IoSlice<'_>],
+            ) -> Poll<io::Result<usize>> {
+                Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+            }
 
-    fn is_write_vectored(&self) -> bool {
-        self.io.is_write_vectored()
-    }
+            fn is_write_vectored(&self) -> bool {
+                self.io.is_write_vectored()
+            }
 
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_flush(cx)
-    }
+            fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+                Pin::new(&mut self.io).poll_flush(cx)
+            }
 
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_shutdown(cx)
-    }
+            fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+                Pin::new(&mut self.io).poll_shutdown(cx)
+            }
+        }
+    };
 }
+
+forward_async_write!(Capped);
 
 /// A listener whose connections are closed when they send no byte within `timeout` of being
 /// accepted; see the module.
@@ -244,31 +251,7 @@ impl<Io: AsyncRead + Unpin> AsyncRead for FirstRequest<Io> {
     }
 }
 
-impl<Io: AsyncWrite + Unpin> AsyncWrite for FirstRequest<Io> {
-    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write(cx, buf)
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.io.is_write_vectored()
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_shutdown(cx)
-    }
-}
+forward_async_write!(FirstRequest);
 
 #[cfg(test)]
 mod tests {

@@ -509,24 +509,29 @@ fn remove_action(path: &str, size: i64, now_ms: i64, data_change: bool) -> Remov
 mod tests {
     use super::*;
 
-    #[test]
-    fn statistics_round_the_bounds_outwards_to_the_millisecond() {
-        assert_eq!(stats_time(1_700_000_000_123_000), "2023-11-14T22:13:20.123Z");
-        let file = PublishedFile {
+    /// A published file of two rows between `times` (min, max).
+    fn published_file(times: (Micros, Micros), installation: &str, bucket: &str, partition: &str) -> PublishedFile {
+        PublishedFile {
             segment: SegmentInfo {
                 key: String::new(),
                 sha256: String::new(),
                 bytes: 10,
                 rows: 2,
-                min_event_time: 1_700_000_000_123_456,
-                max_event_time: 1_700_000_000_124_001,
+                min_event_time: times.0,
+                max_event_time: times.1,
                 summary: crate::model::rows::RowSummary { rows: 2, first: None, last: None, checksum: String::new() },
             },
-            installation: "i".into(),
-            bucket_key: "b".into(),
-            partition_key: String::new(),
+            installation: installation.into(),
+            bucket_key: bucket.into(),
+            partition_key: partition.into(),
             created_at: 0,
-        };
+        }
+    }
+
+    #[test]
+    fn statistics_round_the_bounds_outwards_to_the_millisecond() {
+        assert_eq!(stats_time(1_700_000_000_123_000), "2023-11-14T22:13:20.123Z");
+        let file = published_file((1_700_000_000_123_456, 1_700_000_000_124_001), "i", "b", "");
         let add =
             add_action("installation=i/bucket=b/partition=__HIVE_DEFAULT_PARTITION__/seg-a%b.parquet", &file, true);
         let stats: serde_json::Value = serde_json::from_str(add.stats.as_deref().unwrap()).unwrap();
@@ -540,21 +545,7 @@ mod tests {
     /// serializer; an action read back holds the key again.
     #[test]
     fn a_files_path_is_its_key_percent_encoded_once() {
-        let file = PublishedFile {
-            segment: SegmentInfo {
-                key: String::new(),
-                sha256: String::new(),
-                bytes: 10,
-                rows: 2,
-                min_event_time: 0,
-                max_event_time: 0,
-                summary: crate::model::rows::RowSummary { rows: 2, first: None, last: None, checksum: String::new() },
-            },
-            installation: "00aa".into(),
-            bucket_key: "day:2024-03-01".into(),
-            partition_key: "site-a/sensor-0".into(),
-            created_at: 0,
-        };
+        let file = published_file((0, 0), "00aa", "day:2024-03-01", "site-a/sensor-0");
         let key = "installation=00aa/bucket=day:2024-03-01/partition=site-a%2Fsensor-0/seg-00aa-00000-0123456789abcdef.parquet";
         let add = serde_json::to_value(Action::Add(add_action(key, &file, true))).unwrap();
         assert_eq!(add["add"]["path"], key.replace("%2F", "%252F"));

@@ -62,9 +62,7 @@ impl Store {
                     }
                     let next = BucketState::Archived { hot_deleted: true };
                     invariants::transition_is_allowed(meta.state, next).map_err(Error::Internal)?;
-                    let mut kept: HashSet<&str> = manifest.segments.iter().map(|s| s.key.as_str()).collect();
-                    kept.insert(manifest_key.as_str());
-                    release_intents(txn, &id, &kept, now)?;
+                    release_intents(txn, &id, &manifest, Some(&manifest_key), now)?;
                     let adopted = adopted_meta(&id, &manifest_key, &manifest, &rows, now);
                     let mut meta = meta;
                     meta_touch(&mut meta, now, Some(next));

@@ -87,9 +87,17 @@ impl Snapshot {
     }
 }
 
-/// Drops every upload intent of bucket `id` and releases each key they recorded that `kept`
-/// (the keys of the archive the bucket now has) does not hold.
-pub(super) fn release_intents(txn: &WriteTransaction, id: &BucketId, kept: &HashSet<&str>, now: Micros) -> Result<()> {
+/// Drops every upload intent of bucket `id` and releases each key they recorded that the
+/// archive the bucket now has (`manifest`, stored at `manifest_key`) does not use.
+pub(super) fn release_intents(
+    txn: &WriteTransaction,
+    id: &BucketId,
+    manifest: &crate::format::manifest::Manifest,
+    manifest_key: Option<&str>,
+    now: Micros,
+) -> Result<()> {
+    let mut kept: HashSet<&str> = manifest.segments.iter().map(|s| s.key.as_str()).collect();
+    kept.extend(manifest_key);
     let prefix = id.encode();
     let end = encoding::prefix_end(&prefix);
     let mut intents = txn.open_table(INTENTS)?;

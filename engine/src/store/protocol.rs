@@ -364,9 +364,13 @@ impl Store {
                 .ok_or_else(|| Error::Internal(format!("bucket {id} is published but has no manifest")))?;
             let name = rows_table_name(&id);
             let mut records = txn.open_table(rows_table(&name))?;
-            let manifest = recorded_manifest(txn, &id, published)?
-                .ok_or_else(|| Error::Internal(format!("manifest of bucket {id} generation {published} is missing")))?;
+            let published_manifest = || {
+                recorded_manifest(txn, &id, published)?.ok_or_else(|| {
+                    Error::Internal(format!("manifest of bucket {id} generation {published} is missing"))
+                })
+            };
             if meta.cleanup_proven != Some(published) {
+                let manifest = published_manifest()?;
                 rows_match_manifest(&records, &id, &manifest.summary)?
                     .map_err(|why| Error::Corruption(format!("refusing to delete the hot rows of {id}: {why}")))?;
                 meta.cleanup_proven = Some(published);
@@ -394,10 +398,7 @@ impl Store {
                 meta.cleanup_proven = None;
                 // What earlier attempts uploaded and the published archive does not use is
                 // this directory's to sweep; nothing else is.
-                let mut kept: std::collections::HashSet<&str> =
-                    manifest.segments.iter().map(|s| s.key.as_str()).collect();
-                kept.extend(meta.manifest_key.as_deref());
-                release_intents(txn, &id, &kept, now)?;
+                release_intents(txn, &id, &published_manifest()?, meta.manifest_key.as_deref(), now)?;
                 // Next: the archive's expiry. Being archived is a fact the policy sees, so the
                 // model queues the bucket for a plan made with it before anything is scheduled.
                 reconcile(txn, &mut meta, now)?;
