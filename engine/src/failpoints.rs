@@ -80,6 +80,20 @@ pub fn hit(name: &'static str) -> Result<()> {
     }
 }
 
+/// The crash harness's short orphan grace: `FROSTLINE_TEST_ORPHAN_GRACE_SECONDS` replaces
+/// `ARCHIVER_ORPHAN_GRACE_SECONDS` and its one-hour floor, so that the sweep deletes what it
+/// may within a run of a few seconds. Debug builds only, like the fail points.
+#[cfg(debug_assertions)]
+pub fn orphan_grace_seconds_override() -> Option<u64> {
+    std::env::var("FROSTLINE_TEST_ORPHAN_GRACE_SECONDS").ok().and_then(|v| v.parse().ok())
+}
+
+/// Release builds honour no test override.
+#[cfg(not(debug_assertions))]
+pub fn orphan_grace_seconds_override() -> Option<u64> {
+    None
+}
+
 /// Release builds carry no fail points.
 #[cfg(not(debug_assertions))]
 #[inline(always)]

@@ -180,7 +180,8 @@ impl ArchiverArgs {
             ),
             None => None,
         };
-        if self.orphan_grace_seconds < ORPHAN_GRACE_SECONDS_MIN {
+        let orphan_grace_seconds = crate::failpoints::orphan_grace_seconds_override();
+        if orphan_grace_seconds.is_none() && self.orphan_grace_seconds < ORPHAN_GRACE_SECONDS_MIN {
             return Err(Error::InvalidInput(format!(
                 "ARCHIVER_ORPHAN_GRACE_SECONDS must be at least {ORPHAN_GRACE_SECONDS_MIN}: an upload in flight must \
                  never look like an orphan"
@@ -214,7 +215,7 @@ impl ArchiverArgs {
             random_seed: None,
             plugin_cache_key_file: self.plugin_cache_key_file.clone(),
             tombstone_retention_us: positive("ARCHIVER_TOMBSTONE_RETENTION_SECONDS", self.tombstone_retention_seconds)?,
-            orphan_grace_us: self.orphan_grace_seconds as i64 * MICROS_PER_SECOND,
+            orphan_grace_us: orphan_grace_seconds.unwrap_or(self.orphan_grace_seconds) as i64 * MICROS_PER_SECOND,
             sweep_interval_us: positive("ARCHIVER_SWEEP_INTERVAL_SECONDS", self.sweep_interval_seconds)?,
             eligible_before,
             interval_us: positive("ARCHIVER_INTERVAL_SECONDS", self.interval_seconds)?,

@@ -10,7 +10,7 @@ use frostline::engine::Engine;
 use frostline::ops::reload::reload;
 use frostline::settings::Settings;
 
-use crate::replan::{Site, files_under, moved_policy, record, restored_copy};
+use crate::replan::{Site, backed_up_after_archiving, files_under, moved_policy, record, restored_copy};
 use crate::support::*;
 
 fn adopt_now(engine: &Arc<Engine>, dry_run: bool) -> AdoptReport {
@@ -161,6 +161,74 @@ fn after_adopting_the_other_copys_archives_the_sweep_runs_again_and_keeps_its_le
     assert_eq!((swept.deleted, swept.unproven), (0, 1), "{swept:?}");
     assert!(leftover.exists() && segment.exists());
     assert!(frostline::ops::status::collect(&restored).unwrap().sweep_stopped.is_none(), "the stop is cleared");
+}
+
+/// Regression: a data directory restored from a backup records archives its other copy has
+/// expired since, and every query of the table failed on the missing manifest (a "data
+/// corruption" error) for good. Adoption now finds the manifest gone from its target and
+/// records the bucket as expired, saying so, and the query reports the range as expired.
+#[test]
+fn a_restored_copy_records_the_archives_its_other_copy_expired_as_expired() {
+    let shared = tempfile::tempdir().unwrap();
+    let partition = "site 7/α%=b";
+    let (site, backup) = backed_up_after_archiving(&moved_policy(&[shared.path()], "t0"), partition);
+    // The copy that went on expires the archive (expire_after = 10d).
+    let engine = site.open(Settings::default());
+    site.clock.set(t("2024-03-20T00:00:00Z"));
+    let expired: u64 = (0..3).map(|_| run_pass(&engine).expired).sum();
+    assert_eq!(expired, 1);
+    drop(engine);
+    assert!(files_under(shared.path()).is_empty(), "the archive is gone");
+
+    let restored = Engine::open(&backup, &site.policies(), Settings::default(), site.clock.clone())
+        .unwrap_or_else(|e| panic!("{e}"));
+    let read = |engine: &Arc<Engine>| {
+        let request = frostline::query::QueryRequest { table: "r".into(), ..Default::default() };
+        runtime().block_on(frostline::query::query(engine, request))
+    };
+    let failed = read(&restored).expect_err("before adopting, the restored copy reads a manifest that is gone");
+    assert!(failed.to_string().contains("is missing"), "{failed}");
+
+    let report = adopt_now(&restored, true);
+    assert_eq!(report.gone.len(), 1, "a dry run names it: {report:?}");
+    assert!(read(&restored).is_err(), "a dry run changes nothing");
+    let report = adopt_now(&restored, false);
+    assert!(report.conflicts.is_empty() && report.failures.is_empty(), "{report:?}");
+    assert_eq!(report.gone.len(), 1, "{report:?}");
+    assert!(report.gone[0].contains("manifest-"), "{report:?}");
+    let meta = &restored.store.buckets("r", None).unwrap()[0];
+    assert_eq!(meta.state, frostline::model::BucketState::Expired);
+    let tombstone = restored.store.tombstone(&meta.id).unwrap().expect("a tombstone says why");
+    assert!(tombstone.completed_at.is_some() && tombstone.reason.contains("another copy"), "{tombstone:?}");
+    let page = read(&restored).unwrap_or_else(|e| panic!("after adopting, the query works: {e}"));
+    assert!(page.records.is_empty());
+    assert_eq!(page.expired.len(), 1, "the range is reported expired: {page:?}");
+    assert_eq!(page.expired[0].partition_key, partition);
+    assert!(adopt_now(&restored, false).gone.is_empty(), "adopting again finds nothing new");
+}
+
+/// Regression: a restored copy that archived a bucket again before its operator adopted kept
+/// the other copy's archive of it (rightly) but its sweep stopped on that archive's epoch for
+/// good, since only the epochs of adopted archives were recorded. Adopting now resolves every
+/// epoch of this installation it finds; the sweep runs again and still keeps the other archive.
+#[test]
+fn a_restored_copy_that_archived_a_bucket_again_sweeps_again_after_adopting_and_keeps_the_other_archive() {
+    let shared = tempfile::tempdir().unwrap();
+    let (site, backup) = restored_copy(shared.path());
+    let theirs = files_under(shared.path());
+    let restored = Engine::open(&backup, &site.policies(), Settings::default(), site.clock.clone())
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(run_pass(&restored).archived, 1, "the restored copy archives the bucket itself");
+    assert!(sweep(&restored).is_err(), "the other copy's epoch stops the sweep");
+
+    let report = adopt_now(&restored, false);
+    assert_eq!((report.adopted, report.known), (0, 1), "its own archive, written last, comes first: {report:?}");
+    let swept = sweep(&restored).unwrap_or_else(|e| panic!("the sweep still stops after adopting: {e}"));
+    assert_eq!(swept.deleted, 0, "{swept:?}");
+    for file in &theirs {
+        assert!(file.exists(), "the other copy's {} was deleted", file.display());
+    }
+    assert_eq!(query_engine(&restored, "r"), vec![record("p", "2024-03-01T01:00:00Z", None)]);
 }
 
 /// A restored copy that took appends after the copies parted holds rows the other copy's

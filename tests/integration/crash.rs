@@ -33,6 +33,13 @@
 //! it is made again, or a hold that loses a race, shows up as a lost record. Expiry, hold and
 //! outbox fail points are armed like the others.
 //!
+//! Expiry and the orphan sweep run all the time: one batch in four is of `debug` records in
+//! partitions of their own (`d...`), which every policy but the held one expires two seconds
+//! after the bucket's end, so as soon as it is archived; the engines sweep after every pass
+//! with no grace period (`FROSTLINE_TEST_ORPHAN_GRACE_SECONDS=0`, a debug build's override),
+//! so every released key is deleted at once, racing the kills. A bucket of any other partition
+//! that expires fails the check; a record of an expired `debug` bucket may be gone.
+//!
 //! CI runs `FROSTLINE_CRASHES` (default 50) crashes. The long run (about an hour on two cores):
 //!     FROSTLINE_CRASHES=1000 cargo test --test integration crash -- --nocapture
 
@@ -81,8 +88,18 @@ const POLICY: &str = r#"
 id = "c"
 format = "parquet"
 strategy = { plugin = "builtin:calendar-day-utc" }
-retention = { plugin = "builtin:eligible-before", config = { archive_after = "1s" } }
+retention = { plugin = "builtin:eligible-before", config = { archive_after = "1s", kinds = { debug = { expire_after = "2s" } } } }
 "#;
+
+/// The retention override every policy but the held one carries: buckets of `debug` records
+/// (the appender's partitions starting with `d`) expire two seconds after their end, so as
+/// soon as they are archived; no other bucket ever expires.
+const DEBUG_EXPIRY: &str = r#"kinds = { debug = { expire_after = "2s" } }"#;
+
+/// The partitions of `debug` records, the only ones that may expire.
+fn expires(partition: &str) -> bool {
+    partition.starts_with('d')
+}
 
 /// The lifecycle policies the harness switches between (see the module doc). Each returns the
 /// policy file and the cutoff to start the engine with.
@@ -97,12 +114,12 @@ fn lifecycle_policy(rng: &mut StdRng, sink: &Path) -> (String, Option<String>) {
         )
     };
     match rng.random_range(0..4) {
-        0 => (table(r#"archive_after = "1s""#), None),
-        1 => (table(r#"archive_after = "1s", expire_after = "3650d""#), None),
+        0 => (table(&format!(r#"archive_after = "1s", {DEBUG_EXPIRY}"#)), None),
+        1 => (table(&format!(r#"archive_after = "1s", expire_after = "3650d", {DEBUG_EXPIRY}"#)), None),
         2 => {
             // A cutoff between mid-2020 and 2023: the data spans 2020 to late 2022.
             let cutoff = t("2020-06-01T00:00:00Z") + rng.random_range(0..1_300) * DAY_US;
-            (table(""), Some(frostline::model::time::format_rfc3339(cutoff)))
+            (table(DEBUG_EXPIRY), Some(frostline::model::time::format_rfc3339(cutoff)))
         }
         _ => (
             table(r#"archive_after = "1s", expire_after = "1d""#)
@@ -131,13 +148,20 @@ struct Model {
     next_day: i64,
 }
 
-fn spawn_engine(
-    data: &Path,
-    policies: &Path,
-    failpoints: Option<&str>,
-    cutoff: Option<&str>,
-    scan_limit: usize,
-) -> Child {
+/// Which run an engine is started for.
+#[derive(Clone, Copy)]
+enum Life {
+    /// Killed at a random moment or fail point; sweeps after every pass.
+    Crashing,
+    /// The last, undisturbed run that settles the backlog: larger passes, one sweep at its start.
+    Final,
+}
+
+fn spawn_engine(data: &Path, policies: &Path, failpoints: Option<&str>, cutoff: Option<&str>, life: Life) -> Child {
+    let (scan_limit, sweep_interval) = match life {
+        Life::Crashing => (frostline::settings::SCAN_LIMIT_DEFAULT, "1"),
+        Life::Final => (FINAL_SCAN_LIMIT, "3600"),
+    };
     let _ = std::fs::remove_file(data.join("frostline.addr"));
     let mut command = Command::new(frostline_bin());
     command
@@ -154,6 +178,11 @@ fn spawn_engine(
         // Buckets here hold a few rows each: slices of 3 cut most cleanups into several
         // transactions, so a kill or `mid_cleanup` lands between committed slices too.
         .env("ARCHIVER_CLEANUP_SLICE_ROWS", CLEANUP_SLICE_ROWS.to_string())
+        // The orphan sweep after every pass, deleting what it may at once (a debug build's
+        // test override of the one-hour floor): its fail point fires and its deletions race
+        // the kills. The final run, which only settles the backlog, sweeps once at its start.
+        .env("ARCHIVER_SWEEP_INTERVAL_SECONDS", sweep_interval)
+        .env("FROSTLINE_TEST_ORPHAN_GRACE_SECONDS", "0")
         .stdout(Stdio::null())
         .stderr(Stdio::null());
     match failpoints {
@@ -203,9 +232,12 @@ fn appender(addr: String, model: Arc<Mutex<Model>>, stop: Arc<AtomicBool>, seed:
         // the past, so each is due as soon as it is planned.
         let base = t("2020-01-01T00:00:00Z") + (day % 1_000) * DAY_US;
         let round = day / 1_000;
+        // One batch in four is of `debug` records, in partitions of their own, which expire.
+        let debug = rng.random_range(0..4) == 0;
+        let prefix = if debug { "d" } else { "r" };
         let batch: Vec<(Identity, String)> = (0..rng.random_range(5..30))
             .map(|i| {
-                let id = (format!("r{round}-p{}", i % 2), base + i * 1_000_000, format!("s{i:03}"));
+                let id = (format!("{prefix}{round}-p{}", i % 2), base + i * 1_000_000, format!("s{i:03}"));
                 let body = format!(r#"{{"day":{day},"i":{i},"pad":"{}"}}"#, "z".repeat(rng.random_range(0..200)));
                 (id, body)
             })
@@ -213,7 +245,8 @@ fn appender(addr: String, model: Arc<Mutex<Model>>, stop: Arc<AtomicBool>, seed:
         let lines: String = batch
             .iter()
             .map(|((p, t, s), body)| {
-                format!(r#"{{"partition_key":"{p}","event_time":{t},"sort_key":"{s}","body":{body}}}"#) + "\n"
+                let kind = if debug { r#","kind":"debug""# } else { "" };
+                format!(r#"{{"partition_key":"{p}","event_time":{t},"sort_key":"{s}"{kind},"body":{body}}}"#) + "\n"
             })
             .collect();
         let sent = agent
@@ -355,6 +388,16 @@ impl Checker {
         )
         .unwrap_or_else(|e| panic!("crash {crash}: reopening the data directory: {e}"));
         let metas = engine.store.buckets("c", None).unwrap();
+        // Only buckets of `debug` records ever expire; their records may then be gone.
+        let mut expired: HashMap<String, Vec<(Micros, Micros)>> = HashMap::new();
+        for meta in metas.iter().filter(|m| m.state == BucketState::Expired) {
+            let partition = String::from_utf8(meta.id.partition_key.clone()).unwrap();
+            assert!(expires(&partition), "crash {crash}: bucket {} expired: no policy expires it", meta.id);
+            expired.entry(partition).or_default().push((meta.descriptor.start, meta.descriptor.end));
+        }
+        let expired_record = |(partition, t, _): &Identity| {
+            expired.get(partition).is_some_and(|ranges| ranges.iter().any(|(start, end)| start <= t && t < end))
+        };
 
         // Buckets: every one in a full check, else those whose metadata changed. The rows each
         // shows a query are kept for the record checks of an incremental check.
@@ -391,6 +434,9 @@ impl Checker {
             // query every reader uses, all pages of it.
             found = query_records(&engine, None, None, None, crash);
             for (id, body) in &model.acknowledged {
+                if !found.contains_key(id) && expired_record(id) {
+                    continue;
+                }
                 assert_eq!(found.get(id), Some(body), "crash {crash}: acknowledged record {id:?} missing or changed");
             }
         } else {
@@ -412,6 +458,9 @@ impl Checker {
                 let body = &model.acknowledged[id];
                 if let Some(read) = found.get(id) {
                     assert_eq!(read, body, "crash {crash}: acknowledged record {id:?} changed");
+                    continue;
+                }
+                if expired_record(id) {
                     continue;
                 }
                 // Not in a changed bucket: wherever it is, a query of its instant finds it.
@@ -479,6 +528,10 @@ impl Checker {
     fn check_bucket(&mut self, engine: &Arc<Engine>, meta: &BucketMeta, crash: usize) -> Vec<Record> {
         let bucket = meta.id.display();
         let mut archived = None;
+        if meta.state == BucketState::Expired {
+            // Its archive is deleted, or being deleted; a query reports the range expired.
+            return Vec::new();
+        }
         if let Some(key) = &meta.manifest_key {
             // No bucket is published twice with different manifests.
             if let Some(previous) = self.published.insert(bucket.clone(), key.clone()) {
@@ -608,13 +661,7 @@ fn crash_harness_loses_nothing_across_repeated_kills() {
         let reload_after =
             (lifecycle && rng.random_range(0..8) == 0).then(|| Duration::from_millis(rng.random_range(100..1_500)));
         let mut reloaded = false;
-        let mut child = spawn_engine(
-            &data,
-            &policies,
-            failpoints.as_deref(),
-            cutoff.as_deref(),
-            frostline::settings::SCAN_LIMIT_DEFAULT,
-        );
+        let mut child = spawn_engine(&data, &policies, failpoints.as_deref(), cutoff.as_deref(), Life::Crashing);
         let stop = Arc::new(AtomicBool::new(false));
         let appending = wait_for_addr(&data, &mut child).map(|addr| {
             let (model, stop) = (model.clone(), stop.clone());
@@ -676,7 +723,7 @@ fn crash_harness_loses_nothing_across_repeated_kills() {
 
     // Finally, with no faults: everything due is archived, and every record still reads back.
     write_policy(&policies, POLICY);
-    let mut child = spawn_engine(&data, &policies, None, None, FINAL_SCAN_LIMIT);
+    let mut child = spawn_engine(&data, &policies, None, None, Life::Final);
     wait_for_addr(&data, &mut child).expect("final start");
     // A long run leaves a backlog of thousands of buckets (at most `scan_limit` are archived
     // per pass), so the run must keep making progress rather than finish by a fixed time.
@@ -727,11 +774,12 @@ fn crash_harness_loses_nothing_across_repeated_kills() {
     #[cfg(feature = "delta")]
     check_delta_log(&data, &policies);
     eprintln!(
-        "crash harness: {crashes} crashes; {} acknowledged records, {} buckets published, {} objects; {} full \
-         checks, {} records looked up by query; {lifecycle_reloads} policy changes while running; {:.0}s; by cause: \
-         {by_fail_point:?}",
+        "crash harness: {crashes} crashes; {} acknowledged records, {} buckets published ({} since expired), {} \
+         objects; {} full checks, {} records looked up by query; {lifecycle_reloads} policy changes while running; \
+         {:.0}s; by cause: {by_fail_point:?}",
         m.acknowledged.len(),
         checker.published.len(),
+        checker.buckets.values().filter(|b| b.state == BucketState::Expired).count(),
         checker.objects.len(),
         checker.full_checks,
         checker.looked_up,

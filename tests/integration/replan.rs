@@ -600,6 +600,20 @@ pub(crate) fn copy_dir(from: &Path, to: &Path) {
 
 /// A data directory backed up while its one bucket was hot, and the copy that went on and
 /// archived it: returns the site (the copy that went on) and the backup's data directory.
+/// A site whose engine archived one record of `partition` (2024-03-01) under `policy`, and a
+/// backup of its data directory taken then, with the engine stopped.
+pub(crate) fn backed_up_after_archiving(policy: &str, partition: &str) -> (Site, PathBuf) {
+    let site = Site::new(policy, "2024-03-01T12:00:00Z");
+    let engine = site.open(Settings::default());
+    engine.append("r", vec![record(partition, "2024-03-01T01:00:00Z", None)]).unwrap();
+    site.clock.set(t("2024-03-03T00:00:00Z"));
+    assert_eq!(run_pass(&engine).archived, 1);
+    drop(engine);
+    let backup = site.root.path().join("backup");
+    copy_dir(&site.data(), &backup);
+    (site, backup)
+}
+
 pub(crate) fn restored_copy(shared: &Path) -> (Site, PathBuf) {
     let site = Site::new(&moved_policy(&[shared], "t0"), "2024-03-01T12:00:00Z");
     let engine = site.open(Settings::default());
@@ -651,14 +665,8 @@ fn a_restored_copy_that_archives_the_same_bucket_again_never_deletes_the_other_c
     // A device key as users have them: a `/`, a `%`, a space and non-ASCII.
     const DEVICE: &str = "site-a/100% é";
     let shared = tempfile::tempdir().unwrap();
-    let site = Site::new(&moved_policy(&[shared.path()], "t0").replace("10d", "3650d"), "2024-03-01T12:00:00Z");
-    let engine = site.open(Settings::default());
-    engine.append("r", vec![record(DEVICE, "2024-03-01T01:00:00Z", None)]).unwrap();
-    site.clock.set(t("2024-03-03T00:00:00Z"));
-    assert_eq!(run_pass(&engine).archived, 1);
-    drop(engine);
-    let backup = site.root.path().join("backup");
-    copy_dir(&site.data(), &backup);
+    let (site, backup) =
+        backed_up_after_archiving(&moved_policy(&[shared.path()], "t0").replace("10d", "3650d"), DEVICE);
 
     // The copy that goes on archives a bucket after the backup was taken.
     let engine = site.open(Settings::default());

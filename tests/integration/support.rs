@@ -131,27 +131,48 @@ impl TestEngine {
         self.reopen(true)
     }
 
+    /// A backup of the data directory as an operator takes one: the engine stopped, every file
+    /// but the default target's `archive/` folder copied to `into`; the engine starts again.
+    pub fn backup(self, into: &std::path::Path) -> Result<TestEngine, frostline::error::Error> {
+        self.reopen_with(|data| {
+            let _ = std::fs::remove_dir_all(into);
+            copy_data_files(data, into);
+        })
+    }
+
+    /// A restart on a data directory restored from a backup `backup` made the copy that went on
+    /// (the targets stay as that copy left them).
+    pub fn restore(self, backup: &std::path::Path) -> Result<TestEngine, frostline::error::Error> {
+        self.reopen_with(|data| {
+            remove_data_files(data);
+            copy_data_files(backup, data);
+        })
+    }
+
     fn reopen(self, lose_data: bool) -> Result<TestEngine, frostline::error::Error> {
+        self.reopen_with(|data| {
+            if lose_data {
+                remove_data_files(data);
+            }
+        })
+    }
+
+    /// Closes the engine, does `between` to its data directory, and opens it again.
+    fn reopen_with(self, between: impl FnOnce(&std::path::Path)) -> Result<TestEngine, frostline::error::Error> {
         let TestEngine { engine, clock, _dir: dir, options, settings } = self;
         let policies = engine.policies().dir.clone();
         let data = engine.data_dir.clone();
         assert_eq!(std::sync::Arc::strong_count(&engine), 1, "the engine is still shared: it cannot close");
         drop(engine);
-        if lose_data {
-            for entry in std::fs::read_dir(&data).unwrap() {
-                let path = entry.unwrap().path();
-                if path.file_name() == Some(std::ffi::OsStr::new("archive")) {
-                    continue;
-                } else if path.is_dir() {
-                    std::fs::remove_dir_all(path).unwrap();
-                } else {
-                    std::fs::remove_file(path).unwrap();
-                }
-            }
-        }
+        between(&data);
         let engine =
             frostline::engine::Engine::open_with(&data, &policies, settings.clone(), clock.clone(), options.clone())?;
         Ok(TestEngine { engine, clock, _dir: dir, options, settings })
+    }
+
+    /// The data directory (the default target is its `archive/` folder).
+    pub fn data_dir(&self) -> std::path::PathBuf {
+        self.engine.data_dir.clone()
     }
 
     /// The policy directory.
@@ -300,5 +321,36 @@ pub fn test_certificates() -> TestCertificates {
         cert_der: certificate.der().to_vec(),
         key_pem: key.serialize_pem(),
         key_der: key.serialize_der(),
+    }
+}
+
+/// Everything in a data directory but the default target's `archive/` folder.
+fn data_files(data: &std::path::Path) -> Vec<std::path::PathBuf> {
+    std::fs::read_dir(data)
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.file_name() != Some(std::ffi::OsStr::new("archive")))
+        .collect()
+}
+
+fn remove_data_files(data: &std::path::Path) {
+    for path in data_files(data) {
+        if path.is_dir() {
+            std::fs::remove_dir_all(path).unwrap();
+        } else {
+            std::fs::remove_file(path).unwrap();
+        }
+    }
+}
+
+fn copy_data_files(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for path in data_files(from) {
+        let target = to.join(path.file_name().unwrap());
+        if path.is_dir() {
+            copy_data_files(&path, &target);
+        } else {
+            std::fs::copy(&path, &target).unwrap();
+        }
     }
 }

@@ -28,6 +28,7 @@ use std::sync::Arc;
 use super::{blocking, read_archive, read_manifest};
 use crate::engine::Engine;
 use crate::error::{Error, Result};
+use crate::model::BucketState;
 use crate::storage::{ArchiveBackend, keys};
 use crate::store::schema::BucketId;
 use crate::store::{Adoption, VerifiedArchive};
@@ -53,6 +54,10 @@ pub struct AdoptReport {
     /// Installations whose archives lie in a shared Delta table's folders and were left alone
     /// (another host of a fleet, alive or not): named with `--from-installation` to be taken in.
     pub other_installations: BTreeSet<String>,
+    /// Archives the database records whose manifest is gone from the target they were
+    /// published on (another copy of the data directory expired them, or they were deleted
+    /// outside frostline): their buckets are recorded as expired (in a dry run: would be).
+    pub gone: Vec<String>,
 }
 
 /// Takes in the archives this data directory does not record. Archives of another
@@ -66,15 +71,23 @@ pub async fn adopt(engine: &Arc<Engine>, dry_run: bool, from_installations: &[St
     let mut changed_tables = BTreeSet::new();
     // The claim on each (target, installation) adopted from, made once per run.
     let mut claims: BTreeMap<(String, String), std::result::Result<(), String>> = BTreeMap::new();
+    // The epochs of this installation found on the targets: another copy's, once adopted
+    // from, are recorded (below).
+    let mut own_epochs = BTreeSet::new();
     for (table_id, table) in &policies.tables {
         let mut backends: Vec<&Arc<dyn ArchiveBackend>> = vec![&table.backend];
         for backend in policies.targets.values() {
-            if !backends.iter().any(|b| Arc::ptr_eq(b, backend)) {
+            if !backends.iter().any(|b| b.target() == backend.target()) {
                 backends.push(backend);
             }
         }
+        // The manifest keys listed on each target, to find recorded archives that are gone.
+        let mut listed: Vec<(&Arc<dyn ArchiveBackend>, HashSet<String>)> = Vec::new();
         for backend in backends {
-            for (folder, mut manifests) in manifests_by_folder(backend.as_ref(), table_id).await? {
+            let folders =
+                manifests_by_folder(backend.as_ref(), table_id, &engine.installation_id, &mut own_epochs).await?;
+            listed.push((backend, folders.values().flatten().map(|(_, _, key)| key.clone()).collect()));
+            for (folder, mut manifests) in folders {
                 report.folders += 1;
                 let writers: BTreeSet<&str> = manifests.iter().map(|(writer, _, _)| writer.as_str()).collect();
                 if writers.len() > 1 {
@@ -106,13 +119,17 @@ pub async fn adopt(engine: &Arc<Engine>, dry_run: bool, from_installations: &[St
                         continue;
                     }
                 }
-                manifests.sort_by_key(|(_, generation, _)| std::cmp::Reverse(*generation));
-                for (_, _, key) in manifests {
-                    if known.contains(&key) {
+                manifests.sort_by_key(|(_, order, _)| std::cmp::Reverse(*order));
+                // The manifest that stands for the bucket once this folder is done: the newest
+                // known or adopted one.
+                let mut chosen = None;
+                for (i, (_, _, key)) in manifests.iter().enumerate() {
+                    if known.contains(key) {
                         report.known += 1;
+                        chosen = Some(i);
                         break;
                     }
-                    let archive = match read_verified(engine, table_id, backend, &folder, &key).await {
+                    let archive = match read_verified(engine, table_id, backend, &folder, key).await {
                         Ok(archive) => archive,
                         Err(e) => {
                             report.failures.push(format!("{}: `{key}`: {e}", backend.target()));
@@ -123,6 +140,7 @@ pub async fn adopt(engine: &Arc<Engine>, dry_run: bool, from_installations: &[St
                     if dry_run {
                         report.adopted += 1;
                         report.rows += rows;
+                        chosen = Some(i);
                         break;
                     }
                     let (store, now) = (engine.store.clone(), engine.clock.now());
@@ -131,6 +149,7 @@ pub async fn adopt(engine: &Arc<Engine>, dry_run: bool, from_installations: &[St
                         Adoption::Replaced { hot_rows } => report.hot_rows_released += hot_rows,
                         Adoption::Known => {
                             report.known += 1;
+                            chosen = Some(i);
                             break;
                         }
                         Adoption::Conflict(why) => {
@@ -138,23 +157,32 @@ pub async fn adopt(engine: &Arc<Engine>, dry_run: bool, from_installations: &[St
                             break;
                         }
                     }
-                    // An archive of another copy of this data directory (its own installation,
-                    // an epoch it never recorded): adopting it resolves that copy, so the
-                    // sweep no longer stops on that epoch's keys (it still deletes only the
-                    // keys this directory released).
-                    if let Some(keys::Origin { installation, epoch: Some(epoch), .. }) = keys::origin(&key)
-                        && installation == engine.installation_id
-                    {
-                        let (store, epoch, now) = (engine.store.clone(), epoch.to_string(), engine.clock.now());
-                        blocking(move || store.record_epoch(epoch, now)).await?;
-                    }
                     tracing::info!(key = %key, rows, "archive adopted");
                     report.adopted += 1;
                     report.rows += rows;
                     changed_tables.insert(table_id.clone());
+                    chosen = Some(i);
                     break;
                 }
+                if let Some(i) = chosen {
+                    let (chosen, others) = manifests[i..].split_first().expect("chosen lies in the folder");
+                    report_forks(backend.as_ref(), &chosen.2, others, &mut report).await;
+                }
             }
+        }
+        if record_gone_archives(engine, table_id, &listed, dry_run, &mut report).await? {
+            changed_tables.insert(table_id.clone());
+        }
+    }
+    // Adopting resolves every other copy of this data directory whose keys lie on the targets
+    // (a copy restored from a backup, or copied elsewhere): their epochs are recorded, so the
+    // sweep no longer stops on them. It still deletes only keys this directory released, so
+    // what the other copy left (an archive of a bucket this copy archived too, a segment of an
+    // attempt it never finished) stays on the target.
+    if !dry_run {
+        for epoch in own_epochs {
+            let (store, now) = (engine.store.clone(), engine.clock.now());
+            blocking(move || store.record_epoch(epoch, now)).await?;
         }
     }
     for table in changed_tables {
@@ -163,6 +191,78 @@ pub async fn adopt(engine: &Arc<Engine>, dry_run: bool, from_installations: &[St
         }
     }
     Ok(report)
+}
+
+/// Two copies of one data directory (one restored from a backup while the other went on) can
+/// each archive a bucket, with other rows. The archive adoption stands behind is the newest;
+/// an older manifest in the folder that holds other rows is another copy's archive: it stays on
+/// the target, and is named as a conflict so that nothing is dropped silently. (Older manifests
+/// of one copy, left by attempts that failed before publishing, hold the same rows.)
+async fn report_forks(backend: &dyn ArchiveBackend, chosen: &str, others: &[FoundManifest], report: &mut AdoptReport) {
+    if others.is_empty() {
+        return;
+    }
+    let Ok(standing) = read_manifest(backend, chosen).await else { return };
+    for (_, _, key) in others {
+        // An older manifest that cannot be read is left as the sweep and expiry leave it.
+        let Ok(other) = read_manifest(backend, key).await else { continue };
+        if other.summary != standing.summary {
+            let id = format!("{}/{}/{}", standing.table, standing.partition_key, standing.bucket.key);
+            report.conflicts.push(format!(
+                "bucket {id} on {}: `{key}` is an archive of it by another copy of this data directory, with other \
+                 rows ({} against {} in `{chosen}`); it stays on the target, not adopted",
+                backend.target(),
+                other.summary.rows,
+                standing.summary.rows
+            ));
+        }
+    }
+}
+
+/// A restored data directory records archives its other copy may have expired since the
+/// backup: queries of them would fail on a missing manifest. Each recorded archive whose
+/// manifest the listing of its target did not find is recorded as expired (a completed
+/// tombstone that says why), so queries report the range as expired; one whose hot rows are
+/// not yet deleted is a conflict left alone. True when a bucket changed.
+async fn record_gone_archives(
+    engine: &Arc<Engine>,
+    table_id: &str,
+    listed: &[(&Arc<dyn ArchiveBackend>, HashSet<String>)],
+    dry_run: bool,
+    report: &mut AdoptReport,
+) -> Result<bool> {
+    let policies = engine.policies();
+    let table = policies.table(table_id)?;
+    let store = engine.store.clone();
+    let table_name = table_id.to_string();
+    let published = blocking(move || store.published(&table_name)).await?;
+    let mut changed = false;
+    for (meta, manifest) in published {
+        let Some(key) = meta.manifest_key.clone() else { continue };
+        let target = manifest.archive_target();
+        // An archive on a target the policy directory no longer declares cannot be listed.
+        let Ok(backend) = policies.archive_backend(table, &target) else { continue };
+        let Some((_, keys)) = listed.iter().find(|(listed, _)| listed.target() == backend.target()) else { continue };
+        if keys.contains(&key) {
+            continue;
+        }
+        if meta.state != (BucketState::Archived { hot_deleted: true }) {
+            report.conflicts.push(format!(
+                "bucket {}: its archive `{key}` is gone from {target}, but its hot rows are not yet deleted; left as \
+                 it is",
+                meta.id
+            ));
+            continue;
+        }
+        report.gone.push(format!("{}: `{key}` on {target}", meta.id));
+        if dry_run {
+            continue;
+        }
+        let (store, now) = (engine.store.clone(), engine.clock.now());
+        let purge_at = now.saturating_add(engine.settings.tombstone_retention_us);
+        changed |= blocking(move || store.record_archive_gone(meta.id, key, target, now, purge_at)).await?;
+    }
+    Ok(changed)
 }
 
 /// Where the claims on an installation's archives lie on a target.
@@ -232,16 +332,30 @@ async fn recorded_manifest_keys(engine: &Arc<Engine>) -> Result<HashSet<String>>
     .await
 }
 
-/// A table's manifests on one target, by the folder they lie in: (installation, generation, key).
+/// A manifest found on a target: the installation that wrote it, the order adoption tries it
+/// in (its generation, then when it was written: two copies of one data directory can each
+/// publish a bucket under the same generation, and the one written last is the copy that ran
+/// last), and its key.
+type FoundManifest = (String, (u64, crate::model::Micros), String);
+
+/// A table's manifests on one target, by the folder they lie in; the epochs of `installation`
+/// that wrote any of its segments or manifests are added to `epochs`.
 async fn manifests_by_folder(
     backend: &dyn ArchiveBackend,
     table: &str,
-) -> Result<BTreeMap<String, Vec<(String, u64, String)>>> {
-    let mut folders: BTreeMap<String, Vec<(String, u64, String)>> = BTreeMap::new();
+    installation: &str,
+    epochs: &mut BTreeSet<String>,
+) -> Result<BTreeMap<String, Vec<FoundManifest>>> {
+    let mut folders: BTreeMap<String, Vec<FoundManifest>> = BTreeMap::new();
     for prefix in keys::table_folders(table) {
         for object in backend.list(&prefix).await? {
+            if let Some(keys::Origin { installation: writer, epoch: Some(epoch), .. }) = keys::origin(&object.key)
+                && writer == installation
+            {
+                epochs.insert(epoch.to_string());
+            }
             if let Some((writer, generation)) = keys::manifest_origin(&object.key) {
-                let entry = (writer.to_string(), generation, object.key.clone());
+                let entry = (writer.to_string(), (generation, object.last_modified), object.key.clone());
                 folders.entry(keys::folder_of(&object.key).to_string()).or_default().push(entry);
             }
         }
@@ -264,7 +378,9 @@ async fn read_verified(
     }
     let policies = engine.policies();
     let recorded = policies.archive_backend(policies.table(table)?, &manifest.archive_target())?;
-    if !Arc::ptr_eq(&recorded, backend) {
+    // Compared by URL: a retired table keeps the backend of the policy set it was declared in,
+    // another object for the same target than the current set's.
+    if recorded.target() != backend.target() {
         return Err(Error::Conflict(format!(
             "the manifest records target {}, which the policy directory resolves to {}, not the target it lies on; \
              declare the target it records",

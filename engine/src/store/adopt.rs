@@ -111,6 +111,62 @@ impl Store {
             Ok(if released > 0 { Adoption::Replaced { hot_rows: released } } else { Adoption::Adopted })
         })
     }
+
+    /// Records that an archive this database published or adopted is gone from its target,
+    /// which `frostline adopt` found by listing it: another copy of the data directory (the
+    /// one that went on after the backup this one was restored from) expired it. The bucket
+    /// becomes `Expired` under a completed tombstone that says so, as if this copy had expired
+    /// it, so queries report the range as expired instead of failing on a missing manifest.
+    /// Only a bucket still archived under exactly that manifest, its hot rows deleted, changes
+    /// (`true`); anything else is left as it is.
+    pub fn record_archive_gone(
+        &self,
+        id: BucketId,
+        manifest_key: String,
+        target: ArchiveTarget,
+        now: Micros,
+        purge_at: Micros,
+    ) -> Result<bool> {
+        self.write(move |txn| {
+            let mut meta = load_meta(txn, &id)?;
+            let next = BucketState::Expired;
+            if meta.manifest_key.as_deref() != Some(manifest_key.as_str())
+                || invariants::transition_is_allowed(meta.state, next).is_err()
+            {
+                return Ok(false);
+            }
+            let reason =
+                "the archive is gone from its target: another copy of this data directory expired it".to_string();
+            save_tombstone(
+                txn,
+                &Tombstone {
+                    bucket: id.clone(),
+                    bounds: meta.descriptor.clone(),
+                    manifest_key: manifest_key.clone(),
+                    keys: Vec::new(),
+                    reason: reason.clone(),
+                    expired_at: now,
+                    completed_at: Some(now),
+                    purge_at: Some(purge_at),
+                    target,
+                    deletes_started_at: Some(now),
+                },
+            )?;
+            meta_touch(&mut meta, now, Some(next));
+            meta.lease_owner = None;
+            meta.lease_expires_at = now;
+            schedule(txn, &mut meta, Some(purge_at))?;
+            save_meta(txn, &meta)?;
+            push_outbox(
+                txn,
+                "archive_expired",
+                Some(&meta),
+                now,
+                serde_json::json!({"manifest_key": manifest_key, "reason": reason, "objects": 0}),
+            )?;
+            Ok(true)
+        })
+    }
 }
 
 /// The bucket an archive describes, archived and queued for a plan.
