@@ -201,6 +201,12 @@ impl Engine {
     /// Appends records to a table. Each batch of up to `APPEND_BATCH_RECORDS_MAX` records is
     /// atomic and acknowledged after its commit; an identical duplicate is accepted unchanged.
     pub fn append(&self, table: &str, records: Vec<Record>) -> Result<AppendOutcome> {
+        self.append_checked(table, crate::model::CheckedRecords::check(records)?)
+    }
+
+    /// `append` for records already checked (the wire parser checks them as it parses).
+    pub fn append_checked(&self, table: &str, records: crate::model::CheckedRecords) -> Result<AppendOutcome> {
+        let records = records.into_inner();
         let policies = self.policies();
         let policy = policies.table(table)?.clone();
         if policies.retired.contains(table) {
@@ -221,22 +227,8 @@ impl Engine {
         Ok(total)
     }
 
-    fn append_batch(&self, policy: &TablePolicy, mut records: Vec<Record>) -> Result<AppendOutcome> {
-        for record in records.iter_mut() {
-            if let std::borrow::Cow::Owned(one_line) = crate::model::one_line_json(&record.body) {
-                record.body = one_line;
-            }
-        }
-        for (i, record) in records.iter().enumerate() {
-            record.validate().map_err(|e| Error::InvalidInput(format!("record {}: {e}", i + 1)))?;
-            for (field, bytes) in [("partition_key", &record.partition_key), ("sort_key", &record.sort_key)] {
-                if std::str::from_utf8(bytes).is_err() {
-                    return Err(Error::InvalidInput(format!("record {}: {field} must be UTF-8", i + 1)));
-                }
-            }
-            serde_json::from_str::<&serde_json::value::RawValue>(&record.body)
-                .map_err(|e| Error::InvalidInput(format!("record {}: body is not JSON: {e}", i + 1)))?;
-        }
+    /// One atomic batch of checked records.
+    fn append_batch(&self, policy: &TablePolicy, records: Vec<Record>) -> Result<AppendOutcome> {
         let times: Vec<i64> = records.iter().map(|r| r.event_time).collect();
         let descriptors = policy.strategy.buckets_for(&times)?;
         let writable_horizons = match policy.writable_buckets {

@@ -70,7 +70,7 @@ pub struct QueryPage {
     pub expired: Vec<ExpiredRange>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct ExpiredRange {
     pub partition_key: String,
     pub bucket_key: String,
@@ -78,6 +78,23 @@ pub struct ExpiredRange {
     pub end: Micros,
     pub expired_at: Micros,
     pub reason: String,
+}
+
+impl ExpiredRange {
+    /// The line `frostline query` prints for it: expired on purpose, not missing, so it says
+    /// when and why.
+    pub fn describe(&self) -> String {
+        let format = crate::model::time::format_rfc3339;
+        format!(
+            "expired: partition {} bucket {} [{}, {}) at {}: {}",
+            self.partition_key,
+            self.bucket_key,
+            format(self.start),
+            format(self.end),
+            format(self.expired_at),
+            self.reason
+        )
+    }
 }
 
 pub async fn query(engine: &Arc<Engine>, request: QueryRequest) -> Result<QueryPage> {

@@ -577,7 +577,7 @@ fn run_lifecycle_seed(seed: u64, ops: usize) -> LifecycleCounts {
                     clear_faults();
                     faults_active = false;
                     let (report, back) = adopt_after_restore(&e, &lost_installations, &mut kept_elsewhere, seed, op);
-                    restore_kept(&back, &mut model, &mut kinds, &mut buckets, &ever_appended);
+                    follow_adoption(&e, &back, &mut model, &mut kinds, &mut buckets, &ever_appended, seed, op);
                     counts.adopted_after_restore += report.adopted;
                     unadopted_restore = false;
                 }
@@ -836,7 +836,7 @@ fn run_lifecycle_seed(seed: u64, ops: usize) -> LifecycleCounts {
                             let left_before: Vec<String> = kept_elsewhere.keys().cloned().collect();
                             let (report, back) =
                                 adopt_after_restore(&e, &lost_installations, &mut kept_elsewhere, seed, op);
-                            restore_kept(&back, &mut model, &mut kinds, &mut buckets, &ever_appended);
+                            follow_adoption(&e, &back, &mut model, &mut kinds, &mut buckets, &ever_appended, seed, op);
                             assert!(
                                 report.conflicts.iter().all(|c| left_before.iter().any(|key| c.contains(key.as_str()))),
                                 "seed {seed} op {op}: adoption after a restore: {report:?}"
@@ -879,7 +879,7 @@ fn run_lifecycle_seed(seed: u64, ops: usize) -> LifecycleCounts {
     if unadopted_restore {
         clear_faults();
         let (report, back) = adopt_after_restore(&e, &lost_installations, &mut kept_elsewhere, seed, ops);
-        restore_kept(&back, &mut model, &mut kinds, &mut buckets, &ever_appended);
+        follow_adoption(&e, &back, &mut model, &mut kinds, &mut buckets, &ever_appended, seed, ops);
         counts.adopted_after_restore += report.adopted;
     }
     // Settle: no faults, no holds, time far ahead: everything is archived, then expired where
@@ -962,16 +962,28 @@ fn adopt_after_restore(
 }
 
 /// The records adopted archives brought back join the model, with the kinds they were
-/// appended with.
-fn restore_kept(
+/// appended with: those of the archives the other copy published (`back`), and any other it
+/// left complete (verified, but not yet published when the restore happened); nothing read may
+/// be a record never appended.
+#[allow(clippy::too_many_arguments)]
+fn follow_adoption(
+    e: &TestEngine,
     back: &BTreeMap<Identity, String>,
     model: &mut BTreeMap<Identity, String>,
     kinds: &mut BTreeMap<Identity, &'static str>,
     buckets: &mut BTreeMap<BucketKey, ModelBucket>,
     ever_appended: &BTreeMap<(Identity, String), &'static str>,
+    seed: u64,
+    op: usize,
 ) {
-    for (id, body) in back {
-        kinds.insert(id.clone(), ever_appended[&(id.clone(), body.clone())]);
+    let (read, _) =
+        read_everything(e, seed, op).unwrap_or_else(|err| panic!("seed {seed} op {op}: after adopting: {err}"));
+    let unseen: Vec<(&Identity, &String)> = read.iter().filter(|(id, _)| !model.contains_key(*id)).collect();
+    for (id, body) in back.iter().chain(unseen) {
+        let kind = ever_appended
+            .get(&(id.clone(), body.clone()))
+            .unwrap_or_else(|| panic!("seed {seed} op {op}: {id:?} adopted but never appended"));
+        kinds.insert(id.clone(), kind);
         model.insert(id.clone(), body.clone());
     }
     recompute_kinds(buckets, model, kinds);

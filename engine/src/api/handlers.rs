@@ -19,8 +19,8 @@ use super::{
     RouteId,
 };
 use crate::error::{Error, ErrorKind};
+use crate::model::BucketState;
 use crate::model::time::{format_rfc3339, parse_time_arg};
-use crate::model::{BucketState, Record};
 
 type Shared = State<Arc<ApiState>>;
 
@@ -175,7 +175,7 @@ fn too_many_records(count: usize) -> ApiError {
 
 /// Parses a batch: a JSON array of records, or JSON lines (blank lines skipped), each record
 /// in the shape `frostline ingest` reads. Any invalid record refuses the whole batch.
-pub(super) fn parse_batch(bytes: &[u8]) -> Result<Vec<Record>, ApiError> {
+pub(super) fn parse_batch(bytes: &[u8]) -> Result<crate::model::CheckedRecords, ApiError> {
     let text =
         std::str::from_utf8(bytes).map_err(|e| ApiError::bad_request(format!("the request body is not UTF-8: {e}")))?;
     let mut records = Vec::new();
@@ -209,7 +209,8 @@ pub(super) fn parse_batch(bytes: &[u8]) -> Result<Vec<Record>, ApiError> {
         }
     }
     if errors.is_empty() {
-        return Ok(records);
+        // `parse_line` validated each record and parsed its body: nothing is checked twice.
+        return Ok(crate::model::CheckedRecords::parsed(records));
     }
     let mut refusal = ApiError::new(
         StatusCode::UNPROCESSABLE_ENTITY,
@@ -243,7 +244,7 @@ async fn append(
         drop(bytes);
         let engine = state.engine.clone();
         // Acknowledged only after `Engine::append` returns, that is after the commit.
-        tokio::task::spawn_blocking(move || engine.append(&table, records))
+        tokio::task::spawn_blocking(move || engine.append_checked(&table, records))
             .await
             .map_err(|e| ApiError::from(Error::Internal(format!("append task failed: {e}"))))?
             .map_err(|e| {
@@ -603,8 +604,8 @@ async fn retention(
     let (engine, id) = (state.engine.clone(), table.clone());
     let (mut metas, holds, tombstones) = blocking(move || {
         let metas = engine.store.buckets(&id, params.partition.as_deref().map(str::as_bytes))?;
+        // The stored holds include the policy directory's (synced at every reload).
         let mut holds = engine.store.holds()?;
-        holds.extend(engine.policies().holds.iter().cloned());
         holds.retain(|h| h.table == id);
         let tombstones: std::collections::HashMap<_, _> = engine
             .store
@@ -716,9 +717,9 @@ mod tests {
         let lines = b"{\"partition_key\":\"a\",\"event_time\":1,\"body\":{}}\n\n{\"partition_key\":\"b\",\"event_time\":2,\"body\":[1]}\n";
         assert_eq!(parse_batch(lines).unwrap().len(), 2);
         let array = b" [ {\"partition_key\":\"a\",\"event_time\":1,\"body\":{\n  \"x\": \"a b\\\"\\n\"\n}} ]";
-        let records = parse_batch(array).unwrap();
-        // The body keeps its lines here; `Engine::append` stores multi-line bodies on one line.
-        assert_eq!(crate::model::one_line_json(&records[0].body), "{\"x\":\"a b\\\"\\n\"}");
+        let records = parse_batch(array).unwrap().into_inner();
+        // A multi-line body is stored on one line (whitespace inside strings kept).
+        assert_eq!(records[0].body, "{\"x\":\"a b\\\"\\n\"}");
         let bad = b"{\"partition_key\":\"a\",\"event_time\":1,\"body\":{}}\nnope\n{\"partition_key\":\"a\",\"event_time\":\"x\",\"body\":1}";
         let refusal = parse_batch(bad).unwrap_err();
         assert_eq!(refusal.status, StatusCode::UNPROCESSABLE_ENTITY);

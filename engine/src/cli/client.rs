@@ -58,6 +58,8 @@ pub struct Client {
 pub struct Page {
     pub records: Vec<Box<serde_json::value::RawValue>>,
     pub next_cursor: Option<String>,
+    /// Ranges the page met whose archives expired on purpose.
+    pub expired: Vec<crate::query::ExpiredRange>,
 }
 
 /// The query of one page.

@@ -19,9 +19,9 @@ use crate::ops::wire::AppendCounts;
 /// running engine that holds it, through its API (`Client`). Each command is written once
 /// against this; the two implementations below are the only place the paths differ.
 pub trait EngineHandle {
-    /// Appends one batch of validated records atomically (`lines` are their JSON lines, as the
-    /// API takes them; at most `HTTP_RECORDS_PER_REQUEST_MAX` records and `HTTP_BODY_BYTES_MAX`
-    /// bytes).
+    /// Appends one batch of records atomically, as `ops::records::parse_line` made them from
+    /// `lines`, their JSON lines as the API takes them (at most `HTTP_RECORDS_PER_REQUEST_MAX`
+    /// records and `HTTP_BODY_BYTES_MAX` bytes); neither path checks them again.
     fn append_batch(&self, table: &str, records: Vec<Record>, lines: &[u8]) -> anyhow::Result<AppendCounts>;
     /// One page of a query, as JSON lines, with the expired ranges it met (described) and the
     /// cursor of the next page.
@@ -44,7 +44,7 @@ pub struct QueryPage {
 
 impl EngineHandle for Arc<Engine> {
     fn append_batch(&self, table: &str, records: Vec<Record>, _lines: &[u8]) -> anyhow::Result<AppendCounts> {
-        let outcome = self.append(table, records)?;
+        let outcome = self.append_checked(table, crate::model::CheckedRecords::parsed(records))?;
         Ok(AppendCounts {
             appended: outcome.appended,
             duplicates: outcome.duplicates,
@@ -62,25 +62,9 @@ impl EngineHandle for Arc<Engine> {
             cursor: request.cursor.map(str::to_string),
         };
         let page = super::runtime()?.block_on(crate::query::query(self, request))?;
-        let format = crate::model::time::format_rfc3339;
         Ok(QueryPage {
             lines: page.records.iter().map(crate::ops::records::record_json).collect(),
-            // Expired on purpose, not missing: say when and why.
-            expired: page
-                .expired
-                .iter()
-                .map(|gone| {
-                    format!(
-                        "expired: partition {} bucket {} [{}, {}) at {}: {}",
-                        gone.partition_key,
-                        gone.bucket_key,
-                        format(gone.start),
-                        format(gone.end),
-                        format(gone.expired_at),
-                        gone.reason
-                    )
-                })
-                .collect(),
+            expired: page.expired.iter().map(crate::query::ExpiredRange::describe).collect(),
             next_cursor: page.next_cursor,
         })
     }
@@ -129,7 +113,7 @@ impl EngineHandle for Client {
         let page = Client::query(self, table, request)?;
         Ok(QueryPage {
             lines: page.records.iter().map(|r| r.get().to_string()).collect(),
-            expired: Vec::new(),
+            expired: page.expired.iter().map(crate::query::ExpiredRange::describe).collect(),
             next_cursor: page.next_cursor,
         })
     }

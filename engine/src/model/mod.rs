@@ -106,7 +106,68 @@ pub struct Record {
     pub body: String,
 }
 
+/// Records that passed every check an append makes (`CheckedRecords::check`): bounds, UTF-8
+/// keys, a body that is JSON, on one line. The wire parser (`ops::records::parse_line`)
+/// makes them as it parses, so a record that comes over HTTP or through `ingest` is validated
+/// and its body parsed once.
+#[derive(Debug, Clone, Default)]
+pub struct CheckedRecords(Vec<Record>);
+
+impl CheckedRecords {
+    /// Checks each record (the error names it by its 1-based position) and stores a
+    /// multi-line body in its one-line form.
+    pub fn check(mut records: Vec<Record>) -> Result<CheckedRecords> {
+        for (i, record) in records.iter_mut().enumerate() {
+            let context = |e: Error| Error::InvalidInput(format!("record {}: {}", i + 1, reason(&e)));
+            record.validate().map_err(context)?;
+            for (field, bytes) in [("partition_key", &record.partition_key), ("sort_key", &record.sort_key)] {
+                if std::str::from_utf8(bytes).is_err() {
+                    return Err(context(Error::InvalidInput(format!("{field} must be UTF-8"))));
+                }
+            }
+            serde_json::from_str::<&serde_json::value::RawValue>(&record.body)
+                .map_err(|e| context(Error::InvalidInput(format!("body is not JSON: {e}"))))?;
+            record.normalize_body();
+        }
+        Ok(CheckedRecords(records))
+    }
+
+    /// Records the caller has validated with `Record::validate`, whose keys are UTF-8 and
+    /// whose bodies it has parsed as JSON (the wire parser); bodies are put on one line here.
+    pub(crate) fn parsed(mut records: Vec<Record>) -> CheckedRecords {
+        records.iter_mut().for_each(Record::normalize_body);
+        CheckedRecords(records)
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    pub fn into_inner(self) -> Vec<Record> {
+        self.0
+    }
+}
+
+/// An error's message without the kind prefix its `Display` carries.
+fn reason(error: &Error) -> String {
+    match error {
+        Error::InvalidInput(message) => message.clone(),
+        other => other.to_string(),
+    }
+}
+
 impl Record {
+    /// A multi-line body in its one-line form (`one_line_json`).
+    fn normalize_body(&mut self) {
+        if let std::borrow::Cow::Owned(one_line) = one_line_json(&self.body) {
+            self.body = one_line;
+        }
+    }
+
     /// Checks the bounds of every field; the message names the field and the limit.
     pub fn validate(&self) -> Result<()> {
         if !(EVENT_TIME_MIN..=EVENT_TIME_MAX).contains(&self.event_time) {
