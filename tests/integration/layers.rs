@@ -127,6 +127,37 @@ fn every_import_points_inward_and_no_layer_has_a_cycle() {
     }
 }
 
+/// What the ways in (`api`, `cli`) may import from the engine: its operations, its errors and
+/// its vocabulary. Everything else they reach through `ops`, so an operation has one
+/// implementation whichever way it is asked for. The CLI also hands `frostline run` to the
+/// daemon, which is a way in itself (it serves the API), not a part of the engine.
+const WAYS_IN: &[(&str, &[&str])] =
+    &[("api", &["ops", "error", "model"]), ("cli", &["ops", "error", "model", "daemon"])];
+
+#[test]
+fn the_ways_in_reach_the_engine_only_through_ops() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut violations = Vec::new();
+    for (way_in, allowed) in WAYS_IN {
+        let mut files = Vec::new();
+        sources(&root.join(way_in), &mut files);
+        assert!(!files.is_empty(), "no sources under src/{way_in}");
+        for file in files {
+            let text = std::fs::read_to_string(&file).unwrap();
+            for (line, name) in crate_paths(&text) {
+                let root_export = matches!(name.as_str(), "Error" | "ErrorKind" | "Result");
+                if name != *way_in && !root_export && !allowed.contains(&name.as_str()) {
+                    violations.push(format!(
+                        "{}:{line}: `{way_in}` imports `crate::{name}`; call an operation of `ops` instead",
+                        file.strip_prefix(&root).unwrap().display()
+                    ));
+                }
+            }
+        }
+    }
+    assert!(violations.is_empty(), "the ways in reach past `ops`:\n{}", violations.join("\n"));
+}
+
 /// The check finds what it must: an outward import, a separated pair, a grouped import.
 #[test]
 fn the_layer_check_reads_every_form_of_import() {

@@ -16,7 +16,7 @@ fn hostile(mode: &str, limits: PluginLimits) -> WasmStrategy {
 }
 
 fn check_passes(source: &PluginSource, role: Role, config: &str) {
-    let report = frostline::cli::plugin_check::check(shared_host(), source, role, config.to_string(), 42)
+    let report = frostline::ops::plugin_check::check(shared_host(), source, role, config.to_string(), 42)
         .unwrap_or_else(|e| panic!("{}: {e}", source.name));
     assert!(report.passed(), "{report}");
 }
@@ -181,7 +181,7 @@ fn invalid_answers_are_refused_by_the_host() {
 
 #[test]
 fn unstable_strategy_fails_conformance() {
-    let report = frostline::cli::plugin_check::check(
+    let report = frostline::ops::plugin_check::check(
         shared_host(),
         &test_plugin("hostile_strategy"),
         Role::BucketStrategy,
@@ -277,7 +277,7 @@ fn strategies_see_a_stopped_clock_and_zero_random_so_two_calls_answer_alike() {
     );
     assert_eq!(probe(r#"{"mode":"probe-time"}"#), first, "a second instance sees the same time and randomness");
 
-    let report = frostline::cli::plugin_check::check(
+    let report = frostline::ops::plugin_check::check(
         shared_host(),
         &test_plugin("hostile_strategy"),
         Role::BucketStrategy,

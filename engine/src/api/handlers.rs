@@ -1,5 +1,6 @@
-//! One handler per route of `ROUTES`. Handlers parse and check the request, run engine work
-//! (on a blocking thread when it blocks) and shape the answer; they hold no engine logic.
+//! One handler per route of `ROUTES`. Handlers parse and check the request, call its operation
+//! in `ops` (on a blocking thread when it blocks) and send the answer; they hold no engine
+//! logic.
 
 use std::sync::Arc;
 
@@ -11,7 +12,7 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodFilter, MethodRouter, on};
 use futures::StreamExt;
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 
 use super::{
     ApiError, ApiState, BUCKETS_LIMIT_DEFAULT, BUCKETS_LIMIT_MAX, HTTP_BODY_BYTES_MAX, HTTP_BODY_DRAIN_BYTES_MAX,
@@ -19,8 +20,8 @@ use super::{
     RouteId,
 };
 use crate::error::{Error, ErrorKind};
-use crate::model::BucketState;
-use crate::model::time::{format_rfc3339, parse_time_arg};
+use crate::model::time::parse_time_arg;
+use crate::ops;
 
 type Shared = State<Arc<ApiState>>;
 
@@ -188,7 +189,7 @@ pub(super) fn parse_batch(bytes: &[u8]) -> Result<crate::model::CheckedRecords, 
             return Err(too_many_records(items.len()));
         }
         for (index, item) in items.iter().enumerate() {
-            match crate::ops::records::parse_line(item.get()) {
+            match ops::records::parse_line(item.get()) {
                 Ok(r) => records.push(r),
                 Err(e) => errors.push(RecordError { line: None, index: Some(index), reason: reason_of(&e) }),
             }
@@ -202,7 +203,7 @@ pub(super) fn parse_batch(bytes: &[u8]) -> Result<crate::model::CheckedRecords, 
             if raw.trim().is_empty() {
                 continue;
             }
-            match crate::ops::records::parse_line(raw) {
+            match ops::records::parse_line(raw) {
                 Ok(r) => records.push(r),
                 Err(e) => errors.push(RecordError { line: Some(n + 1), index: None, reason: reason_of(&e) }),
             }
@@ -238,13 +239,13 @@ async fn append(
     body: Body,
 ) -> Result<Response, ApiError> {
     let table = known_table(&state, path)?;
-    let outcome: Result<crate::store::AppendOutcome, ApiError> = async {
+    let outcome: Result<ops::wire::AppendCounts, ApiError> = async {
         let bytes = read_body(&headers, body).await?;
         let records = parse_batch(&bytes)?;
         drop(bytes);
         let engine = state.engine.clone();
-        // Acknowledged only after `Engine::append` returns, that is after the commit.
-        tokio::task::spawn_blocking(move || engine.append_checked(&table, records))
+        // Acknowledged only after `ops::records::append` returns, that is after the commit.
+        tokio::task::spawn_blocking(move || ops::records::append(&engine, &table, records))
             .await
             .map_err(|e| ApiError::from(Error::Internal(format!("append task failed: {e}"))))?
             .map_err(|e| {
@@ -292,29 +293,16 @@ async fn query(
 ) -> Result<Response, ApiError> {
     let table = known_table(&state, path)?;
     let params = query_params(params)?;
-    let request = crate::query::QueryRequest {
+    let request = ops::query::QueryRequest {
         table,
         partition_key: params.partition.map(String::into_bytes),
         from: params.from.as_deref().map(parse_time_arg).transpose()?,
         to: params.to.as_deref().map(parse_time_arg).transpose()?,
-        limit: params.limit.unwrap_or(crate::query::QUERY_LIMIT_DEFAULT),
+        limit: params.limit.unwrap_or(ops::query::QUERY_LIMIT_DEFAULT),
         cursor: params.cursor,
     };
-    let page = crate::query::query(&state.engine, request).await?;
-    // Records in the JSON-lines shape, bodies byte for byte.
-    let mut body = String::from("{\"records\":[");
-    for (i, r) in page.records.iter().enumerate() {
-        if i > 0 {
-            body.push(',');
-        }
-        body.push_str(&crate::ops::records::record_json(r));
-    }
-    body.push_str("],\"next_cursor\":");
-    body.push_str(&serde_json::to_string(&page.next_cursor).map_err(|e| Error::Internal(e.to_string()))?);
-    // Ranges whose archives expired on purpose: gone by retention, not missing.
-    body.push_str(",\"expired\":");
-    body.push_str(&serde_json::to_string(&page.expired).map_err(|e| Error::Internal(e.to_string()))?);
-    body.push('}');
+    let page = ops::query::query(&state.engine, request).await?;
+    let body = ops::query::page_json(&page)?;
     Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
 }
 
@@ -326,36 +314,6 @@ struct BucketsParams {
     limit: Option<usize>,
 }
 
-/// One bucket as the API shows it; times are RFC 3339.
-#[derive(Debug, Serialize)]
-struct BucketView {
-    partition_key: String,
-    bucket_key: String,
-    start: String,
-    end: String,
-    state: &'static str,
-    state_since: String,
-    generation: u64,
-    rows: u64,
-    bytes: u64,
-    lease_owner: Option<String>,
-    lease_expires_at: Option<String>,
-    attempts: u32,
-    next_retry_at: Option<String>,
-    last_error: Option<String>,
-    due_at: Option<String>,
-    manifest_key: Option<String>,
-    archived_at: Option<String>,
-}
-
-#[derive(Debug, Serialize)]
-struct BucketsPage {
-    table: String,
-    buckets: Vec<BucketView>,
-    /// More buckets matched than `limit`.
-    truncated: bool,
-}
-
 async fn buckets(
     State(state): Shared,
     path: Result<Path<String>, PathRejection>,
@@ -363,98 +321,33 @@ async fn buckets(
 ) -> Result<Response, ApiError> {
     let table = known_table(&state, path)?;
     let params = query_params(params)?;
-    let wanted = match params.state.as_deref() {
-        None => None,
-        Some(name) => Some(BucketState::ALL.into_iter().find(|s| s.name() == name).ok_or_else(|| {
-            ApiError::bad_request(format!(
-                "unknown state `{name}`; use one of {}",
-                BucketState::ALL.map(|s| s.name()).join(", ")
-            ))
-        })?),
+    let request = ops::buckets::BucketsRequest {
+        table,
+        state: params.state,
+        partition: params.partition,
+        limit: listing_limit(params.limit)?,
     };
-    let limit = listing_limit(params.limit)?;
-    let (store, id, partition) = (state.engine.store.clone(), table.clone(), params.partition.clone());
-    let mut metas = blocking(move || store.buckets(&id, partition.as_deref().map(str::as_bytes))).await?;
-    metas.retain(|b| wanted.is_none_or(|s| b.state == s));
-    metas.sort_by(|a, b| (a.descriptor.start, &a.id.partition_key).cmp(&(b.descriptor.start, &b.id.partition_key)));
-    let truncated = metas.len() > limit;
-    metas.truncate(limit);
-    let views: Vec<BucketView> = metas
-        .into_iter()
-        .map(|b| BucketView {
-            partition_key: String::from_utf8_lossy(&b.id.partition_key).into_owned(),
-            bucket_key: b.id.bucket_key.clone(),
-            start: format_rfc3339(b.descriptor.start),
-            end: format_rfc3339(b.descriptor.end),
-            state: b.state.name(),
-            state_since: format_rfc3339(b.state_since),
-            generation: b.generation,
-            rows: b.row_count,
-            bytes: b.byte_count,
-            lease_expires_at: b.lease_owner.as_ref().map(|_| format_rfc3339(b.lease_expires_at)),
-            lease_owner: b.lease_owner,
-            attempts: b.attempts,
-            next_retry_at: b.next_retry_at.map(format_rfc3339),
-            last_error: b.last_error,
-            due_at: b.due_at.map(format_rfc3339),
-            manifest_key: b.manifest_key,
-            archived_at: b.archived_at.map(format_rfc3339),
-        })
-        .collect();
-    Ok(Json(BucketsPage { table, buckets: views, truncated }).into_response())
+    let page = blocking(move || ops::buckets::list(&state.engine, request)).await?;
+    Ok(Json(page).into_response())
 }
 
 async fn status(State(state): Shared) -> Result<Response, ApiError> {
-    let status = blocking(move || crate::ops::status::collect(&state.engine)).await?;
+    let status = blocking(move || ops::status::collect(&state.engine)).await?;
     Ok(Json(status).into_response())
 }
 
-#[derive(Debug, Serialize)]
-struct PluginView {
-    #[serde(flatten)]
-    record: crate::policy::PluginRecord,
-    #[serde(flatten)]
-    counts: Option<crate::model::CallCounts>,
+async fn plugins(State(state): Shared) -> Json<ops::plugins::PluginsPage> {
+    Json(ops::plugins::list(&state.engine))
 }
 
-async fn plugins(State(state): Shared) -> Json<PluginsPage> {
-    let policies = state.engine.policies();
-    let views: Vec<PluginView> = policies
-        .plugins
-        .iter()
-        .map(|record| {
-            let table = policies.tables.get(&record.table);
-            let counts = table.and_then(|t| match record.role {
-                crate::plugin::Role::BucketStrategy => t.strategy.call_counts(),
-                crate::plugin::Role::RetentionPolicy => t.retention.call_counts(),
-                crate::plugin::Role::Archiver => None,
-            });
-            PluginView { record: record.clone(), counts }
-        })
-        .collect();
-    Json(PluginsPage { generation: policies.generation, plugins: views })
-}
-
-#[derive(Debug, Serialize)]
-struct PluginsPage {
-    generation: u64,
-    plugins: Vec<PluginView>,
-}
-
-#[derive(Debug, Serialize)]
-struct LastReload {
-    generation: u64,
-    last_reload: Option<crate::policy::ReloadOutcome>,
-}
-
-async fn last_reload(State(state): Shared) -> Json<LastReload> {
-    Json(LastReload { generation: state.engine.policies().generation, last_reload: state.engine.last_reload() })
+async fn last_reload(State(state): Shared) -> Json<ops::plugins::LastReload> {
+    Json(ops::plugins::last_reload(&state.engine))
 }
 
 async fn reload(State(state): Shared) -> Result<Response, ApiError> {
     let outcome = blocking(move || {
-        let outcome = crate::ops::reload::reload(&state.engine, "api");
-        if let Err(e) = crate::ops::status::write_status_file(&state.engine) {
+        let outcome = ops::reload::reload(&state.engine, "api");
+        if let Err(e) = ops::status::write_status_file(&state.engine) {
             tracing::warn!(error = %e, "cannot write the status file");
         }
         Ok(outcome)
@@ -468,7 +361,7 @@ async fn archive(State(state): Shared) -> Result<Response, ApiError> {
     let report = state.passes.run_until_idle(&state.engine, &state.stopping).await?;
     let engine = state.engine.clone();
     let _ = tokio::task::spawn_blocking(move || {
-        if let Err(e) = crate::ops::status::write_status_file(&engine) {
+        if let Err(e) = ops::status::write_status_file(&engine) {
             tracing::warn!(error = %e, "cannot write the status file");
         }
     })
@@ -477,8 +370,8 @@ async fn archive(State(state): Shared) -> Result<Response, ApiError> {
 }
 
 async fn holds(State(state): Shared) -> Result<Response, ApiError> {
-    let holds = blocking(move || crate::ops::holds::list_holds(&state.engine)).await?;
-    Ok(Json(crate::ops::wire::HoldsPage { holds }).into_response())
+    let holds = blocking(move || ops::holds::list_holds(&state.engine)).await?;
+    Ok(Json(ops::wire::HoldsPage { holds }).into_response())
 }
 
 fn unprocessable(message: impl Into<String>) -> ApiError {
@@ -487,19 +380,20 @@ fn unprocessable(message: impl Into<String>) -> ApiError {
 
 async fn place_hold(State(state): Shared, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
     let bytes = read_body(&headers, body).await?;
-    let request: crate::ops::holds::HoldRequest = serde_json::from_slice(&bytes).map_err(|e| {
+    let request: ops::holds::HoldRequest = serde_json::from_slice(&bytes).map_err(|e| {
         ApiError::bad_request(format!(
             "the body is not a hold {{\"table\", \"partition\"?, \"tenant\"?, \"bucket\"?, \"reason\", \"placed_by\"}}: {e}"
         ))
     })?;
     check_table(&state, &request.table)?;
     // A well-formed request whose hold is refused (no reason, no author) is 422.
-    let placed = blocking(move || Ok(crate::ops::holds::place_hold(&state.engine, request, "api"))).await?.map_err(
-        |refusal| match refusal.kind() {
-            crate::ErrorKind::InvalidInput => unprocessable(refusal.to_string()),
-            _ => ApiError::from(refusal),
-        },
-    )?;
+    let placed =
+        blocking(move || Ok(ops::holds::place_hold(&state.engine, request, "api"))).await?.map_err(|refusal| {
+            match refusal.kind() {
+                crate::ErrorKind::InvalidInput => unprocessable(refusal.to_string()),
+                _ => ApiError::from(refusal),
+            }
+        })?;
     Ok((StatusCode::CREATED, Json(placed)).into_response())
 }
 
@@ -518,7 +412,7 @@ async fn lift_hold(
     let params = query_params(params)?;
     let by = params.by.map(|b| b.trim().to_string()).filter(|b| !b.is_empty()).unwrap_or_else(|| "api".into());
     // One transaction decides: a policy hold is 409, an unknown id 404 (`ErrorKind::NotFound`).
-    let hold = blocking(move || crate::ops::holds::lift_hold(&state.engine, id, by)).await?;
+    let hold = blocking(move || ops::holds::lift_hold(&state.engine, id, by)).await?;
     Ok(Json(serde_json::json!({"lifted": hold.id, "hold": hold})).into_response())
 }
 
@@ -529,70 +423,6 @@ struct RetentionParams {
     limit: Option<usize>,
 }
 
-/// Why a bucket is where it is in its lifecycle; times are RFC 3339.
-#[derive(Debug, Serialize)]
-struct RetentionEntry {
-    partition_key: String,
-    bucket_key: String,
-    start: String,
-    end: String,
-    state: &'static str,
-    state_since: String,
-    /// The retention policy's plan (none until the bucket is planned).
-    archive_at: Option<String>,
-    expire_at: Option<String>,
-    reason: Option<String>,
-    /// Holds that stopped this bucket's expiry.
-    held_by: Vec<String>,
-    /// Every hold (placed or policy-declared) that covers the bucket now.
-    holds: Vec<String>,
-    archived_at: Option<String>,
-    hot_deleted_at: Option<String>,
-    /// From the expiry's tombstone.
-    expired_at: Option<String>,
-    expiry_reason: Option<String>,
-    /// When the next action is due, and what it is.
-    due_at: Option<String>,
-    next: &'static str,
-    last_error: Option<String>,
-}
-
-#[derive(Debug, Serialize)]
-struct RetentionPage {
-    table: String,
-    buckets: Vec<RetentionEntry>,
-    truncated: bool,
-}
-
-/// What the engine does next with a bucket: `plan`, `archive`, `delete_hot`, `expire`,
-/// `held` (its expiry waits for holds) or `none`.
-fn next_action(meta: &crate::store::schema::BucketMeta, covered: bool) -> &'static str {
-    let plan = meta.plan.as_ref();
-    match meta.state {
-        BucketState::Hot if plan.is_none() => "plan",
-        BucketState::Hot => {
-            if plan.is_some_and(|p| p.archive_at.is_some()) {
-                "archive"
-            } else {
-                "none"
-            }
-        }
-        BucketState::Archiving => "archive",
-        BucketState::Archived { hot_deleted: false } => "delete_hot",
-        BucketState::Archived { hot_deleted: true } => {
-            let expires = plan.is_some_and(|p| p.expire_at.is_some());
-            if expires && (covered || !meta.held_by.is_empty()) {
-                "held"
-            } else if expires {
-                "expire"
-            } else {
-                "none"
-            }
-        }
-        BucketState::Expired => "none",
-    }
-}
-
 async fn retention(
     State(state): Shared,
     path: Result<Path<String>, PathRejection>,
@@ -600,55 +430,10 @@ async fn retention(
 ) -> Result<Response, ApiError> {
     let table = known_table(&state, path)?;
     let params = query_params(params)?;
-    let limit = listing_limit(params.limit)?;
-    let (engine, id) = (state.engine.clone(), table.clone());
-    let (mut metas, holds, tombstones) = blocking(move || {
-        let metas = engine.store.buckets(&id, params.partition.as_deref().map(str::as_bytes))?;
-        // The stored holds include the policy directory's (synced at every reload).
-        let mut holds = engine.store.holds()?;
-        holds.retain(|h| h.table == id);
-        let tombstones: std::collections::HashMap<_, _> = engine
-            .store
-            .tombstones()?
-            .into_iter()
-            .filter(|t| t.bucket.table == id)
-            .map(|t| (t.bucket.clone(), t))
-            .collect();
-        Ok((metas, holds, tombstones))
-    })
-    .await?;
-    metas.sort_by(|a, b| (a.descriptor.start, &a.id.partition_key).cmp(&(b.descriptor.start, &b.id.partition_key)));
-    let truncated = metas.len() > limit;
-    metas.truncate(limit);
-    let entries = metas
-        .into_iter()
-        .map(|b| {
-            let covering: Vec<String> = holds.iter().filter(|h| h.covers(&b)).map(|h| h.id.clone()).collect();
-            let tombstone = tombstones.get(&b.id);
-            let plan = b.plan.as_ref();
-            RetentionEntry {
-                partition_key: String::from_utf8_lossy(&b.id.partition_key).into_owned(),
-                bucket_key: b.id.bucket_key.clone(),
-                start: format_rfc3339(b.descriptor.start),
-                end: format_rfc3339(b.descriptor.end),
-                state: b.state.name(),
-                state_since: format_rfc3339(b.state_since),
-                archive_at: plan.and_then(|p| p.archive_at).map(format_rfc3339),
-                expire_at: plan.and_then(|p| p.expire_at).map(format_rfc3339),
-                reason: plan.map(|p| p.reason.clone()),
-                next: next_action(&b, !covering.is_empty()),
-                held_by: b.held_by.clone(),
-                holds: covering,
-                archived_at: b.archived_at.map(format_rfc3339),
-                hot_deleted_at: b.hot_deleted_at.map(format_rfc3339),
-                expired_at: tombstone.map(|t| format_rfc3339(t.expired_at)),
-                expiry_reason: tombstone.map(|t| t.reason.clone()),
-                due_at: b.due_at.map(format_rfc3339),
-                last_error: b.last_error.clone(),
-            }
-        })
-        .collect();
-    Ok(Json(RetentionPage { table, buckets: entries, truncated }).into_response())
+    let request =
+        ops::buckets::RetentionRequest { table, partition: params.partition, limit: listing_limit(params.limit)? };
+    let page = blocking(move || ops::buckets::retention(&state.engine, request)).await?;
+    Ok(Json(page).into_response())
 }
 
 #[derive(Debug, Deserialize)]
@@ -669,9 +454,8 @@ async fn verify(
     if params.sample == Some(0) {
         return Err(ApiError::bad_request("sample must be at least 1 (or left out to verify every archived bucket)"));
     }
-    let verdicts = crate::archive::verify::verify(&state.engine, params.table, params.sample, |_| {}).await?;
-    let failed = verdicts.iter().filter(|v| !v.ok).count();
-    Ok(Json(crate::ops::wire::VerifyReport { verdicts, failed }).into_response())
+    let report = ops::archives::verify(&state.engine, params.table, params.sample, |_| {}).await?;
+    Ok(Json(report).into_response())
 }
 
 /// The body of `POST /v1/policy/check`: the directory to check (default: the engine's own).
@@ -691,20 +475,7 @@ async fn policy_check(State(state): Shared, body: axum::body::Bytes) -> Result<R
         serde_json::from_slice(&body)
             .map_err(|e| ApiError::bad_request(format!("the body must be {{\"dir\": PATH}}: {e}")))?
     };
-    let report = blocking(move || {
-        let engine = &state.engine;
-        let dir = request.dir.unwrap_or_else(|| engine.policies().dir.clone());
-        let dir = std::path::absolute(&dir).map_err(|e| crate::Error::io(&dir, e))?;
-        Ok(crate::policy::check::check_dir(
-            &dir,
-            &engine.data_dir,
-            &engine.host,
-            &engine.settings,
-            Some(&engine.store),
-            engine.clock.now(),
-        ))
-    })
-    .await?;
+    let report = blocking(move || ops::policy::check_against(&state.engine, request.dir.as_deref())).await?;
     Ok(Json(report).into_response())
 }
 

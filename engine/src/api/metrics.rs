@@ -17,10 +17,10 @@ use prometheus::{
 
 use super::ApiState;
 use super::auth::RouteTemplate;
-use crate::archive::PassReport;
-use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::model::BucketState;
+use crate::ops::Engine;
+use crate::ops::passes::PassReport;
 
 fn internal(e: prometheus::Error) -> Error {
     Error::Internal(format!("metrics: {e}"))
@@ -189,49 +189,37 @@ fn scrape_families(engine: &Engine) -> Result<Registry> {
         Ok(c)
     };
 
-    let now = engine.clock.now();
-    let policies = engine.policies();
+    let status = crate::ops::status::collect(engine)?;
     let buckets = gauge_vec("frostline_buckets", "Buckets by table and state.", &["table", "state"])?;
     let rows = gauge_vec("frostline_bucket_rows", "Rows in buckets, by table and state.", &["table", "state"])?;
-    for table in policies.tables.keys() {
-        for state in BucketState::ALL {
-            buckets.with_label_values(&[table.as_str(), state.name()]).set(0);
-            rows.with_label_values(&[table.as_str(), state.name()]).set(0);
-        }
-    }
     let held = gauge_vec("frostline_buckets_held", "Archived buckets whose expiry a legal hold parks.", &["table"])?;
-    engine.store.visit_buckets(|b| {
-        buckets.with_label_values(&[b.id.table.as_str(), b.state.name()]).inc();
-        rows.with_label_values(&[b.id.table.as_str(), b.state.name()]).add(b.row_count as i64);
-        if !b.held_by.is_empty() {
-            held.with_label_values(&[b.id.table.as_str()]).inc();
+    for table in &status.tables {
+        for state in BucketState::ALL {
+            let count = table.states.get(state.name());
+            let labels = [table.id.as_str(), state.name()];
+            buckets.with_label_values(&labels).set(count.map_or(0, |c| c.buckets as i64));
+            rows.with_label_values(&labels).set(count.map_or(0, |c| c.rows as i64));
         }
-        Ok(())
-    })?;
-    let unmanaged = engine.store.table_states()?.iter().filter(|t| t.unmanaged_since.is_some()).count();
+        held.with_label_values(&[table.id.as_str()]).set(table.held_buckets as i64);
+    }
     gauge(
         "frostline_tables_unmanaged",
         "Tables with data that are not in the policy directory (their buckets wait for them).",
     )?
-    .set(unmanaged as i64);
+    .set(status.unmanaged_tables.len() as i64);
     gauge("frostline_buckets_awaiting_plan", "Buckets queued for a (new) retention plan.")?
-        .set(engine.store.unplanned(usize::MAX)?.len() as i64);
-    gauge("frostline_due_buckets", "Buckets whose next action is due now.")?.set(engine.store.due_count(now)? as i64);
-    let lag_seconds = match engine.store.earliest_due()? {
-        Some(at) if at <= now => (now - at) / 1_000_000,
-        _ => 0,
-    };
+        .set(status.unplanned_buckets as i64);
+    gauge("frostline_due_buckets", "Buckets whose next action is due now.")?.set(status.due_now as i64);
     gauge("frostline_archival_lag_seconds", "Seconds the oldest due bucket has waited; 0 when none is due.")?
-        .set(lag_seconds);
-    gauge("frostline_outbox_backlog", "Outbox events not yet delivered.")?.set(engine.store.outbox_len()? as i64);
+        .set(status.oldest_due_age_seconds);
+    gauge("frostline_outbox_backlog", "Outbox events not yet delivered.")?.set(status.outbox_backlog as i64);
     gauge("frostline_store_poisoned", "1 when the hot store refuses writes after a failed commit.")?
-        .set(i64::from(engine.store.poisoned().is_some()));
-    gauge("frostline_policy_generation", "Generation of the active policy set.")?.set(policies.generation as i64);
+        .set(i64::from(status.store_poisoned.is_some()));
+    gauge("frostline_policy_generation", "Generation of the active policy set.")?.set(status.policy.generation as i64);
 
-    let (accepted, refused) = engine.reload_counts();
     let reloads = counter_vec("frostline_policy_reloads_total", "Policy reloads since start, by result.", &["result"])?;
-    reloads.with_label_values(&["accepted"]).inc_by(accepted);
-    reloads.with_label_values(&["refused"]).inc_by(refused);
+    reloads.with_label_values(&["accepted"]).inc_by(status.policy.reloads_accepted);
+    reloads.with_label_values(&["refused"]).inc_by(status.policy.reloads_refused);
 
     let labels = ["table", "role", "plugin", "sha256"];
     let calls = counter_vec(
@@ -249,14 +237,9 @@ fn scrape_families(engine: &Engine) -> Result<Registry> {
         "Plugin answers the host refused, of the active policy set.",
         &labels,
     )?;
-    for record in &policies.plugins {
-        let Some(table) = policies.tables.get(&record.table) else { continue };
-        let counts = match record.role {
-            crate::plugin::Role::BucketStrategy => table.strategy.call_counts(),
-            crate::plugin::Role::RetentionPolicy => table.retention.call_counts(),
-            _ => None,
-        };
-        let Some(counts) = counts else { continue };
+    for plugin in &status.policy.plugins {
+        let Some(counts) = plugin.counts else { continue };
+        let record = &plugin.record;
         let role = record.role.to_string();
         let values = [record.table.as_str(), role.as_str(), record.plugin.as_str(), record.sha256.as_str()];
         calls.with_label_values(&values).inc_by(counts.calls);

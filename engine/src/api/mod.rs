@@ -28,8 +28,8 @@ use axum::Router;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 
-use crate::engine::Engine;
 use crate::error::{Error, ErrorKind, Result};
+use crate::ops::Engine;
 
 pub use self::auth::{Access, Auth};
 pub use self::metrics::Metrics;

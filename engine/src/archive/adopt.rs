@@ -33,7 +33,7 @@ use crate::storage::{ArchiveBackend, keys};
 use crate::store::schema::BucketId;
 use crate::store::{Adoption, VerifiedArchive};
 
-#[derive(Debug, Default, Clone, serde::Serialize)]
+#[derive(Debug, Default, Clone, serde::Serialize, serde::Deserialize)]
 pub struct AdoptReport {
     pub dry_run: bool,
     /// Bucket folders holding at least one manifest, over every table and target.

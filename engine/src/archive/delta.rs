@@ -59,7 +59,7 @@ pub const DELTA_CHECKPOINT_INTERVAL: u32 = 10;
 pub const DELTA_COMMIT_ATTEMPTS_MAX: u32 = 20;
 
 /// What one sync changed.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct DeltaSync {
     pub table: String,
     /// Files added and removed by this installation's commits.

@@ -37,7 +37,7 @@ pub const SWEEP_DELETES_PER_RUN_MAX: usize = 1_000;
 pub const SWEEP_RELEASED_PER_RUN_MAX: usize = 10_000;
 pub const META_LAST_SWEEP: &str = "last_sweep_at";
 
-#[derive(Debug, Default, Clone, serde::Serialize)]
+#[derive(Debug, Default, Clone, serde::Serialize, serde::Deserialize)]
 pub struct SweepReport {
     pub dry_run: bool,
     pub listed: u64,

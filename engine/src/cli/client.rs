@@ -38,7 +38,8 @@ impl ClientError {
 }
 
 type Result<T> = std::result::Result<T, ClientError>;
-use crate::ops::wire::{AppendCounts, ErrorBody, HoldsPage, VerifyReport};
+use crate::ops::archives::VerifyReport;
+use crate::ops::wire::{AppendCounts, ErrorBody, HoldsPage};
 
 /// How long connecting to the running engine may take.
 pub const CLIENT_CONNECT_SECONDS_MAX: u64 = 5;
@@ -59,7 +60,7 @@ pub struct Page {
     pub records: Vec<Box<serde_json::value::RawValue>>,
     pub next_cursor: Option<String>,
     /// Ranges the page met whose archives expired on purpose.
-    pub expired: Vec<crate::query::ExpiredRange>,
+    pub expired: Vec<crate::ops::query::ExpiredRange>,
 }
 
 /// The query of one page.
@@ -107,7 +108,7 @@ impl Client {
             .http_status_as_error(false)
             .timeout_connect(Some(Duration::from_secs(CLIENT_CONNECT_SECONDS_MAX)));
         if let Some(extra) = tls {
-            config = config.tls_config(crate::storage::trust::tls_config(extra));
+            config = config.tls_config(crate::ops::wire::tls_config(extra));
         }
         let scheme = if tls.is_some() { "https" } else { "http" };
         Client {
@@ -133,7 +134,7 @@ impl Client {
         };
         // The chain may be unreadable to this user (a key directory closed to it): the system's
         // authorities and FROSTLINE_CA_FILE may still verify the engine.
-        let mut trusted = crate::storage::trust::read_pem_certificates(&served).unwrap_or_else(|why| {
+        let mut trusted = crate::ops::wire::read_pem_certificates(&served).unwrap_or_else(|why| {
             eprintln!(
                 "note: the running engine's certificate chain {} {why}; trusting the system's authorities and \
                  FROSTLINE_CA_FILE only",
@@ -143,7 +144,7 @@ impl Client {
         });
         if let Some(ca_file) = std::env::var_os("FROSTLINE_CA_FILE") {
             let ca_file = std::path::PathBuf::from(ca_file);
-            trusted.extend(crate::storage::trust::read_pem_certificates(&ca_file).map_err(|why| {
+            trusted.extend(crate::ops::wire::read_pem_certificates(&ca_file).map_err(|why| {
                 crate::Error::InvalidInput(format!("FROSTLINE_CA_FILE {}: {why}", ca_file.display()))
             })?);
         }
@@ -279,7 +280,7 @@ impl Client {
     }
 
     /// A dry-run reload of `dir` (admin): what a reload would say, and what it would re-plan.
-    pub fn check_policies(&self, dir: &std::path::Path) -> Result<crate::policy::check::CheckReport> {
+    pub fn check_policies(&self, dir: &std::path::Path) -> Result<crate::ops::policy::CheckReport> {
         let body = serde_json::to_vec(&serde_json::json!({"dir": dir}))
             .map_err(|e| self.unexpected(format!("encoding the request: {e}")))?;
         let text = self.send("POST", "/v1/policy/check", Some(("application/json", &body)), true)?;

@@ -15,8 +15,8 @@
 use std::fs::File;
 use std::io::{BufRead, BufReader, BufWriter, Read, Seek, Write};
 
-use crate::engine::APPEND_BATCH_RECORDS_MAX;
 use crate::model::Record;
+use crate::ops::local::APPEND_BATCH_RECORDS_MAX;
 pub use crate::ops::records::{REPORTED_BAD_LINES_MAX, parse_line};
 use crate::ops::wire::{AppendCounts, HTTP_BODY_BYTES_MAX, HTTP_RECORDS_PER_REQUEST_MAX};
 

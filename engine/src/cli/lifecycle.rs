@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use clap::Subcommand;
 
 use super::{EngineArgs, remote, runtime};
-use crate::archive::verify::BucketVerdict;
+use crate::ops::archives::BucketVerdict;
 
 use crate::ops::holds::{HoldListing, HoldRequest};
 
@@ -122,7 +122,7 @@ fn print_verdicts(verdicts: &[BucketVerdict], json: bool) -> anyhow::Result<usiz
 
 pub fn run_sweep(engine: EngineArgs, dry_run: bool) -> anyhow::Result<ExitCode> {
     let engine = engine.open()?;
-    let report = runtime()?.block_on(crate::archive::sweep::sweep(&engine, dry_run))?;
+    let report = runtime()?.block_on(crate::ops::archives::sweep(&engine, dry_run))?;
     println!("{}", serde_json::to_string_pretty(&report)?);
     Ok(ExitCode::SUCCESS)
 }
@@ -131,35 +131,14 @@ pub fn run_sweep(engine: EngineArgs, dry_run: bool) -> anyhow::Result<ExitCode> 
 #[cfg(feature = "delta")]
 pub fn run_delta_rebuild(engine: EngineArgs, table: Option<String>) -> anyhow::Result<ExitCode> {
     let engine = engine.open()?;
-    let runtime = runtime()?;
-    let policies = engine.policies();
-    let tables: Vec<_> = match &table {
-        Some(id) => {
-            let table = policies.table(id)?.clone();
-            if !table.delta_log() {
-                anyhow::bail!("table `{id}` has no Delta log: only Parquet tables on object-store targets have one");
-            }
-            vec![table]
-        }
-        None => policies.tables.values().filter(|t| t.delta_log()).cloned().collect(),
-    };
+    let rebuilt = runtime()?.block_on(crate::ops::archives::delta_rebuild(&engine, table.as_deref()))?;
     let mut clean = true;
-    for table in tables {
-        match runtime.block_on(crate::archive::delta::sync(&engine, &table)) {
-            Ok(report) => println!(
-                "{}",
-                serde_json::json!({"table": report.table, "added": report.added, "removed": report.removed,
-                    "repaired": report.repaired, "version": report.version, "created": report.created})
-            ),
-            Err(e) => {
+    for table in rebuilt {
+        match &table.error {
+            None => println!("{}", serde_json::to_string(&table)?),
+            Some(error) => {
                 clean = false;
-                eprintln!(
-                    "table `{}`: {e}\nif the log is damaged, move {}_delta_log/ on target `{}` aside and run \
-                     `frostline delta rebuild` on every installation that archives into the table",
-                    table.id,
-                    crate::storage::keys::delta_table_root(&table.id),
-                    table.target_name
-                );
+                eprintln!("table `{}`: {error}", table.sync.table);
             }
         }
     }
@@ -168,7 +147,7 @@ pub fn run_delta_rebuild(engine: EngineArgs, table: Option<String>) -> anyhow::R
 
 pub fn run_adopt(engine: EngineArgs, dry_run: bool, from_installations: &[String]) -> anyhow::Result<ExitCode> {
     let engine = engine.open()?;
-    let report = runtime()?.block_on(crate::archive::adopt::adopt(&engine, dry_run, from_installations))?;
+    let report = runtime()?.block_on(crate::ops::archives::adopt(&engine, dry_run, from_installations))?;
     println!("{}", serde_json::to_string_pretty(&report)?);
     Ok(if report.conflicts.is_empty() && report.failures.is_empty() { ExitCode::SUCCESS } else { ExitCode::FAILURE })
 }

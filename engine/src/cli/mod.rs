@@ -20,9 +20,8 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 
-use crate::clock::SystemClock;
-use crate::engine::Engine;
-use crate::settings::ArchiverArgs;
+use crate::ops::Engine;
+use crate::ops::local::ArchiverArgs;
 
 #[derive(Debug, Parser)]
 #[command(name = "frostline", version, about = "Hot-to-cold archival engine with WebAssembly policy plugins")]
@@ -56,8 +55,7 @@ pub struct EngineArgs {
 
 impl EngineArgs {
     fn open(&self) -> anyhow::Result<Arc<Engine>> {
-        let settings = self.archiver.validate()?;
-        Ok(Engine::open(&self.data, &self.policies, settings, Arc::new(SystemClock))?)
+        Ok(crate::ops::local::open(&self.data, &self.policies, &self.archiver)?)
     }
 }
 
@@ -94,7 +92,7 @@ pub enum Command {
         /// Exclusive upper bound: RFC 3339 or integer microseconds.
         #[arg(long)]
         to: Option<String>,
-        #[arg(long, default_value_t = crate::query::QUERY_LIMIT_DEFAULT)]
+        #[arg(long, default_value_t = crate::ops::query::QUERY_LIMIT_DEFAULT)]
         limit: usize,
         /// The cursor printed by the previous page.
         #[arg(long)]
@@ -215,41 +213,9 @@ pub enum PluginCommand {
     Compile(plugin_compile::CompileArgs),
 }
 
-/// What `frostline --version` prints after the version: the plugin contract, the wasmtime
-/// that runs plugins, the build's features and the SHA-256 of every built-in plugin, so an
-/// operator can tell which components and compiled caches a binary accepts.
+/// What `frostline --version` prints after the version (`ops::plugins::version_text`).
 pub fn long_version() -> String {
-    use sha2::Digest as _;
-    let mut text = format!(
-        "{}\nplugin contract {}@{} (runs {})\nwasmtime {}\nfeatures: {}\n",
-        env!("CARGO_PKG_VERSION"),
-        crate::plugin::CONTRACT_PACKAGE,
-        crate::plugin::CONTRACT_VERSION,
-        crate::plugin::CONTRACT_VERSIONS_SUPPORTED.join(", "),
-        crate::plugin::WASMTIME_VERSION,
-        features(),
-    );
-    for builtin in crate::plugin::builtin::BUILTINS {
-        let sha = hex::encode(sha2::Sha256::digest(builtin.bytes));
-        text.push_str(&format!("builtin:{} {} sha256 {sha}\n", builtin.name, builtin.role));
-    }
-    let native = crate::plugin::precompile::Target::native();
-    text.push_str(&format!("precompiled plugins for this host: {}\n", native.artifact_name("COMPONENT_SHA256")));
-    text.trim_end().to_string()
-}
-
-/// The optional features this binary was built with.
-fn features() -> String {
-    let features: Vec<&str> = [
-        (cfg!(feature = "compiler"), "compiler (compiles plugins; an edge build without it runs precompiled ones)"),
-        (cfg!(feature = "delta"), "delta (Parquet archives are Delta Lake tables)"),
-        (cfg!(feature = "gcs"), "gcs"),
-        (cfg!(feature = "azure"), "azure"),
-    ]
-    .into_iter()
-    .filter_map(|(on, name)| on.then_some(name))
-    .collect();
-    if features.is_empty() { "none (the lean edge build)".to_string() } else { features.join(", ") }
+    crate::ops::plugins::version_text()
 }
 
 /// A progress bar on a terminal; hidden otherwise (scripts and tests).
@@ -349,7 +315,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                             json,
                         )?,
                         None => {
-                            let path = args.data.join(crate::engine::STATUS_FILE);
+                            let path = crate::ops::local::status_file(&args.data);
                             let text = std::fs::read_to_string(&path).with_context(|| {
                                 format!("{e:#}; and its status file {} is unreadable", path.display())
                             })?;
@@ -369,23 +335,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Reload { data } => {
-            // Only an engine that holds the database may be signalled: a pid file left by a
-            // crashed engine could name an unrelated process by now.
-            match crate::store::Store::open(&data.join(crate::engine::DATABASE_FILE)) {
-                Err(crate::Error::AlreadyOpen { .. }) => {}
-                Ok(_) => anyhow::bail!("no engine is running on {}; start one with `frostline run`", data.display()),
-                Err(e) => return Err(e.into()),
-            }
-            let path = data.join(crate::engine::PID_FILE);
-            let pid: i32 = std::fs::read_to_string(&path)
-                .with_context(|| format!("no running engine: cannot read {}", path.display()))?
-                .trim()
-                .parse()
-                .with_context(|| format!("{} does not hold a process id", path.display()))?;
-            // SAFETY: kill(2) with a valid signal number has no memory-safety preconditions.
-            if unsafe { libc::kill(pid, libc::SIGHUP) } != 0 {
-                anyhow::bail!("cannot signal process {pid}: {}", std::io::Error::last_os_error());
-            }
+            let pid = crate::ops::local::signal_reload(&data)?;
             println!("asked process {pid} to reload; see `frostline status` for the result");
             Ok(ExitCode::SUCCESS)
         }

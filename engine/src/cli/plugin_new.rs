@@ -8,7 +8,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, bail};
 
-use crate::plugin::Role;
+use crate::ops::plugins::Role;
 
 /// The bindings generator frostline's own Rust plugins are built with (plugins/Cargo.lock).
 pub const WIT_BINDGEN_VERSION: &str = "0.61.1";

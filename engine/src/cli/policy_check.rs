@@ -5,9 +5,8 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use crate::clock::Clock as _;
-use crate::policy::check::{CheckReport, check_dir};
-use crate::settings::ArchiverArgs;
+use crate::ops::local::ArchiverArgs;
+use crate::ops::policy::CheckReport;
 
 #[derive(Debug, clap::Args)]
 pub struct PolicyCheckArgs {
@@ -25,46 +24,22 @@ pub struct PolicyCheckArgs {
 }
 
 pub fn run(args: PolicyCheckArgs) -> anyhow::Result<ExitCode> {
-    let settings = args.archiver.validate()?;
-    let dir = std::path::absolute(&args.dir)?;
-    let now = crate::clock::SystemClock.now();
-    let report = match &args.data {
-        None => {
-            let scratch = std::env::temp_dir().join(format!("frostline-policy-check-{}", std::process::id()));
-            let host = crate::plugin::PluginHost::new(None)?;
-            let report = check_dir(&dir, &scratch, &host, &settings, None, now);
-            let _ = std::fs::remove_dir_all(&scratch);
-            report
-        }
-        Some(data) => {
-            let data = std::path::absolute(data)?;
-            let database = data.join(crate::engine::DATABASE_FILE);
-            if !database.is_file() {
-                anyhow::bail!(
-                    "{} holds no frostline data (no {}); check the --data path",
-                    data.display(),
-                    database.display()
-                );
-            }
-            match crate::store::Store::open(&database) {
-                Ok(store) => {
-                    let host = crate::plugin::PluginHost::with_cache(
-                        Some(data.join("plugin-cache")),
-                        settings.plugin_cache_key_file.as_deref(),
-                    )?;
-                    check_dir(&dir, &data, &host, &settings, Some(&store), now)
-                }
-                Err(crate::Error::AlreadyOpen { .. }) => match crate::ops::wire::read_addr_file(&data)? {
-                    Some(addr) => crate::cli::client::Client::for_running_engine(&data, addr)?.check_policies(&dir)?,
-                    None => anyhow::bail!(
-                        "{} is held by another process that publishes no API address; if it is `frostline run`, \
-                         wait until it has started",
-                        data.display()
-                    ),
-                },
-                Err(e) => return Err(e.into()),
+    let report = match crate::ops::policy::check_offline(&args.dir, args.data.as_deref(), &args.archiver) {
+        Ok(report) => report,
+        // A running engine holds the data directory: ask it for a dry-run reload.
+        Err(crate::Error::AlreadyOpen { path }) => {
+            let data = args.data.as_deref().unwrap_or(&path);
+            match crate::ops::wire::read_addr_file(data)? {
+                Some(addr) => crate::cli::client::Client::for_running_engine(data, addr)?
+                    .check_policies(&std::path::absolute(&args.dir)?)?,
+                None => anyhow::bail!(
+                    "{} is held by another process that publishes no API address; if it is `frostline run`, wait \
+                     until it has started",
+                    data.display()
+                ),
             }
         }
+        Err(e) => return Err(e.into()),
     };
     print(&report, args.json)?;
     Ok(if report.accepted { ExitCode::SUCCESS } else { ExitCode::FAILURE })

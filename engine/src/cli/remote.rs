@@ -8,10 +8,10 @@ use std::sync::Arc;
 use anyhow::Context;
 
 use super::EngineArgs;
-use crate::archive::verify::BucketVerdict;
 use crate::cli::client::{Client, PageRequest};
-use crate::engine::Engine;
 use crate::model::Record;
+use crate::ops::Engine;
+use crate::ops::archives::BucketVerdict;
 use crate::ops::holds::{HoldListing, HoldPlaced, HoldRequest};
 use crate::ops::wire::AppendCounts;
 
@@ -44,16 +44,11 @@ pub struct QueryPage {
 
 impl EngineHandle for Arc<Engine> {
     fn append_batch(&self, table: &str, records: Vec<Record>, _lines: &[u8]) -> anyhow::Result<AppendCounts> {
-        let outcome = self.append_checked(table, crate::model::CheckedRecords::parsed(records))?;
-        Ok(AppendCounts {
-            appended: outcome.appended,
-            duplicates: outcome.duplicates,
-            already_archived: outcome.already_archived,
-        })
+        Ok(crate::ops::records::append(self, table, crate::model::CheckedRecords::parsed(records))?)
     }
 
     fn query(&self, table: &str, request: &PageRequest<'_>) -> anyhow::Result<QueryPage> {
-        let request = crate::query::QueryRequest {
+        let request = crate::ops::query::QueryRequest {
             table: table.to_string(),
             partition_key: request.partition.map(|p| p.as_bytes().to_vec()),
             from: request.from.map(crate::model::time::parse_time_arg).transpose()?,
@@ -61,17 +56,16 @@ impl EngineHandle for Arc<Engine> {
             limit: request.limit,
             cursor: request.cursor.map(str::to_string),
         };
-        let page = super::runtime()?.block_on(crate::query::query(self, request))?;
+        let page = super::runtime()?.block_on(crate::ops::query::query(self, request))?;
         Ok(QueryPage {
             lines: page.records.iter().map(crate::ops::records::record_json).collect(),
-            expired: page.expired.iter().map(crate::query::ExpiredRange::describe).collect(),
+            expired: page.expired.iter().map(crate::ops::query::ExpiredRange::describe).collect(),
             next_cursor: page.next_cursor,
         })
     }
 
     fn archive_once(&self) -> anyhow::Result<(serde_json::Value, bool)> {
-        let owner = self.new_owner_token();
-        let report = super::runtime()?.block_on(crate::ops::passes::run_until_idle(self, &owner, None, &|_| {}))?;
+        let report = super::runtime()?.block_on(crate::ops::local::archive_once(self))?;
         let clean = report.deferred == 0 && report.errors.is_empty();
         Ok((serde_json::to_value(&report)?, clean))
     }
@@ -89,18 +83,12 @@ impl EngineHandle for Arc<Engine> {
     }
 
     fn verify(&self, table: Option<String>, sample: Option<usize>) -> anyhow::Result<Vec<BucketVerdict>> {
-        let total = self
-            .store
-            .all_buckets()?
-            .iter()
-            .filter(|b| matches!(b.state, crate::model::BucketState::Archived { .. }))
-            .filter(|b| table.as_ref().is_none_or(|t| &b.id.table == t))
-            .count();
-        let bar = super::progress_bar(sample.map_or(total, |n| n.min(total)) as u64, "verify");
-        let verdicts = super::runtime()?
-            .block_on(crate::archive::verify::verify(self, table, sample, |done| bar.set_position(done as u64)))?;
+        let total = crate::ops::archives::verify_total(self, table.as_deref(), sample)?;
+        let bar = super::progress_bar(total as u64, "verify");
+        let report = super::runtime()?
+            .block_on(crate::ops::archives::verify(self, table, sample, |done| bar.set_position(done as u64)))?;
         bar.finish_and_clear();
-        Ok(verdicts)
+        Ok(report.verdicts)
     }
 }
 
@@ -113,7 +101,7 @@ impl EngineHandle for Client {
         let page = Client::query(self, table, request)?;
         Ok(QueryPage {
             lines: page.records.iter().map(|r| r.get().to_string()).collect(),
-            expired: page.expired.iter().map(crate::query::ExpiredRange::describe).collect(),
+            expired: page.expired.iter().map(crate::ops::query::ExpiredRange::describe).collect(),
             next_cursor: page.next_cursor,
         })
     }
@@ -178,7 +166,7 @@ pub fn status(client: &Client, args: &EngineArgs, json: bool) -> anyhow::Result<
             Ok(())
         }
         Err(e @ crate::cli::client::ClientError::Unreachable { .. }) => {
-            let path = args.data.join(crate::engine::STATUS_FILE);
+            let path = crate::ops::local::status_file(&args.data);
             let text = std::fs::read_to_string(&path)
                 .with_context(|| format!("{e}; and its status file {} is unreadable", path.display()))?;
             eprintln!("{e}; showing the status file it last wrote");

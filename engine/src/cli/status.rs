@@ -30,25 +30,27 @@ pub fn print(status: &Status) {
         println!("  file {file} sha256 {}", &sha[..16.min(sha.len())]);
     }
     for plugin in &p.plugins {
+        let plugin = &plugin.record;
         println!(
             "  plugin {} {} {} sha256 {}",
-            plugin["table"].as_str().unwrap_or_default(),
-            plugin["role"].as_str().unwrap_or_default(),
-            plugin["plugin"].as_str().unwrap_or_default(),
-            &plugin["sha256"].as_str().unwrap_or_default()[..12]
+            plugin.table,
+            plugin.role,
+            plugin.plugin,
+            &plugin.sha256[..12.min(plugin.sha256.len())]
         );
     }
     if !p.retired_tables.is_empty() {
         println!("  retired tables (no appends, still archived): {}", p.retired_tables.join(", "));
     }
     if let Some(r) = &p.last_reload {
-        match r["accepted"].as_bool() {
-            Some(true) => println!("  last reload: accepted ({})", r["trigger"].as_str().unwrap_or_default()),
-            _ => println!(
-                "  last reload: REFUSED ({}): {}",
-                r["trigger"].as_str().unwrap_or_default(),
-                r["error"].as_str().unwrap_or_default()
-            ),
+        if r.accepted {
+            println!("  last reload: accepted ({})", r.trigger);
+        } else {
+            println!("  last reload: REFUSED ({}): {}", r.trigger, r.error.as_deref().unwrap_or_default());
+        }
+        if !r.released_holds.is_empty() {
+            let ids: Vec<&str> = r.released_holds.iter().map(|h| h.id.as_str()).collect();
+            println!("  it released policy holds (their [[hold]] left the directory): {}", ids.join(", "));
         }
     }
     for t in &status.targets {

@@ -225,6 +225,26 @@ pub fn next_due(view: &BucketView<'_>, now: Micros) -> Option<Micros> {
     }
 }
 
+/// What the engine does next with a bucket, as the retention report names it: `plan`,
+/// `archive`, `delete_hot`, `expire`, `held` (its expiry waits for holds) or `none`. `held`:
+/// a hold covers the bucket now, or parked its expiry.
+pub fn next_step(state: BucketState, plan: Option<&RetentionPlan>, held: bool) -> &'static str {
+    use BucketState::*;
+    match state {
+        Hot if plan.is_none() => "plan",
+        Hot if plan.is_some_and(|p| p.archive_at.is_some()) => "archive",
+        Hot => "none",
+        Archiving => "archive",
+        Archived { hot_deleted: false } => "delete_hot",
+        Archived { hot_deleted: true } => match plan.and_then(|p| p.expire_at) {
+            Some(_) if held => "held",
+            Some(_) => "expire",
+            None => "none",
+        },
+        Expired => "none",
+    }
+}
+
 /// Whether a bucket's archive may be deleted: only when no hold covers it. Returns the ids
 /// of the covering holds otherwise (a legal hold beats every retention rule).
 pub fn expiry_allowed(covering_holds: &[String]) -> Result<(), Vec<String>> {

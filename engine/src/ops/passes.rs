@@ -8,7 +8,8 @@
 
 use std::sync::Arc;
 
-use crate::archive::{PassReport, run_pass};
+pub use crate::archive::PassReport;
+use crate::archive::run_pass;
 use crate::engine::Engine;
 use crate::error::Result;
 

@@ -48,6 +48,21 @@ pub fn parse_line(raw: &str) -> Result<Record> {
     Ok(record)
 }
 
+/// Appends a checked batch to `table` atomically: every record or none. Returns once the
+/// commit is durable: an answer is an acknowledgement.
+pub fn append(
+    engine: &crate::engine::Engine,
+    table: &str,
+    records: crate::model::CheckedRecords,
+) -> Result<super::wire::AppendCounts> {
+    let outcome = engine.append_checked(table, records)?;
+    Ok(super::wire::AppendCounts {
+        appended: outcome.appended,
+        duplicates: outcome.duplicates,
+        already_archived: outcome.already_archived,
+    })
+}
+
 /// A record as one JSON line, the same shape `ingest` reads, with the body byte for byte.
 pub fn record_json(r: &crate::model::Record) -> String {
     let mut line = Vec::new();

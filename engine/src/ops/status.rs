@@ -1,6 +1,7 @@
 //! The status read model: tables, buckets per state with the age of the oldest in each, due
 //! work, deferrals with their reasons, lease holders, targets and the policy set in force.
-//! One typed shape for `frostline status`, `GET /v1/status`, `status.json` and the metrics.
+//! One typed shape for `frostline status`, `GET /v1/status`, `status.json` and the metrics'
+//! state gauges (`api::metrics` renders them from `collect`).
 
 use std::collections::BTreeMap;
 
@@ -42,6 +43,9 @@ pub struct TableStatus {
     pub retention: String,
     pub target: String,
     pub states: BTreeMap<String, StateCount>,
+    /// Archived buckets whose expiry a legal hold parks.
+    #[serde(default)]
+    pub held_buckets: u64,
     /// The table's Delta log as this installation's last sync left it (Parquet tables with a
     /// Delta log, once synced).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -61,9 +65,14 @@ pub struct PolicyStatus {
     pub dir: String,
     pub generation: u64,
     pub files: BTreeMap<String, String>,
-    pub plugins: Vec<serde_json::Value>,
+    pub plugins: Vec<super::plugins::PluginStatus>,
     pub retired_tables: Vec<String>,
-    pub last_reload: Option<serde_json::Value>,
+    pub last_reload: Option<super::plugins::ReloadOutcome>,
+    /// Reloads since the engine started, accepted and refused.
+    #[serde(default)]
+    pub reloads_accepted: u64,
+    #[serde(default)]
+    pub reloads_refused: u64,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -111,6 +120,7 @@ pub fn collect(engine: &Engine) -> Result<Status> {
     let mut states: BTreeMap<&str, BTreeMap<String, StateCount>> = BTreeMap::new();
     let mut deferrals = Vec::new();
     let mut leases = Vec::new();
+    let mut held: BTreeMap<&str, u64> = BTreeMap::new();
     engine.store.visit_buckets(|b| {
         if let Some(id) = policies.tables.get_key_value(&b.id.table).map(|(id, _)| id.as_str()) {
             let entry = states.entry(id).or_default().entry(b.state.name().to_string()).or_insert(StateCount {
@@ -121,6 +131,9 @@ pub fn collect(engine: &Engine) -> Result<Status> {
             entry.buckets += 1;
             entry.rows += b.row_count;
             entry.oldest_age_seconds = entry.oldest_age_seconds.max((now - b.state_since) / 1_000_000);
+            if !b.held_by.is_empty() {
+                *held.entry(id).or_default() += 1;
+            }
         }
         if b.attempts > 0 || (b.plan.is_none() && b.last_error.is_some()) {
             deferrals.push(Deferral {
@@ -156,6 +169,7 @@ pub fn collect(engine: &Engine) -> Result<Status> {
             retention: table.retention.name().to_string(),
             target: format!("{} ({})", table.target_name, table.backend.target()),
             states: states.remove(id.as_str()).unwrap_or_default(),
+            held_buckets: held.get(id.as_str()).copied().unwrap_or(0),
             delta_log,
         });
     }
@@ -163,13 +177,16 @@ pub fn collect(engine: &Engine) -> Result<Status> {
         Some(at) if at <= now => (now - at) / 1_000_000,
         _ => 0,
     };
+    let (reloads_accepted, reloads_refused) = engine.reload_counts();
     let policy = PolicyStatus {
         dir: policies.dir.display().to_string(),
         generation: policies.generation,
         files: policies.files.clone(),
-        plugins: policies.plugins.iter().map(|p| serde_json::to_value(p).unwrap_or_default()).collect(),
+        plugins: super::plugins::list(engine).plugins,
         retired_tables: policies.retired.iter().cloned().collect(),
-        last_reload: engine.last_reload().map(|r| serde_json::to_value(r).unwrap_or_default()),
+        last_reload: engine.last_reload(),
+        reloads_accepted,
+        reloads_refused,
     };
     let unmanaged_tables =
         engine.store.table_states()?.into_iter().filter(|t| t.unmanaged_since.is_some()).map(|t| t.id).collect();

@@ -58,18 +58,15 @@ pub struct AppendCounts {
     pub already_archived: u64,
 }
 
-/// The answer of `POST /v1/verify`: a verdict per archived bucket checked, and how many failed.
-#[derive(Debug, Clone, Deserialize, Serialize)]
-pub struct VerifyReport {
-    pub verdicts: Vec<crate::archive::verify::BucketVerdict>,
-    pub failed: usize,
-}
-
 /// The answer of `GET /v1/holds`.
 #[derive(Debug, Deserialize, Serialize)]
 pub struct HoldsPage {
     pub holds: Vec<crate::ops::holds::HoldListing>,
 }
+
+/// The trust the CLI's client of a running engine shares with the object-store clients: the
+/// system's roots plus the certificates an operator adds, read from PEM.
+pub use crate::storage::trust::{read_pem_certificates, tls_config};
 
 /// A request body larger than this is refused with 413.
 pub const HTTP_BODY_BYTES_MAX: usize = 16 * 1024 * 1024;

@@ -226,7 +226,7 @@ impl std::fmt::Debug for LoadOptions {
 }
 
 /// One plugin of a policy set, for status and audits.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct PluginRecord {
     pub table: String,
     pub role: Role,
@@ -798,7 +798,7 @@ fn load_plugin(
 }
 
 /// The result of the last reload attempt, shown in status.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ReloadOutcome {
     pub at: model::Micros,
     pub accepted: bool,
