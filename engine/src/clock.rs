@@ -8,6 +8,13 @@ use crate::model::Micros;
 
 pub trait Clock: Send + Sync + std::fmt::Debug {
     fn now(&self) -> Micros;
+
+    /// Waits `pause` of this clock's time: real time for the system clock, none for a manual
+    /// one (its time moves only when told to). For waits whose length is a policy, such as a
+    /// reload's stability pause, so a simulation does not spend real time on them.
+    fn pause(&self, pause: std::time::Duration) {
+        std::thread::sleep(pause);
+    }
 }
 
 pub type SharedClock = Arc<dyn Clock>;
@@ -48,4 +55,6 @@ impl Clock for ManualClock {
     fn now(&self) -> Micros {
         self.now.load(Ordering::SeqCst)
     }
+
+    fn pause(&self, _pause: std::time::Duration) {}
 }

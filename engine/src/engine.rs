@@ -75,8 +75,10 @@ impl Engine {
         let policies_dir = &std::path::absolute(policies_dir).map_err(|e| Error::io(policies_dir, e))?;
         std::fs::create_dir_all(data_dir).map_err(|e| Error::io(data_dir, e))?;
         let store = Store::open_with_cache(&data_dir.join(DATABASE_FILE), settings.store_cache_bytes)?;
-        let host =
-            PluginHost::with_cache(Some(data_dir.join("plugin-cache")), settings.plugin_cache_key_file.as_deref())?;
+        let host = PluginHost::with_cache(
+            Some(settings.plugin_cache_dir(data_dir)),
+            settings.plugin_cache_key_file.as_deref(),
+        )?;
         let mut policies = crate::policy::load_with(policies_dir, data_dir, &host, &settings, &load_options)?;
         crate::policy::retired::restore_recorded(&mut policies, &store, &host, data_dir)?;
         let installation_id = store.installation_id()?;

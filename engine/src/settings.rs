@@ -87,6 +87,11 @@ pub struct ArchiverArgs {
     /// DATA/plugin-cache.key, made at first use for what the engine compiles itself.
     #[arg(long, env = "FROSTLINE_PLUGIN_CACHE_KEY_FILE", value_name = "FILE")]
     pub plugin_cache_key_file: Option<std::path::PathBuf>,
+    /// Where compiled plugins are cached (default DATA/plugin-cache), with the engine's own key
+    /// beside it (DIR.key): a folder several data directories of one host can share, or one
+    /// an image ships precompiled artifacts in. Only artifacts its keys prove are ever run.
+    #[arg(long, env = "FROSTLINE_PLUGIN_CACHE_DIR", value_name = "DIR")]
+    pub plugin_cache_dir: Option<std::path::PathBuf>,
 }
 
 impl Default for ArchiverArgs {
@@ -105,6 +110,7 @@ impl Default for ArchiverArgs {
             cleanup_slice_rows: CLEANUP_SLICE_ROWS_DEFAULT,
             concurrency: None,
             plugin_cache_key_file: None,
+            plugin_cache_dir: None,
         }
     }
 }
@@ -130,6 +136,15 @@ pub struct Settings {
     pub random_seed: Option<u64>,
     /// The operator's key that proves precompiled plugins (`plugin::provenance`).
     pub plugin_cache_key_file: Option<std::path::PathBuf>,
+    /// The compiled-plugin cache; `None`: DATA/plugin-cache (`Settings::plugin_cache_dir`).
+    pub plugin_cache_dir: Option<std::path::PathBuf>,
+}
+
+impl Settings {
+    /// The compiled-plugin cache of the data directory `data_dir`.
+    pub fn plugin_cache_dir(&self, data_dir: &std::path::Path) -> std::path::PathBuf {
+        self.plugin_cache_dir.clone().unwrap_or_else(|| data_dir.join("plugin-cache"))
+    }
 }
 
 impl Default for Settings {
@@ -214,6 +229,7 @@ impl ArchiverArgs {
             archive_concurrency,
             random_seed: None,
             plugin_cache_key_file: self.plugin_cache_key_file.clone(),
+            plugin_cache_dir: self.plugin_cache_dir.clone(),
             tombstone_retention_us: positive("ARCHIVER_TOMBSTONE_RETENTION_SECONDS", self.tombstone_retention_seconds)?,
             orphan_grace_us: orphan_grace_seconds.unwrap_or(self.orphan_grace_seconds) as i64 * MICROS_PER_SECOND,
             sweep_interval_us: positive("ARCHIVER_SWEEP_INTERVAL_SECONDS", self.sweep_interval_seconds)?,

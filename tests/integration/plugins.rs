@@ -296,6 +296,32 @@ fn strategies_see_a_stopped_clock_and_zero_random_so_two_calls_answer_alike() {
     assert_eq!(strategy.ask_one_uncached(3_600_000_000).unwrap().unwrap(), once);
 }
 
+/// `--plugin-cache-dir` (`Settings::plugin_cache_dir`): the engines of two data directories
+/// share one cache folder, with the engine's key beside it; the second compiles nothing, and
+/// neither data directory holds a cache of its own.
+#[test]
+fn two_data_directories_share_one_plugin_cache_folder() {
+    const POLICY: &str = "[[table]]\nid = \"events\"\nstrategy = { plugin = \"builtin:calendar-month-utc\" }\n\
+                          retention = { plugin = \"builtin:eligible-before\" }\n";
+    let cache = tempfile::tempdir().unwrap();
+    let folder = cache.path().join("compiled");
+    let settings = frostline::settings::Settings { plugin_cache_dir: Some(folder.clone()), ..Default::default() };
+    let open = || {
+        TestEngine::open_with_settings(POLICY, "2024-01-01T00:00:00Z", &[], Default::default(), settings.clone())
+            .unwrap()
+    };
+    let first = open();
+    let compiled = first.engine.host.cache_stats().compiled;
+    assert!(compiled > 0, "the first engine compiles the built-ins it runs");
+    assert!(cache.path().join("compiled.key").is_file(), "the engine's own key sits beside the folder");
+    let second = open();
+    let stats = second.engine.host.cache_stats();
+    assert_eq!((stats.compiled, stats.disk_hits), (0, compiled), "the second engine loads what the first compiled");
+    for engine in [&first, &second] {
+        assert!(!engine.data_dir().join("plugin-cache").exists(), "a data directory holds no cache of its own");
+    }
+}
+
 #[test]
 fn compiled_cache_is_used_on_the_second_load_and_corrupt_entries_are_recompiled() {
     let cache = tempfile::tempdir().unwrap();

@@ -169,8 +169,12 @@ fn run_seed(seed: u64, ops: usize) {
     let mut rng = StdRng::seed_from_u64(seed);
     let base = t("2024-01-01T00:00:00Z");
     // One bucket at a time: a seed replays only if its steps interleave the same way.
-    let settings =
-        frostline::settings::Settings { random_seed: Some(seed), archive_concurrency: 1, ..Default::default() };
+    let settings = frostline::settings::Settings {
+        random_seed: Some(seed),
+        archive_concurrency: 1,
+        plugin_cache_dir: Some(shared_plugin_cache()),
+        ..Default::default()
+    };
     let e = TestEngine::open_with_settings(POLICY, "2024-01-01T00:00:00Z", &[], Default::default(), settings)
         .unwrap_or_else(|err| panic!("seed {seed}: {err}"));
     let faulty = FaultyBackend::new(e.backend("r"));
@@ -463,6 +467,7 @@ fn run_lifecycle_seed(seed: u64, ops: usize) -> LifecycleCounts {
         // it may delete, it deletes at once, so a wrong deletion shows in the next read check.
         orphan_grace_us: i64::MIN,
         sweep_interval_us: 1,
+        plugin_cache_dir: Some(shared_plugin_cache()),
         ..Default::default()
     };
     let mut e = TestEngine::open_with_settings(&retention.policy(), "2024-01-01T00:00:00Z", &[], options, settings)
@@ -1050,6 +1055,7 @@ impl Peer {
             archive_concurrency: 1,
             orphan_grace_us: i64::MIN,
             sweep_interval_us: 1,
+            plugin_cache_dir: Some(shared_plugin_cache()),
             ..Default::default()
         };
         let e = TestEngine::open_with_settings(

@@ -24,14 +24,17 @@ pub fn example_plugin(file: &str) -> PluginSource {
     PluginSource::from_file(&PathBuf::from(dir).join(file)).unwrap_or_else(|e| panic!("{e}"))
 }
 
+/// The compiled-plugin cache beside the test binary: reruns skip compilation. The shared host
+/// uses it, and so do the simulations' engines (`Settings::plugin_cache_dir`), which would
+/// otherwise compile the built-ins again for every seed, rebuild and peer (half their time).
+pub fn shared_plugin_cache() -> PathBuf {
+    PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("plugin-cache")
+}
+
 /// One host per test binary keeps compile work down; tests that need their own cache make one.
 pub fn shared_host() -> &'static PluginHost {
     static HOST: OnceLock<PluginHost> = OnceLock::new();
-    HOST.get_or_init(|| {
-        // A compiled cache beside the test binary makes reruns skip compilation.
-        let cache = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("plugin-cache");
-        PluginHost::new(Some(cache)).expect("plugin host")
-    })
+    HOST.get_or_init(|| PluginHost::new(Some(shared_plugin_cache())).expect("plugin host"))
 }
 
 pub fn load(

@@ -51,7 +51,7 @@ pub fn check_offline(dir: &Path, data: Option<&Path>, archiver: &ArchiverArgs) -
     }
     let store = crate::store::Store::open(&database)?;
     let host = crate::plugin::PluginHost::with_cache(
-        Some(data.join("plugin-cache")),
+        Some(settings.plugin_cache_dir(&data)),
         settings.plugin_cache_key_file.as_deref(),
     )?;
     Ok(crate::policy::check::check_dir(&dir, &data, &host, &settings, Some(&store), now))

@@ -123,7 +123,7 @@ fn try_reload(engine: &Engine, current: &Arc<PolicySet>, pause: Duration) -> Res
     let dir = current.dir.clone();
     let (before, tree_before) = (hash_files(&dir)?, tree_state(&dir)?);
     if !pause.is_zero() {
-        std::thread::sleep(pause);
+        engine.clock.pause(pause);
     }
     let set = crate::policy::load_with(&dir, &engine.data_dir, &engine.host, &engine.settings, &engine.load_options)?;
     let (after, tree_after) = (hash_files(&dir)?, tree_state(&dir)?);

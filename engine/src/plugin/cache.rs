@@ -265,7 +265,11 @@ pub(crate) fn write_artifact(path: &Path, bytes: &[u8], key: &ArtifactKey) -> st
 #[cfg(feature = "compiler")]
 fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     use std::io::Write as _;
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    // Unique per writer: engines of one process (or several processes) may share a cache
+    // folder and compile the same component at once; each renames its own whole file.
+    let thread = format!("{:?}", std::thread::current().id());
+    let thread: String = thread.chars().filter(char::is_ascii_digit).collect();
+    let tmp = path.with_extension(format!("tmp{}-{thread}", std::process::id()));
     if let Err(e) = std::fs::remove_file(&tmp)
         && e.kind() != std::io::ErrorKind::NotFound
     {
