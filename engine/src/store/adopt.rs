@@ -5,8 +5,19 @@
 
 use std::collections::HashSet;
 
-use super::*;
+use redb::{ReadableTable, WriteTransaction};
+
+use crate::error::Result;
 use crate::format::manifest::Manifest;
+use crate::model::{ArchiveTarget, BucketState, Micros, Record, invariants};
+
+use super::outbox::push_outbox;
+use super::ownership::release_intents;
+use super::schema::{
+    BUCKETS, BUCKETS_BY_TIME, BucketId, BucketMeta, MANIFESTS, Shared, Tombstone, UNPLANNED, by_time_key,
+    decode_row_key, decode_row_ref, decode_value, encode_value, generation_key, rows_table, rows_table_name,
+};
+use super::{Store, load_meta, move_to, reconcile, save_meta, save_tombstone, schedule};
 
 /// What adopting one archive did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -61,11 +72,10 @@ impl Store {
                         Ok(count) => released = count,
                     }
                     let next = BucketState::Archived { hot_deleted: true };
-                    invariants::transition_is_allowed(meta.state, next).map_err(Error::Internal)?;
                     release_intents(txn, &id, &manifest, Some(&manifest_key), now)?;
                     let adopted = adopted_meta(&id, &manifest_key, &manifest, &rows, now);
                     let mut meta = meta;
-                    meta_touch(&mut meta, now, Some(next));
+                    move_to(&mut meta, next, now)?;
                     // Later claims must not reuse a generation either copy has used.
                     meta.generation = meta.generation.max(manifest.generation);
                     meta.lease_owner = None;
@@ -152,7 +162,7 @@ impl Store {
                     deletes_started_at: Some(now),
                 },
             )?;
-            meta_touch(&mut meta, now, Some(next));
+            move_to(&mut meta, next, now)?;
             meta.lease_owner = None;
             meta.lease_expires_at = now;
             schedule(txn, &mut meta, Some(purge_at))?;

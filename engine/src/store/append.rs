@@ -1,7 +1,20 @@
 //! Appends: the checks of one atomic batch (identity conflicts, fenced, archived and too-old
 //! buckets, the bucket's facts) and the rows and metadata it writes.
 
-use super::*;
+use std::collections::HashMap;
+use std::sync::mpsc;
+
+use redb::{ReadableTable, WriteTransaction};
+
+use crate::error::{Error, Result};
+use crate::model::{BucketDescriptor, BucketState, Micros, Record, lifecycle};
+
+use super::schema::{
+    BUCKETS, BUCKETS_BY_TIME, BucketId, BucketMeta, RowsTable, Shared, StoredRow, UNPLANNED, by_time_key,
+    decode_by_time_key, decode_value, encode_row, encode_value, row_key, rows_table, rows_table_name,
+};
+use super::writer::WriteRequest;
+use super::{Store, encoding};
 
 impl Store {
     /// Appends one batch atomically; returns after the commit that holds it.

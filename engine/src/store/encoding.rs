@@ -100,7 +100,7 @@ pub fn prefix_end(prefix: &[u8]) -> Vec<u8> {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use super::{Reader, prefix_end, put_bytes, put_i64};
 
     fn enc(parts: &[&[u8]], t: i64) -> Vec<u8> {
         let mut out = Vec::new();

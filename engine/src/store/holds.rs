@@ -1,7 +1,16 @@
 //! Legal holds: placing, lifting and syncing them (those declared in the policy directory),
 //! and what each does to the buckets it covers (parking an expiry, or calling one off).
 
-use super::*;
+use redb::{ReadableTable, WriteTransaction};
+
+use crate::error::{Error, Result};
+use crate::model::lifecycle::HoldEffect;
+use crate::model::{BucketState, Micros, lifecycle};
+
+use super::outbox::push_outbox;
+use super::reads::table_buckets;
+use super::schema::{BucketMeta, HOLDS, Hold, TOMBSTONES, Tombstone, decode_value, encode_value};
+use super::{Store, covering_holds, load_tombstone, move_to, reconcile, save_meta, schedule};
 
 impl Store {
     /// Places a hold, and tells what it did to each bucket it covers now: parks its expiry,
@@ -140,9 +149,8 @@ pub(super) fn call_off_expiry(
     now: Micros,
 ) -> Result<()> {
     let archived = BucketState::Archived { hot_deleted: true };
-    invariants::transition_is_allowed(meta.state, archived).map_err(Error::Internal)?;
     txn.open_table(TOMBSTONES)?.remove(meta.id.encode().as_slice())?;
-    meta_touch(meta, now, Some(archived));
+    move_to(meta, archived, now)?;
     meta.generation += 1;
     meta.lease_owner = None;
     meta.lease_expires_at = now;

@@ -33,27 +33,30 @@ mod writer;
 
 pub use self::adopt::{Adoption, VerifiedArchive};
 pub use self::append::{AppendBatch, AppendOutcome, PreparedRow};
+use self::holds::all_holds;
 pub use self::holds::{HoldPlacement, PolicyHoldSync};
 pub use self::protocol::{CleanupSlice, PlanOutcome, TOMBSTONE_PURGE_RETRY_US};
 pub use self::reads::Snapshot;
 pub use self::recovery::{RECOVERY_PROBE_BYTES, RECOVERY_WAIT_MS_MAX};
+use self::schema::{
+    BUCKETS, BUCKETS_BY_TIME, BucketId, BucketMeta, DELIVERIES, DUE, EPOCHS, HOLDS, INTENTS, MANIFESTS, META,
+    META_INSTALLATION_ID, META_SCHEMA_VERSION, OUTBOX, RELEASED, SCHEMA_VERSION, TABLES, TOMBSTONES, TableState,
+    Tombstone, UNPLANNED, decode_value, due_key, encode_value,
+};
 pub use self::writer::GROUP_COMMIT_REQUESTS_MAX;
-use self::{append::*, holds::*, outbox::*, ownership::release_intents, protocol::*, reads::*, writer::*};
+use self::writer::{Poison, TxnFn, WriteRequest, writer_loop};
 
 use std::any::Any;
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 
-use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, WriteTransaction};
+use redb::{Database, ReadableDatabase, ReadableTable, WriteTransaction};
 
-use self::schema::*;
 use crate::error::{Error, Result};
 use crate::model::invariants;
-use crate::model::lifecycle::{self, HoldEffect, NotClaimable, PlanBasis};
-use crate::model::rows::{RowExtent, RowFields, RowSummary, RowSummer};
-use crate::model::{BucketDescriptor, BucketState, Micros, Record, RetentionPlan};
+use crate::model::lifecycle;
+use crate::model::{BucketState, Micros};
 
 struct StoreInner {
     /// `None` while the store is being reopened after a failed commit (`recovery`).
@@ -277,13 +280,17 @@ fn save_meta(txn: &WriteTransaction, meta: &BucketMeta) -> Result<()> {
     Ok(())
 }
 
-fn meta_touch(meta: &mut BucketMeta, now: Micros, state: Option<BucketState>) {
-    if let Some(state) = state
-        && state != meta.state
-    {
+/// Moves the bucket to `state` (nothing when it is there already), refusing a move the
+/// state machine does not have (`invariants::transition_is_allowed`): the one place a
+/// bucket's state changes, so no transition can skip the check. A refusal fails the
+/// transaction, which then changes nothing.
+fn move_to(meta: &mut BucketMeta, state: BucketState, now: Micros) -> Result<()> {
+    if state != meta.state {
+        invariants::transition_is_allowed(meta.state, state).map_err(Error::Internal)?;
         meta.state = state;
         meta.state_since = now;
     }
+    Ok(())
 }
 
 /// Moves the bucket's due-index entry to `due_at` (or removes it).

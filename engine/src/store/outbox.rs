@@ -1,7 +1,15 @@
 //! The outbox: lifecycle events written in the transaction that makes them true, read and
 //! acknowledged by the delivery to sinks, and each sink's delivery record.
 
-use super::*;
+use redb::{ReadableTable, ReadableTableMetadata, WriteTransaction};
+
+use crate::error::{Error, Result};
+use crate::model::Micros;
+
+use super::schema::{
+    BucketId, BucketMeta, DELIVERIES, META, META_OUTBOX_SEQUENCE, OUTBOX, OutboxEvent, decode_value, encode_value,
+};
+use super::{Store, encoding};
 
 impl Store {
     pub fn outbox(&self, limit: usize) -> Result<Vec<OutboxEvent>> {

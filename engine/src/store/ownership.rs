@@ -11,7 +11,18 @@
 
 use std::collections::HashSet;
 
-use super::*;
+use redb::{ReadableTable, WriteTransaction};
+
+use crate::error::{Error, Result};
+use crate::model::Micros;
+
+use super::outbox::push_outbox;
+use super::reads::Snapshot;
+use super::schema::{
+    BucketId, EPOCHS, INTENTS, META, META_SWEEP_STOPPED, RELEASED, ReleasedKey, SweepStop, UploadIntent, decode_value,
+    encode_value,
+};
+use super::{Store, encoding};
 
 impl Store {
     /// Records `epoch` as one of this data directory's lives, durably, before any key made

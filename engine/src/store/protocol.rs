@@ -2,7 +2,24 @@
 //! lifecycle model and saves: tables registered and reconciled, plans stored, claim, lease
 //! renewal, upload intent, publish, defer, cleanup and the steps of an expiry.
 
-use super::*;
+use redb::{ReadableTable, ReadableTableMetadata, WriteTransaction};
+
+use crate::error::{Error, Result};
+use crate::model::lifecycle::{NotClaimable, PlanBasis};
+use crate::model::{ArchiveTarget, BucketState, Micros, RetentionPlan, lifecycle};
+
+use super::holds::{call_off_expiry, park};
+use super::outbox::{expiry_events_pending, push_outbox};
+use super::ownership::release_intents;
+use super::reads::rows_match_manifest;
+use super::schema::{
+    BUCKETS, BucketId, BucketMeta, INTENTS, MANIFESTS, TABLES, TOMBSTONES, TableState, Tombstone, UNPLANNED,
+    UploadIntent, decode_value, encode_value, generation_key, rows_table, rows_table_name,
+};
+use super::{
+    Store, check_lease, covering_holds, encoding, load_meta, load_table_state, load_tombstone, move_to, reconcile,
+    save_meta, save_table_state, save_tombstone, schedule, table_policy,
+};
 
 impl Store {
     /// Records a table's strategy the first time it is seen; afterwards refuses a different one.
@@ -203,8 +220,7 @@ impl Store {
                 }
             }
             if meta.state == BucketState::Hot {
-                invariants::transition_is_allowed(meta.state, BucketState::Archiving).map_err(Error::Internal)?;
-                meta_touch(&mut meta, now, Some(BucketState::Archiving));
+                move_to(&mut meta, BucketState::Archiving, now)?;
             }
             meta.generation += 1;
             meta.lease_owner = Some(owner);
@@ -269,10 +285,9 @@ impl Store {
             let mut meta = load_meta(txn, &id)?;
             check_lease(&meta, &owner, generation, now)?;
             let next = BucketState::Archived { hot_deleted: false };
-            invariants::transition_is_allowed(meta.state, next).map_err(Error::Internal)?;
             txn.open_table(MANIFESTS)?
                 .insert(generation_key(&id, generation).as_slice(), encode_value(&manifest)?.as_slice())?;
-            meta_touch(&mut meta, now, Some(next));
+            move_to(&mut meta, next, now)?;
             meta.manifest_key = Some(manifest_key.clone());
             meta.archived_at = Some(now);
             meta.attempts = 0;
@@ -391,7 +406,7 @@ impl Store {
             if finished {
                 crate::failpoints::hit("mid_cleanup")?;
                 txn.delete_table(rows_table(&name))?;
-                meta_touch(&mut meta, now, Some(BucketState::Archived { hot_deleted: true }));
+                move_to(&mut meta, BucketState::Archived { hot_deleted: true }, now)?;
                 meta.hot_deleted_at = Some(now);
                 meta.lease_owner = None;
                 meta.lease_expires_at = now;
@@ -435,7 +450,6 @@ impl Store {
                 save_meta(txn, &meta)?;
                 return Ok(None);
             }
-            invariants::transition_is_allowed(meta.state, BucketState::Expired).map_err(Error::Internal)?;
             let manifest_key = meta
                 .manifest_key
                 .clone()
@@ -453,7 +467,7 @@ impl Store {
                 deletes_started_at: None,
             };
             save_tombstone(txn, &tombstone)?;
-            meta_touch(&mut meta, now, Some(BucketState::Expired));
+            move_to(&mut meta, BucketState::Expired, now)?;
             let lease_expires_at = meta.lease_expires_at;
             schedule(txn, &mut meta, Some(lease_expires_at))?;
             save_meta(txn, &meta)?;

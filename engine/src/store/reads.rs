@@ -1,7 +1,21 @@
 //! Reads: each in its own read transaction (never waiting for the writer), and `Snapshot`,
 //! several reads that must agree taken from one.
 
-use super::*;
+use std::sync::Arc;
+
+use redb::{ReadableTable, WriteTransaction};
+
+use crate::error::{Error, Result};
+use crate::model::rows::{RowExtent, RowFields, RowSummary, RowSummer};
+use crate::model::{ArchiveTarget, BucketState, Micros, Record, invariants};
+
+use super::protocol::push_published;
+use super::schema::{
+    BUCKETS, BucketId, BucketMeta, DUE, INTENTS, MANIFESTS, META, META_INSTALLATION_ID, StoredRow, TABLES, TOMBSTONES,
+    TableState, Tombstone, UNPLANNED, UploadIntent, decode_due_key, decode_row_key, decode_row_ref, decode_value,
+    row_key, rows_table, rows_table_name,
+};
+use super::{Store, encoding};
 
 impl Store {
     /// A read transaction to read several things from one instant (a query page, the sweep's

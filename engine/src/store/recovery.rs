@@ -15,7 +15,12 @@
 
 use std::time::{Duration, Instant};
 
-use super::*;
+use std::path::Path;
+use std::sync::Arc;
+
+use crate::error::{Error, Result};
+
+use super::{Store, init_schema, open_database, start_writer};
 
 /// Bytes written (and synced) to prove that the data directory's filesystem takes writes
 /// again; a reopen needs room for redb's repair and the next commits.

@@ -571,7 +571,7 @@ impl Tombstone {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use super::{Shared, StoredRow, decode_row_ref, decode_value, encode_row, encode_value};
 
     #[test]
     fn a_value_shared_by_every_record_is_one_and_anything_else_is_mixed() {

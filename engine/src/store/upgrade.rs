@@ -9,7 +9,12 @@
 //! elsewhere, and deletes the emptied table last. A crash anywhere leaves every row in exactly
 //! one of the two places; the next open finds `records` still there and goes on.
 
-use super::*;
+use redb::{Database, ReadableDatabase, ReadableTable};
+
+use crate::error::{Error, Result};
+
+use super::encoding;
+use super::schema::{BucketId, META, META_SCHEMA_VERSION, RowsTable, SCHEMA_1_RECORDS, rows_table, rows_table_name};
 
 /// Rows moved per transaction: bounds the transaction's size on a database of any size.
 pub const UPGRADE_ROWS_PER_TRANSACTION: usize = 50_000;

@@ -2,7 +2,15 @@
 //! that arrive together commit in one transaction (group commit), each acknowledged after the
 //! commit; a failed commit poisons the store until it is reopened.
 
-use super::*;
+use std::any::Any;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, mpsc};
+
+use redb::{Database, WriteTransaction};
+
+use crate::error::{Error, Result};
+
+use super::append::{AppendBatch, AppendOutcome, apply_batch};
 
 /// Appends gathered into one transaction at most.
 pub const GROUP_COMMIT_REQUESTS_MAX: usize = 256;
