@@ -45,6 +45,26 @@ pub struct Engine {
     reloads: [std::sync::atomic::AtomicU64; 2],
     /// Every random choice the engine makes comes from here (`Settings::random_seed`).
     rng: std::sync::Mutex<rand::rngs::StdRng>,
+    /// What the archival remembers between passes, this engine's own.
+    pub(crate) memory: PassMemory,
+}
+
+/// What the archival remembers between passes: kept by the engine, so two engines in one
+/// process (tests, the simulation, a restored copy opened after the original closed) never
+/// share it, and an engine that closes forgets it, as a process that exits does.
+#[derive(Default)]
+pub(crate) struct PassMemory {
+    /// Tables whose Delta log the last sync left matching this installation's manifests.
+    pub delta_in_sync: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// One Delta sync at a time per table: two at once would each see a file missing and both
+    /// add it.
+    pub delta_locks: std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// Per sink: when its next delivery may be tried (on the engine's clock, so a simulation
+    /// drives it) and how many failed in a row.
+    pub sink_backoffs: std::sync::Mutex<HashMap<String, (crate::model::Micros, u32)>>,
+    /// Per webhook sink: its HTTP client, kept so deliveries reuse connections and the trust
+    /// store is built once, and the configuration it was made for.
+    pub webhook_agents: std::sync::Mutex<HashMap<String, (crate::policy::SinkConfig, ureq::Agent)>>,
 }
 
 /// File in the data directory where a running engine publishes its status (read by
@@ -103,6 +123,7 @@ impl Engine {
                 Some(seed) => rand::SeedableRng::seed_from_u64(seed),
                 None => rand::SeedableRng::from_os_rng(),
             }),
+            memory: PassMemory::default(),
         };
         engine.register_tables()?;
         Ok(Arc::new(engine))

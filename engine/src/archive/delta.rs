@@ -29,8 +29,8 @@
 //! before an expiry deletes its first object (so a reader of the newest version is never sent
 //! to a deleted file), and by `frostline delta sync`, which also rebuilds a lost log.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
 
 use deltalake::DeltaTable;
 use deltalake::kernel::transaction::{CommitBuilder, CommitProperties, TableReference};
@@ -83,31 +83,18 @@ pub async fn sync_if_needed(
     changed: bool,
 ) -> Option<Result<DeltaSync>> {
     if !table.delta_log()
-        || (!changed && in_sync().lock().expect("delta sync state").contains(&state_key(engine, table)))
+        || (!changed && engine.memory.delta_in_sync.lock().expect("delta sync state").contains(&table.id))
     {
         return None;
     }
     Some(sync(engine, table).await)
 }
 
-/// A table of one installation: (installation id, table id).
-type TableOf = (String, String);
-
-fn in_sync() -> &'static Mutex<HashSet<TableOf>> {
-    static IN_SYNC: OnceLock<Mutex<HashSet<TableOf>>> = OnceLock::new();
-    IN_SYNC.get_or_init(Default::default)
-}
-
-fn state_key(engine: &Engine, table: &TablePolicy) -> TableOf {
-    (engine.installation_id.clone(), table.id.clone())
-}
-
-/// One sync at a time per installation and table: two at once would each see a file missing
-/// and both add it.
+/// One sync at a time per table of this installation: two at once would each see a file
+/// missing and both add it.
 fn sync_lock(engine: &Engine, table: &TablePolicy) -> Arc<tokio::sync::Mutex<()>> {
-    static LOCKS: OnceLock<Mutex<HashMap<TableOf, Arc<tokio::sync::Mutex<()>>>>> = OnceLock::new();
-    let mut locks = LOCKS.get_or_init(Default::default).lock().expect("delta sync locks");
-    locks.entry(state_key(engine, table)).or_default().clone()
+    let mut locks = engine.memory.delta_locks.lock().expect("delta sync locks");
+    locks.entry(table.id.clone()).or_default().clone()
 }
 
 /// Makes this installation's files in the table's Delta log match its published manifests
@@ -116,11 +103,10 @@ fn sync_lock(engine: &Engine, table: &TablePolicy) -> Arc<tokio::sync::Mutex<()>
 pub async fn sync(engine: &Arc<Engine>, table: &Arc<TablePolicy>) -> Result<DeltaSync> {
     let lock = sync_lock(engine, table);
     let _serialized = lock.lock().await;
-    let key = state_key(engine, table);
-    in_sync().lock().expect("delta sync state").remove(&key);
+    engine.memory.delta_in_sync.lock().expect("delta sync state").remove(&table.id);
     let result = sync_serialized(engine, table).await;
     if result.is_ok() {
-        in_sync().lock().expect("delta sync state").insert(key);
+        engine.memory.delta_in_sync.lock().expect("delta sync state").insert(table.id.clone());
     }
     record(engine, table, &result).await?;
     result

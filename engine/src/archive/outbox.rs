@@ -3,10 +3,9 @@
 //! after every delivery is recorded. A sink that is down is backed off; it delays its own
 //! deliveries and never blocks archival.
 
-use std::collections::HashMap;
 use std::io::Write;
-use std::sync::{Arc, Mutex, OnceLock};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use super::blocking;
 use crate::engine::Engine;
@@ -18,14 +17,6 @@ use crate::store::schema::OutboxEvent;
 pub const OUTBOX_EVENTS_PER_PASS_MAX: usize = 500;
 pub const SINK_BACKOFF_MS_MIN: u64 = 1_000;
 pub const SINK_BACKOFF_MS_MAX: u64 = 300_000;
-
-/// Per data directory and sink: when the next attempt may run and how many failed in a row.
-type BackoffMap = HashMap<(String, String), (Instant, u32)>;
-
-fn backoffs() -> &'static Mutex<BackoffMap> {
-    static BACKOFFS: OnceLock<Mutex<BackoffMap>> = OnceLock::new();
-    BACKOFFS.get_or_init(Default::default)
-}
 
 /// The JSON document a sink receives for an event.
 pub fn event_json(event: &OutboxEvent, sink: &str) -> serde_json::Value {
@@ -46,9 +37,8 @@ pub fn event_json(event: &OutboxEvent, sink: &str) -> serde_json::Value {
 /// configuration changes: its timeout, and for `https://` rustls trusting the system's
 /// certificate authorities and the sink's `ca_file`. Kept, so deliveries reuse connections and
 /// the trust store is built once.
-fn webhook_agent(sink: &SinkConfig) -> ureq::Agent {
-    static AGENTS: OnceLock<Mutex<HashMap<String, (SinkConfig, ureq::Agent)>>> = OnceLock::new();
-    let mut agents = AGENTS.get_or_init(Default::default).lock().expect("webhook agents");
+fn webhook_agent(engine: &Engine, sink: &SinkConfig) -> ureq::Agent {
+    let mut agents = engine.memory.webhook_agents.lock().expect("webhook agents");
     if let Some((config, agent)) = agents.get(&sink.name)
         && config == sink
     {
@@ -70,12 +60,12 @@ fn new_webhook_agent(sink: &SinkConfig) -> ureq::Agent {
         .into()
 }
 
-fn deliver_one(sink: &SinkConfig, event: &OutboxEvent) -> Result<()> {
+fn deliver_one(engine: &Engine, sink: &SinkConfig, event: &OutboxEvent) -> Result<()> {
     let body = event_json(event, &sink.name);
     match sink.kind {
         SinkKind::Webhook => {
             let key = body["idempotency_key"].as_str().unwrap_or_default().to_string();
-            webhook_agent(sink)
+            webhook_agent(engine, sink)
                 .post(&sink.destination)
                 .header("Content-Type", "application/json")
                 .header("Idempotency-Key", &key)
@@ -124,10 +114,11 @@ pub async fn deliver(engine: &Arc<Engine>) -> Result<u64> {
         return Ok(0);
     }
     let sinks = engine.policies().sinks.clone();
-    let data_dir = engine.data_dir.display().to_string();
+    let backoffs = &engine.memory.sink_backoffs;
     for sink in &sinks {
-        let key = (data_dir.clone(), sink.name.clone());
-        if backoffs().lock().expect("backoffs").get(&key).is_some_and(|(until, _)| Instant::now() < *until) {
+        let key = sink.name.clone();
+        let now = engine.clock.now();
+        if backoffs.lock().expect("backoffs").get(&key).is_some_and(|(until, _)| now < *until) {
             continue;
         }
         for event in &events {
@@ -135,20 +126,20 @@ pub async fn deliver(engine: &Arc<Engine>) -> Result<u64> {
             if blocking(move || store.delivered(&name, sequence)).await? {
                 continue;
             }
-            let (sink2, event2) = (sink.clone(), event.clone());
-            match blocking(move || deliver_one(&sink2, &event2)).await {
+            let (engine2, sink2, event2) = (engine.clone(), sink.clone(), event.clone());
+            match blocking(move || deliver_one(&engine2, &sink2, &event2)).await {
                 Ok(()) => {
                     // Delivered but not yet recorded: a crash here delivers the event again.
                     crate::failpoints::hit("after_outbox_delivery")?;
                     let (store, name, now) = (engine.store.clone(), sink.name.clone(), engine.clock.now());
                     blocking(move || store.record_delivery(name, sequence, now)).await?;
-                    backoffs().lock().expect("backoffs").remove(&key);
+                    backoffs.lock().expect("backoffs").remove(&key);
                 }
                 Err(e) => {
-                    let mut map = backoffs().lock().expect("backoffs");
+                    let mut map = backoffs.lock().expect("backoffs");
                     let failures = map.get(&key).map_or(0, |(_, n)| *n) + 1;
                     let delay_ms = (SINK_BACKOFF_MS_MIN << failures.min(16)).min(SINK_BACKOFF_MS_MAX);
-                    map.insert(key.clone(), (Instant::now() + Duration::from_millis(delay_ms), failures));
+                    map.insert(key.clone(), (engine.clock.now() + delay_ms as i64 * 1_000, failures));
                     tracing::warn!(sink = %sink.name, error = %e, retry_in_ms = delay_ms, "outbox delivery failed");
                     break;
                 }
