@@ -29,10 +29,6 @@ pub struct Engine {
     /// This data directory's installation id (see `storage::keys`): in every object key the
     /// engine writes, and the only keys its orphan sweep may delete.
     pub installation_id: String,
-    /// The epoch of this life of the data directory (`storage::keys`): in every object key the
-    /// engine writes, recorded in the store before the first of them (`Engine::writer`).
-    epoch: String,
-    epoch_recorded: std::sync::atomic::AtomicBool,
     /// How the policy directory is loaded, at open and on every reload.
     pub load_options: crate::policy::LoadOptions,
     policies: RwLock<Arc<PolicySet>>,
@@ -43,10 +39,63 @@ pub struct Engine {
     reloading: std::sync::Mutex<()>,
     /// Reload attempts since start: accepted, refused (for metrics).
     reloads: [std::sync::atomic::AtomicU64; 2],
+    /// This opening of the data directory: its epoch, its random source, what the archival
+    /// remembers; shared with every `Context` taken from the engine.
+    life: Arc<Life>,
+}
+
+/// What lasts as long as one opening of a data directory, shared by the engine and every
+/// `Context` taken from it.
+struct Life {
+    /// The epoch of this life of the data directory (`storage::keys`): in every object key the
+    /// engine writes, recorded in the store before the first of them (`Context::writer`).
+    epoch: String,
+    epoch_recorded: std::sync::atomic::AtomicBool,
     /// Every random choice the engine makes comes from here (`Settings::random_seed`).
     rng: std::sync::Mutex<rand::rngs::StdRng>,
     /// What the archival remembers between passes, this engine's own.
-    pub(crate) memory: PassMemory,
+    memory: PassMemory,
+}
+
+/// The narrow context a pass, a query or a maintenance operation works with, taken once from
+/// the engine (`Engine::context`): the store, the clock, the settings, one snapshot of the
+/// policy set, the installation, and the engine's random source and archival memory. The
+/// snapshot does not change while the context is used: a reload installs a new set for the
+/// next context taken, and work in flight finishes under the set it started with.
+pub struct Context {
+    pub store: Store,
+    pub clock: SharedClock,
+    pub settings: Settings,
+    pub policies: Arc<PolicySet>,
+    pub data_dir: PathBuf,
+    /// This data directory's installation id (see `storage::keys`).
+    pub installation_id: String,
+    life: Arc<Life>,
+}
+
+impl Context {
+    /// The writer this life of the data directory puts in every object key it makes
+    /// (`storage::keys::writer`). Its epoch is recorded durably in the store by the first call,
+    /// before any key made with it can be uploaded, so this data directory (and a copy made of
+    /// it later) knows the key as its own, and a copy made earlier knows it is not.
+    pub fn writer(&self) -> Result<String> {
+        use std::sync::atomic::Ordering;
+        if !self.life.epoch_recorded.load(Ordering::Acquire) {
+            self.store.record_epoch(self.life.epoch.clone(), self.clock.now())?;
+            self.life.epoch_recorded.store(true, Ordering::Release);
+        }
+        Ok(crate::storage::keys::writer(&self.installation_id, &self.life.epoch))
+    }
+
+    /// A random number from the engine's source (`Settings::random_seed`).
+    pub fn random_u64(&self) -> u64 {
+        rand::Rng::random(&mut *self.life.rng.lock().expect("rng lock"))
+    }
+
+    /// What the archival remembers between passes.
+    pub(crate) fn memory(&self) -> &PassMemory {
+        &self.life.memory
+    }
 }
 
 /// What the archival remembers between passes: kept by the engine, so two engines in one
@@ -105,10 +154,6 @@ impl Engine {
         let settings_seed = settings.random_seed;
         let engine = Engine {
             installation_id,
-            // From the operating system even where tests seed the engine's generator: two
-            // copies of a data directory opened with one seed must still differ.
-            epoch: format!("{:016x}", rand::random::<u64>()),
-            epoch_recorded: Default::default(),
             store,
             host,
             clock,
@@ -119,11 +164,17 @@ impl Engine {
             last_reload: std::sync::Mutex::new(None),
             reloading: std::sync::Mutex::new(()),
             reloads: Default::default(),
-            rng: std::sync::Mutex::new(match settings_seed {
-                Some(seed) => rand::SeedableRng::seed_from_u64(seed),
-                None => rand::SeedableRng::from_os_rng(),
+            life: Arc::new(Life {
+                // From the operating system even where tests seed the engine's generator: two
+                // copies of a data directory opened with one seed must still differ.
+                epoch: format!("{:016x}", rand::random::<u64>()),
+                epoch_recorded: Default::default(),
+                rng: std::sync::Mutex::new(match settings_seed {
+                    Some(seed) => rand::SeedableRng::seed_from_u64(seed),
+                    None => rand::SeedableRng::from_os_rng(),
+                }),
+                memory: PassMemory::default(),
             }),
-            memory: PassMemory::default(),
         };
         engine.register_tables()?;
         Ok(Arc::new(engine))
@@ -171,17 +222,18 @@ impl Engine {
         self.register_tables()
     }
 
-    /// The writer this life of the data directory puts in every object key it makes
-    /// (`storage::keys::writer`). Its epoch is recorded durably in the store by the first call,
-    /// before any key made with it can be uploaded, so this data directory (and a copy made of
-    /// it later) knows the key as its own, and a copy made earlier knows it is not.
-    pub fn writer(&self) -> Result<String> {
-        use std::sync::atomic::Ordering;
-        if !self.epoch_recorded.load(Ordering::Acquire) {
-            self.store.record_epoch(self.epoch.clone(), self.clock.now())?;
-            self.epoch_recorded.store(true, Ordering::Release);
-        }
-        Ok(crate::storage::keys::writer(&self.installation_id, &self.epoch))
+    /// The context a pass, a query or a maintenance operation works with: the store, the
+    /// clock, the settings and the policy set in force now (`Context`).
+    pub fn context(&self) -> Arc<Context> {
+        Arc::new(Context {
+            store: self.store.clone(),
+            clock: self.clock.clone(),
+            settings: self.settings.clone(),
+            policies: self.policies(),
+            data_dir: self.data_dir.clone(),
+            installation_id: self.installation_id.clone(),
+            life: self.life.clone(),
+        })
     }
 
     /// Waits for a reload in progress to finish; the caller reloads while it holds the guard.
@@ -208,7 +260,7 @@ impl Engine {
 
     /// A random number from the engine's source (`Settings::random_seed`).
     pub fn random_u64(&self) -> u64 {
-        rand::Rng::random(&mut *self.rng.lock().expect("rng lock"))
+        rand::Rng::random(&mut *self.life.rng.lock().expect("rng lock"))
     }
 
     /// A fresh owner token for this process's passes: the process id and a random part.

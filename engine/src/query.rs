@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::engine::Engine;
+use crate::engine::Context;
 use crate::error::{Error, Result};
 use crate::model::{BucketState, Micros, Record};
 use crate::policy::{PolicySet, TablePolicy};
@@ -97,15 +97,15 @@ impl ExpiredRange {
     }
 }
 
-pub async fn query(engine: &Arc<Engine>, request: QueryRequest) -> Result<QueryPage> {
+pub async fn query(ctx: &Arc<Context>, request: QueryRequest) -> Result<QueryPage> {
     let limit = if request.limit == 0 { QUERY_LIMIT_DEFAULT } else { request.limit };
     if limit > QUERY_LIMIT_MAX {
         return Err(Error::InvalidInput(format!("limit {limit} is above the maximum {QUERY_LIMIT_MAX}")));
     }
     let cursor = request.cursor.as_deref().map(Cursor::decode).transpose()?;
-    let policies = engine.policies();
+    let policies = ctx.policies.clone();
     let table = policies.table(&request.table)?.clone();
-    let store = engine.store.clone();
+    let store = ctx.store.clone();
     let (table_id, partition) = (request.table.clone(), request.partition_key.clone());
     let (snapshot, mut buckets) = blocking(move || {
         let snapshot = store.snapshot()?;
@@ -146,7 +146,7 @@ pub async fn query(engine: &Arc<Engine>, request: QueryRequest) -> Result<QueryP
                     Err(e) => {
                         // An expiry that ran after the snapshot deletes what the snapshot still
                         // calls archived: that range expired on purpose, it is not corrupt.
-                        let (store, id) = (engine.store.clone(), bucket.id.clone());
+                        let (store, id) = (ctx.store.clone(), bucket.id.clone());
                         match blocking(move || store.bucket(&id)).await? {
                             Some(now) if now.state == BucketState::Expired => {
                                 expired.push(ExpiredRange::of(&now));

@@ -19,11 +19,11 @@ fn adopt_now(engine: &Arc<Engine>, dry_run: bool) -> AdoptReport {
 
 fn adopt_from(engine: &Arc<Engine>, dry_run: bool, lost: &[&str]) -> AdoptReport {
     let lost: Vec<String> = lost.iter().map(|id| id.to_string()).collect();
-    runtime().block_on(adopt(engine, dry_run, &lost)).unwrap_or_else(|e| panic!("{e}"))
+    runtime().block_on(adopt(&engine.context(), dry_run, &lost)).unwrap_or_else(|e| panic!("{e}"))
 }
 
 fn sweep(engine: &Arc<Engine>) -> frostline::Result<frostline::archive::sweep::SweepReport> {
-    runtime().block_on(frostline::archive::sweep::sweep(engine, false))
+    runtime().block_on(frostline::archive::sweep::sweep(&engine.context(), false))
 }
 
 /// Regression: a data directory rebuilt from nothing never read its tables' archives again
@@ -70,7 +70,8 @@ fn a_rebuilt_data_directory_adopts_the_archives_of_the_lost_one_on_every_target(
     let mut read = query_engine(&engine, "r");
     read.sort_by_key(|r| r.event_time);
     assert_eq!(read, written);
-    let verdicts = runtime().block_on(frostline::archive::verify::verify(&engine, None, None, |_| {})).unwrap();
+    let verdicts =
+        runtime().block_on(frostline::archive::verify::verify(&engine.context(), None, None, |_| {})).unwrap();
     assert_eq!(verdicts.len(), 3);
     assert!(verdicts.iter().all(|v| v.ok), "{verdicts:?}");
     let again = adopt_from(&engine, false, &[&lost]);
@@ -184,7 +185,7 @@ fn a_restored_copy_records_the_archives_its_other_copy_expired_as_expired() {
         .unwrap_or_else(|e| panic!("{e}"));
     let read = |engine: &Arc<Engine>| {
         let request = frostline::query::QueryRequest { table: "r".into(), ..Default::default() };
-        runtime().block_on(frostline::query::query(engine, request))
+        runtime().block_on(frostline::query::query(&engine.context(), request))
     };
     let failed = read(&restored).expect_err("before adopting, the restored copy reads a manifest that is gone");
     assert!(failed.to_string().contains("is missing"), "{failed}");

@@ -161,7 +161,7 @@ fn an_existing_object_with_other_bytes_is_never_overwritten() {
         .next()
         .unwrap()
         // The same key as this engine would write: its own installation id and epoch in the name.
-        .replace(&scratch.engine.writer().unwrap(), &e.engine.writer().unwrap());
+        .replace(&scratch.engine.context().writer().unwrap(), &e.engine.context().writer().unwrap());
     runtime().block_on(e.backend("r").put_create(&key, bytes::Bytes::from_static(b"planted"))).unwrap();
     let report = e.pass();
     assert_eq!(report.deferred, 1, "{report:?}");
@@ -462,7 +462,7 @@ fn a_query_page_reads_only_the_archived_segments_it_needs() {
     let page_reads = |from: Option<i64>| {
         let before = faulty.reads().len();
         let request = QueryRequest { table: "r".into(), from, limit: 100, ..Default::default() };
-        let page = runtime().block_on(query(&e.engine, request)).unwrap();
+        let page = runtime().block_on(query(&e.engine.context(), request)).unwrap();
         (page.records, faulty.reads()[before..].to_vec())
     };
     let (records, reads) = page_reads(None);
@@ -808,7 +808,7 @@ fn the_cursor_stays_correct_when_a_bucket_is_archived_between_pages() {
     let page = |cursor| {
         runtime()
             .block_on(frostline::query::query(
-                &e.engine,
+                &e.engine.context(),
                 frostline::query::QueryRequest { table: "r".into(), limit: 30, cursor, ..Default::default() },
             ))
             .unwrap()
@@ -854,7 +854,7 @@ fn pages_through_many_records_at_one_instant_read_each_once() {
         loop {
             let page = runtime()
                 .block_on(frostline::query::query(
-                    &e.engine,
+                    &e.engine.context(),
                     frostline::query::QueryRequest { table: "r".into(), limit: 7, cursor, ..Default::default() },
                 ))
                 .unwrap();

@@ -513,8 +513,9 @@ fn archive_and_read_back(e: &TestEngine) {
     assert_eq!(report.errors, Vec::<String>::new());
     assert_eq!(report.archived, 15, "{report:?}");
     assert_eq!(e.query_all("r"), sorted(input));
-    let verdicts =
-        runtime().block_on(frostline::archive::verify::verify(&e.engine, Some("r".into()), None, |_| {})).unwrap();
+    let verdicts = runtime()
+        .block_on(frostline::archive::verify::verify(&e.engine.context(), Some("r".into()), None, |_| {}))
+        .unwrap();
     assert_eq!(verdicts.len(), 15);
     assert!(verdicts.iter().all(|v| v.ok), "{verdicts:?}");
 }

@@ -581,7 +581,7 @@ fn query_records(
     loop {
         let page = runtime()
             .block_on(frostline::query::query(
-                engine,
+                &engine.context(),
                 frostline::query::QueryRequest {
                     table: "c".into(),
                     partition_key: partition.map(|p| p.as_bytes().to_vec()),
@@ -797,7 +797,7 @@ fn check_delta_log(data: &Path, policies: &Path) {
         Engine::open(data, policies, frostline::settings::Settings::default(), Arc::new(frostline::clock::SystemClock))
             .unwrap();
     let table = engine.policies().tables["c"].clone();
-    let report = runtime().block_on(frostline::archive::delta::sync(&engine, &table)).unwrap();
+    let report = runtime().block_on(frostline::archive::delta::sync(&engine.context(), &table)).unwrap();
     assert_eq!((report.added, report.removed), (0, 0), "the final run left the Delta log behind: {report:?}");
     let segments: usize = engine.store.published("c").unwrap().iter().map(|(_, m)| m.segments.len()).sum();
     let python = std::env::var("FROSTLINE_PYTHON").expect("FROSTLINE_PYTHON: run the tests with ./scripts/test");

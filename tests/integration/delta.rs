@@ -195,7 +195,7 @@ fn fleet_archive(fleet: Fleet) {
     // Idempotent: a sync with nothing new commits nothing, on every engine.
     for e in &fleet.engines {
         let table = e.engine.policies().table("events").unwrap().clone();
-        let report = runtime().block_on(sync(&e.engine, &table)).unwrap();
+        let report = runtime().block_on(sync(&e.engine.context(), &table)).unwrap();
         assert_eq!((report.added, report.removed, report.created), (0, 0, false), "{report:?}");
     }
 
@@ -210,7 +210,7 @@ fn fleet_archive(fleet: Fleet) {
     assert!(fleet.files(None).is_err(), "the log is gone");
     for e in &fleet.engines {
         let table = e.engine.policies().table("events").unwrap().clone();
-        let report = runtime().block_on(sync(&e.engine, &table)).unwrap();
+        let report = runtime().block_on(sync(&e.engine.context(), &table)).unwrap();
         assert_eq!(report.added, 9, "{report:?}");
     }
     assert_eq!(fleet.records("deltalake", None), expected, "the rebuilt log lists every file again");
@@ -290,7 +290,7 @@ fn the_log_is_checkpointed() {
     assert!(log.join(&checkpoint).exists(), "{checkpoint} in {names:?}");
     assert!(log.join("_last_checkpoint").exists());
     let table = e.engine.policies().table("events").unwrap().clone();
-    let report = runtime().block_on(sync(&e.engine, &table)).unwrap();
+    let report = runtime().block_on(sync(&e.engine.context(), &table)).unwrap();
     assert_eq!((report.added, report.removed), (0, 0), "read through the checkpoint, the log is whole: {report:?}");
     assert!(report.version >= DELTA_CHECKPOINT_INTERVAL as u64, "{report:?}");
 }
@@ -411,7 +411,7 @@ fn a_lost_hosts_archives_are_adopted_only_when_named_and_expire_from_the_log() {
     assert_ne!(replacement.engine.installation_id, lost_id);
 
     let adopt = |from: &[String]| {
-        runtime().block_on(frostline::archive::adopt::adopt(&replacement.engine, false, from)).unwrap()
+        runtime().block_on(frostline::archive::adopt::adopt(&replacement.engine.context(), false, from)).unwrap()
     };
     let report = adopt(&[]);
     assert_eq!(report.adopted, 0, "{report:?}");
@@ -460,7 +460,7 @@ fn a_sync_after_an_adoption_removes_nothing_of_the_live_installation_and_vacuum_
         .unwrap_or_else(|e| panic!("{e}"));
     let live = fleet.engines[0].engine.installation_id.clone();
     let report = runtime()
-        .block_on(frostline::archive::adopt::adopt(&adopter.engine, false, std::slice::from_ref(&live)))
+        .block_on(frostline::archive::adopt::adopt(&adopter.engine.context(), false, std::slice::from_ref(&live)))
         .unwrap();
     assert_eq!(report.adopted, 9, "{report:?}");
     fleet.engines.push(adopter);
@@ -478,7 +478,7 @@ fn a_sync_after_an_adoption_removes_nothing_of_the_live_installation_and_vacuum_
     }
     for e in &fleet.engines {
         let table = e.engine.policies().table("events").unwrap().clone();
-        runtime().block_on(sync(&e.engine, &table)).unwrap();
+        runtime().block_on(sync(&e.engine.context(), &table)).unwrap();
     }
     assert_eq!(fleet.files(None).unwrap(), ENGINES * 9 + 3, "the live host's later files stay in the log");
 
@@ -536,7 +536,7 @@ fn a_restored_copys_sync_keeps_the_files_the_other_copy_archived_after_the_backu
     restored.append("events", vec![record(DEVICE, "2024-03-03T02:00:00Z", None)]).unwrap();
     assert_eq!(crate::support::run_pass(&restored).archived, 1);
     let table = restored.policies().table("events").unwrap().clone();
-    runtime().block_on(sync(&restored, &table)).unwrap();
+    runtime().block_on(sync(&restored.context(), &table)).unwrap();
     assert_eq!(files(), 3, "the other copy's later file stays in the log beside the restored copy's");
     let uri = shared.path().join("delta/events").display().to_string();
     let out = Fleet { uri, env: Vec::new(), local_root: None, engines: Vec::new() }.read("vacuum", None);
@@ -935,7 +935,7 @@ fn a_log_with_doubly_encoded_paths_is_repaired_by_the_next_sync() {
 
     let e = &fleet.engines[0];
     let table = e.engine.policies().table("events").unwrap().clone();
-    let report = runtime().block_on(sync(&e.engine, &table)).unwrap();
+    let report = runtime().block_on(sync(&e.engine.context(), &table)).unwrap();
     assert_eq!((report.repaired, report.added, report.removed), (needing_encoding, 0, 0), "{report:?}");
     // One commit, a remove and an add per file, none a change of the table's data.
     let commit = std::fs::read_to_string(table_dir.join(format!("_delta_log/{:020}.json", report.version))).unwrap();
@@ -949,6 +949,6 @@ fn a_log_with_doubly_encoded_paths_is_repaired_by_the_next_sync() {
     assert_log_names_every_object(&table_dir);
     assert_read_back(&fleet, &odd_keys_expected(&fleet));
     assert_eq!(fleet.files(None).unwrap(), odd_partition_keys().len());
-    let again = runtime().block_on(sync(&e.engine, &table)).unwrap();
+    let again = runtime().block_on(sync(&e.engine.context(), &table)).unwrap();
     assert_eq!((again.repaired, again.added, again.removed), (0, 0, 0), "{again:?}");
 }

@@ -115,7 +115,7 @@ fn a_full_disk_refuses_appends_with_the_cause_and_the_store_reopens_itself_once_
     assert!(matches!(again, Error::StorePoisoned(_)), "writes stay refused while the disk is full: {again}");
 
     let read_while_full = runtime().block_on(frostline::query::query(
-        &engine,
+        &engine.context(),
         frostline::query::QueryRequest { table: "r".into(), limit: 10, ..Default::default() },
     ));
     // redb refuses reads after a failed commit, and cannot open the file again without writing

@@ -23,7 +23,8 @@ fn every_format_archives_and_reads_back_identically() {
         let report = e.pass();
         assert_eq!(report.archived, 6, "{format}: two months of three partitions: {report:?}");
         assert_eq!(e.query_all("events"), sorted(input), "{format}");
-        let verdicts = runtime().block_on(frostline::archive::verify::verify(&e.engine, None, None, |_| {})).unwrap();
+        let verdicts =
+            runtime().block_on(frostline::archive::verify::verify(&e.engine.context(), None, None, |_| {})).unwrap();
         assert!(verdicts.iter().all(|v| v.ok), "{format}: {verdicts:?}");
         let objects: Vec<_> = frostline::storage::keys::table_folders("events")
             .iter()
@@ -66,7 +67,7 @@ fn the_read_path_skips_segments_outside_the_range() {
     e.with_backend("events", faulty.clone());
     let page = runtime()
         .block_on(frostline::query::query(
-            &e.engine,
+            &e.engine.context(),
             frostline::query::QueryRequest {
                 table: "events".into(),
                 from: Some(start),
@@ -79,7 +80,7 @@ fn the_read_path_skips_segments_outside_the_range() {
     let reads = faulty.reads();
     let segments: Vec<&String> = reads.iter().filter(|k| k.contains("/seg-")).collect();
     assert_eq!(segments.len(), 1, "only the first segment is read: {reads:?}");
-    assert!(segments[0].contains(&format!("seg-{}-00000-", e.engine.writer().unwrap())), "{segments:?}");
+    assert!(segments[0].contains(&format!("seg-{}-00000-", e.engine.context().writer().unwrap())), "{segments:?}");
 }
 
 fn python() -> String {

@@ -70,7 +70,7 @@ fn an_archive_expires_with_a_tombstone_and_queries_say_so() {
     }
     let page = runtime()
         .block_on(frostline::query::query(
-            &e.engine,
+            &e.engine.context(),
             frostline::query::QueryRequest { table: "r".into(), ..Default::default() },
         ))
         .unwrap();
@@ -98,7 +98,7 @@ fn an_archive_expires_with_a_tombstone_and_queries_say_so() {
     assert!(e.engine.store.tombstone(&meta.id).unwrap().is_none());
     let page = runtime()
         .block_on(frostline::query::query(
-            &e.engine,
+            &e.engine.context(),
             frostline::query::QueryRequest { table: "r".into(), ..Default::default() },
         ))
         .unwrap();
@@ -340,7 +340,7 @@ fn the_orphan_sweep_deletes_only_old_objects_this_directory_released() {
     let id = store.buckets("r", Some(b"p0")).unwrap()[0].id.clone();
     let claimed = store.claim(id.clone(), "w".into(), e.clock.now(), 60_000_000).unwrap().unwrap();
     let folder = "table=r/bucket=day:2024-03-01/partition=p0/";
-    let orphan = format!("{folder}seg-{}-00009-0123456789abcdef.jsonl", e.engine.writer().unwrap());
+    let orphan = format!("{folder}seg-{}-00009-0123456789abcdef.jsonl", e.engine.context().writer().unwrap());
     let intent = frostline::store::schema::UploadIntent {
         bucket: id,
         generation: claimed.generation,
@@ -359,22 +359,23 @@ fn the_orphan_sweep_deletes_only_old_objects_this_directory_released() {
     runtime().block_on(backend.put_create(&foreign, "z".into())).unwrap();
     // Real time is what the store stamps objects with; the engine's clock decides their age.
     e.clock.set(frostline::clock::SystemClock.now());
-    let young = runtime().block_on(frostline::archive::sweep::sweep(&e.engine, false)).unwrap();
+    let young = runtime().block_on(frostline::archive::sweep::sweep(&e.engine.context(), false)).unwrap();
     assert_eq!((young.orphans, young.too_young, young.deleted), (0, 1, 0), "{young:?}");
     assert_eq!((young.foreign, young.unproven), (1, 1), "{young:?}");
     e.clock.advance(2 * DAY_US);
-    let dry = runtime().block_on(frostline::archive::sweep::sweep(&e.engine, true)).unwrap();
+    let dry = runtime().block_on(frostline::archive::sweep::sweep(&e.engine.context(), true)).unwrap();
     assert_eq!((dry.orphans, dry.deleted, dry.referenced), (1, 0, 6), "{dry:?}");
     assert_eq!(objects(&e).len(), 9, "a dry run deletes nothing");
-    let real = runtime().block_on(frostline::archive::sweep::sweep(&e.engine, false)).unwrap();
+    let real = runtime().block_on(frostline::archive::sweep::sweep(&e.engine.context(), false)).unwrap();
     assert_eq!(real.deleted, 1, "{real:?}");
     let left = objects(&e);
     assert_eq!(left.len(), 8);
     assert!(left.contains(&foreign) && left.contains(&unproven), "{left:?}");
     assert!(!left.contains(&orphan));
-    let again = runtime().block_on(frostline::archive::sweep::sweep(&e.engine, false)).unwrap();
+    let again = runtime().block_on(frostline::archive::sweep::sweep(&e.engine.context(), false)).unwrap();
     assert_eq!((again.orphans, again.deleted), (0, 0), "the released key is forgotten once deleted: {again:?}");
-    let verdicts = runtime().block_on(frostline::archive::verify::verify(&e.engine, None, None, |_| {})).unwrap();
+    let verdicts =
+        runtime().block_on(frostline::archive::verify::verify(&e.engine.context(), None, None, |_| {})).unwrap();
     assert!(verdicts.iter().all(|v| v.ok), "{verdicts:?}");
 }
 
@@ -407,13 +408,13 @@ fn the_sweep_spares_objects_an_in_flight_upload_named_and_stops_when_listing_fai
         .unwrap();
     runtime().block_on(e.backend("r").put_create(&key, "in flight".into())).unwrap();
     e.clock.set(frostline::clock::SystemClock.now() + 10 * DAY_US);
-    let report = runtime().block_on(frostline::archive::sweep::sweep(&e.engine, false)).unwrap();
+    let report = runtime().block_on(frostline::archive::sweep::sweep(&e.engine.context(), false)).unwrap();
     assert_eq!((report.referenced, report.deleted), (1, 0), "{report:?}");
 
     let faulty = FaultyBackend::new(e.backend("r"));
     e.with_backend("r", faulty.clone());
     faulty.add(Op::List, "", Fault::Error, None);
-    assert!(runtime().block_on(frostline::archive::sweep::sweep(&e.engine, false)).is_err());
+    assert!(runtime().block_on(frostline::archive::sweep::sweep(&e.engine.context(), false)).is_err());
     faulty.clear();
     assert_eq!(objects(&e).len(), 1, "nothing deleted by a sweep that could not list");
 }

@@ -307,7 +307,8 @@ fn assert_all_readable(te: &TestEngine, records: &[Record]) {
 }
 
 fn verify(te: &TestEngine) -> usize {
-    let verdicts = runtime().block_on(frostline::archive::verify::verify(&te.engine, None, None, |_| {})).unwrap();
+    let verdicts =
+        runtime().block_on(frostline::archive::verify::verify(&te.engine.context(), None, None, |_| {})).unwrap();
     for v in &verdicts {
         assert!(v.ok, "verify {}: {:?}", v.bucket, v.error);
     }
@@ -390,7 +391,7 @@ fn multipart(server: &Server, target: &str) {
     // would settle it: the bucket defers. Its retry uploads the segment again, meets
     // AlreadyExists on the conditional copy, reads the object and finds it identical.
     let faulty = FaultyBackend::new(te.backend("metrics"));
-    let first_segment = format!("seg-{}-00000", te.engine.writer().unwrap());
+    let first_segment = format!("seg-{}-00000", te.engine.context().writer().unwrap());
     faulty.add(Op::Put, &first_segment, Fault::LandThenError, Some(1));
     faulty.add(Op::Get, &first_segment, Fault::Error, Some(1));
     te.with_backend("metrics", faulty.clone());
@@ -843,11 +844,11 @@ fn the_sweep_keeps_young_scratch_objects_and_deletes_old_ones() {
         let created = runtime().block_on(backend.put_create(key, Bytes::from_static(b"left behind by a crash")));
         assert_eq!(created.unwrap(), PutOutcome::Created);
     }
-    let young = runtime().block_on(frostline::archive::sweep::sweep(&te.engine, false)).unwrap();
+    let young = runtime().block_on(frostline::archive::sweep::sweep(&te.engine.context(), false)).unwrap();
     assert_eq!((young.too_young, young.deleted), (2, 0), "{young:?}");
     assert_eq!(list(backend.as_ref(), ".tmp/").len(), 1);
     te.clock.advance(te.engine.settings.orphan_grace_us + 1_000_000);
-    let old = runtime().block_on(frostline::archive::sweep::sweep(&te.engine, false)).unwrap();
+    let old = runtime().block_on(frostline::archive::sweep::sweep(&te.engine.context(), false)).unwrap();
     assert_eq!(old.deleted, 2, "{old:?}");
     assert!(list(backend.as_ref(), ".tmp/").is_empty());
     assert!(list(backend.as_ref(), ".frostline-probe/").is_empty());

@@ -32,12 +32,12 @@ fn two_workers_racing_for_one_bucket_publish_exactly_once() {
     let (a, b) = runtime().block_on(async move {
         let a = tokio::spawn({
             let engine = engine.clone();
-            async move { frostline::archive::run_pass(&engine, "worker-A").await }
+            async move { frostline::archive::run_pass(&engine.context(), "worker-A").await }
         });
         // While A is stalled, its lease runs out and B takes the bucket over.
         tokio::time::sleep(Duration::from_millis(300)).await;
         clock.advance(engine.settings.lease_us + 1_000_000);
-        let b = frostline::archive::run_pass(&engine, "worker-B").await;
+        let b = frostline::archive::run_pass(&engine.context(), "worker-B").await;
         (a.await.unwrap(), b)
     });
     let (a, b) = (a.unwrap(), b.unwrap());

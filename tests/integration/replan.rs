@@ -314,7 +314,8 @@ fn a_table_moved_to_another_target_keeps_its_old_archives_readable_and_expires_t
     assert_eq!(run_pass(&engine).archived, 1);
     assert_eq!(files_under(b.path()).len(), 2, "new archives go to the new target");
     assert_eq!(query_engine(&engine, "r").len(), 2, "the old archive is still read from the old target");
-    let verdicts = runtime().block_on(frostline::archive::verify::verify(&engine, None, None, |_| {})).unwrap();
+    let verdicts =
+        runtime().block_on(frostline::archive::verify::verify(&engine.context(), None, None, |_| {})).unwrap();
     assert!(verdicts.iter().all(|v| v.ok), "{verdicts:?}");
     // Dropping the old target while it holds an archive is refused, naming the bucket.
     site.write_policy(&moved_policy(&[b.path()], "t0"));
@@ -433,7 +434,7 @@ url = "file://{}"
     assert_eq!(files_under(shared.path()).len(), 4);
     for (site, engine) in [(&first, &a), (&second, &b)] {
         site.clock.set(t("2024-06-01T00:00:00Z"));
-        let swept = runtime().block_on(frostline::archive::sweep::sweep(engine, false)).unwrap();
+        let swept = runtime().block_on(frostline::archive::sweep::sweep(&engine.context(), false)).unwrap();
         assert_eq!(swept.deleted, 0, "{swept:?}");
         assert_eq!(swept.foreign, 2, "{swept:?}");
     }
@@ -508,7 +509,7 @@ fn queries_racing_archival_never_miss_a_record() {
             while !stop.load(std::sync::atomic::Ordering::SeqCst) {
                 let page = runtime()
                     .block_on(frostline::query::query(
-                        &engine,
+                        &engine.context(),
                         frostline::query::QueryRequest {
                             table: "r".into(),
                             limit: frostline::query::QUERY_LIMIT_MAX,
@@ -643,7 +644,8 @@ fn a_data_directory_restored_from_a_backup_never_sweeps_the_archives_of_the_copy
     site.clock.set(t("2030-01-01T00:00:00Z"));
     let restored = Engine::open(&backup, &site.policies(), Settings::default(), site.clock.clone())
         .unwrap_or_else(|e| panic!("{e}"));
-    let refused = runtime().block_on(frostline::archive::sweep::sweep(&restored, false)).unwrap_err().to_string();
+    let refused =
+        runtime().block_on(frostline::archive::sweep::sweep(&restored.context(), false)).unwrap_err().to_string();
     assert!(
         refused.contains("another copy of this data directory") && refused.contains("nothing deleted"),
         "{refused}"

@@ -243,7 +243,7 @@ impl TestEngine {
 
 /// One archival pass of `engine` as worker `test-worker`.
 pub fn run_pass(engine: &std::sync::Arc<frostline::engine::Engine>) -> frostline::archive::PassReport {
-    runtime().block_on(frostline::archive::run_pass(engine, "test-worker")).unwrap()
+    runtime().block_on(frostline::archive::run_pass(&engine.context(), "test-worker")).unwrap()
 }
 
 /// Every record of a table, read page by page (a small page, so pagination is exercised).
@@ -253,7 +253,7 @@ pub fn query_engine(engine: &std::sync::Arc<frostline::engine::Engine>, table: &
     loop {
         let page = runtime()
             .block_on(frostline::query::query(
-                engine,
+                &engine.context(),
                 frostline::query::QueryRequest { table: table.into(), limit: 97, cursor, ..Default::default() },
             ))
             .unwrap_or_else(|e| panic!("{e}"));

@@ -144,7 +144,7 @@ pub async fn passes_until_idle(engine: &Arc<Engine>) -> Result<PassReport> {
     let owner = engine.new_owner_token();
     let mut total = PassReport::default();
     for _ in 0..ARCHIVE_PASSES_MAX {
-        let report = archive::run_pass(engine, &owner).await?;
+        let report = archive::run_pass(&engine.context(), &owner).await?;
         let (progressed, deferred) = (report.made_progress(), report.deferred);
         total.add(report);
         if !progressed || deferred > 0 {

@@ -285,7 +285,7 @@ fn commit_cost(bench: &mut Bench, runtime: &tokio::runtime::Runtime, on: &str, t
                         .iter()
                         .map(|(_, engine, clock)| {
                             clock.set(now);
-                            scope.spawn(|| runtime.block_on(frostline::archive::run_pass(engine, "bench")))
+                            scope.spawn(|| runtime.block_on(frostline::archive::run_pass(&engine.context(), "bench")))
                         })
                         .collect();
                     handles.into_iter().map(|h| h.join().expect("a pass thread")).collect::<Result<_, _>>()

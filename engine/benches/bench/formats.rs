@@ -37,7 +37,7 @@ fn time_bucket_query(runtime: &tokio::runtime::Runtime, engine: &Arc<Engine>, ex
         cursor: None,
     };
     let start = Instant::now();
-    let page = runtime.block_on(frostline::query::query(engine, request))?;
+    let page = runtime.block_on(frostline::query::query(&engine.context(), request))?;
     let millis = start.elapsed().as_secs_f64() * 1_000.0;
     ensure!(page.records.len() == expected, "the bucket query returned {} of {expected} records", page.records.len());
     Ok(millis)

@@ -55,7 +55,7 @@ pub fn read(bench: &mut Bench) -> Result<()> {
                 limit: QUERY_LIMIT_MAX,
                 cursor,
             };
-            let page = runtime.block_on(frostline::query::query(engine, request))?;
+            let page = runtime.block_on(frostline::query::query(&engine.context(), request))?;
             seen += page.records.len();
             out.clear();
             for record in &page.records {

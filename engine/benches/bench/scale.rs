@@ -93,7 +93,7 @@ pub fn scale(bench: &mut Bench) -> Result<()> {
             Unit::Millis,
             bench.options.repeats.min(3),
             || Ok(()),
-            |()| Ok(runtime.block_on(archive::sweep::sweep(&engine, true))?),
+            |()| Ok(runtime.block_on(archive::sweep::sweep(&engine.context(), true))?),
         )?;
         bench.push(sweep);
     }
@@ -175,7 +175,7 @@ impl ScaleStore {
         let engine = self.open(self.clock_for_pass(pass))?;
         let owner = engine.new_owner_token();
         let start = Instant::now();
-        let report = runtime.block_on(archive::run_pass(&engine, &owner))?;
+        let report = runtime.block_on(archive::run_pass(&engine.context(), &owner))?;
         let ms = start.elapsed().as_secs_f64() * 1e3;
         ensure!(
             report.archived == DUE_PER_PASS as u64 && report.errors.is_empty(),

@@ -109,7 +109,7 @@ async fn health(State(state): Shared) -> Response {
 }
 
 async fn metrics(State(state): Shared) -> Result<Response, ApiError> {
-    let text = blocking(move || state.metrics.render(&state.engine)).await?;
+    let text = blocking(move || state.metrics.render(&ops::status::collect(&state.engine)?)).await?;
     Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response())
 }
 

@@ -19,8 +19,8 @@ use super::ApiState;
 use super::auth::RouteTemplate;
 use crate::error::{Error, Result};
 use crate::model::BucketState;
-use crate::ops::Engine;
 use crate::ops::passes::PassReport;
+use crate::ops::status::Status;
 
 fn internal(e: prometheus::Error) -> Error {
     Error::Internal(format!("metrics: {e}"))
@@ -158,10 +158,10 @@ impl Metrics {
         self.append_refusals.with_label_values(&[reason]).inc();
     }
 
-    /// The text exposition: the counters above and the engine's state now. Reads the store:
-    /// call it on a blocking thread.
-    pub fn render(&self, engine: &Engine) -> Result<String> {
-        let scrape = scrape_families(engine)?;
+    /// The text exposition: the counters above and the engine's state now, as the status
+    /// read model (`ops::status::collect`, which reads the store: on a blocking thread) has it.
+    pub fn render(&self, status: &Status) -> Result<String> {
+        let scrape = scrape_families(status)?;
         let mut families = self.registry.gather();
         families.extend(scrape.gather());
         let mut out = Vec::new();
@@ -171,7 +171,7 @@ impl Metrics {
 }
 
 /// Families computed from the engine at scrape time.
-fn scrape_families(engine: &Engine) -> Result<Registry> {
+fn scrape_families(status: &Status) -> Result<Registry> {
     let registry = Registry::new();
     let gauge_vec = |name: &str, help: &str, labels: &[&str]| -> Result<IntGaugeVec> {
         let g = IntGaugeVec::new(Opts::new(name, help), labels).map_err(internal)?;
@@ -189,7 +189,6 @@ fn scrape_families(engine: &Engine) -> Result<Registry> {
         Ok(c)
     };
 
-    let status = crate::ops::status::collect(engine)?;
     let buckets = gauge_vec("frostline_buckets", "Buckets by table and state.", &["table", "state"])?;
     let rows = gauge_vec("frostline_bucket_rows", "Rows in buckets, by table and state.", &["table", "state"])?;
     let held = gauge_vec("frostline_buckets_held", "Archived buckets whose expiry a legal hold parks.", &["table"])?;

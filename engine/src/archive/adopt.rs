@@ -26,7 +26,7 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;
 
 use super::{blocking, read_archive, read_manifest};
-use crate::engine::Engine;
+use crate::engine::Context;
 use crate::error::{Error, Result};
 use crate::model::BucketState;
 use crate::storage::{ArchiveBackend, keys};
@@ -64,9 +64,9 @@ pub struct AdoptReport {
 /// installation, in any layout, are taken in only when it is named in `from_installations` (a
 /// lost host) and no live host holds a claim on them: adopting a live host's archives would make
 /// two engines answer for them.
-pub async fn adopt(engine: &Arc<Engine>, dry_run: bool, from_installations: &[String]) -> Result<AdoptReport> {
-    let policies = engine.policies();
-    let known = recorded_manifest_keys(engine).await?;
+pub async fn adopt(ctx: &Arc<Context>, dry_run: bool, from_installations: &[String]) -> Result<AdoptReport> {
+    let policies = ctx.policies.clone();
+    let known = recorded_manifest_keys(ctx).await?;
     let mut report = AdoptReport { dry_run, ..Default::default() };
     let mut changed_tables = BTreeSet::new();
     // The claim on each (target, installation) adopted from, made once per run.
@@ -85,7 +85,7 @@ pub async fn adopt(engine: &Arc<Engine>, dry_run: bool, from_installations: &[St
         let mut listed: Vec<(&Arc<dyn ArchiveBackend>, HashSet<String>)> = Vec::new();
         for backend in backends {
             let folders =
-                manifests_by_folder(backend.as_ref(), table_id, &engine.installation_id, &mut own_epochs).await?;
+                manifests_by_folder(backend.as_ref(), table_id, &ctx.installation_id, &mut own_epochs).await?;
             listed.push((backend, folders.values().flatten().map(|(_, _, key)| key.clone()).collect()));
             for (folder, mut manifests) in folders {
                 report.folders += 1;
@@ -102,7 +102,7 @@ pub async fn adopt(engine: &Arc<Engine>, dry_run: bool, from_installations: &[St
                 }
                 if let Some(writer) = writers.first().map(|w| w.to_string())
                     && !writer.is_empty()
-                    && writer != engine.installation_id
+                    && writer != ctx.installation_id
                 {
                     if !from_installations.contains(&writer) {
                         report.other_installations.insert(writer);
@@ -111,7 +111,7 @@ pub async fn adopt(engine: &Arc<Engine>, dry_run: bool, from_installations: &[St
                     let claim = (backend.target().to_string(), writer.clone());
                     if !claims.contains_key(&claim) {
                         let outcome =
-                            claim_adoption(engine, backend.as_ref(), &writer, from_installations, dry_run).await?;
+                            claim_adoption(ctx, backend.as_ref(), &writer, from_installations, dry_run).await?;
                         claims.insert(claim.clone(), outcome);
                     }
                     if let Some(Err(why)) = claims.get(&claim) {
@@ -129,7 +129,7 @@ pub async fn adopt(engine: &Arc<Engine>, dry_run: bool, from_installations: &[St
                         chosen = Some(i);
                         break;
                     }
-                    let archive = match read_verified(engine, table_id, backend, &folder, key).await {
+                    let archive = match read_verified(ctx, table_id, backend, &folder, key).await {
                         Ok(archive) => archive,
                         Err(e) => {
                             report.failures.push(format!("{}: `{key}`: {e}", backend.target()));
@@ -143,7 +143,7 @@ pub async fn adopt(engine: &Arc<Engine>, dry_run: bool, from_installations: &[St
                         chosen = Some(i);
                         break;
                     }
-                    let (store, now) = (engine.store.clone(), engine.clock.now());
+                    let (store, now) = (ctx.store.clone(), ctx.clock.now());
                     match blocking(move || store.adopt(archive, now)).await? {
                         Adoption::Adopted => {}
                         Adoption::Replaced { hot_rows } => report.hot_rows_released += hot_rows,
@@ -170,7 +170,7 @@ pub async fn adopt(engine: &Arc<Engine>, dry_run: bool, from_installations: &[St
                 }
             }
         }
-        if record_gone_archives(engine, table_id, &listed, dry_run, &mut report).await? {
+        if record_gone_archives(ctx, table_id, &listed, dry_run, &mut report).await? {
             changed_tables.insert(table_id.clone());
         }
     }
@@ -181,13 +181,13 @@ pub async fn adopt(engine: &Arc<Engine>, dry_run: bool, from_installations: &[St
     // attempt it never finished) stays on the target.
     if !dry_run {
         for epoch in own_epochs {
-            let (store, now) = (engine.store.clone(), engine.clock.now());
+            let (store, now) = (ctx.store.clone(), ctx.clock.now());
             blocking(move || store.record_epoch(epoch, now)).await?;
         }
     }
     for table in changed_tables {
         if !policies.table(&table)?.delta_log() {
-            super::catalog::write(engine, &table).await?;
+            super::catalog::write(ctx, &table).await?;
         }
     }
     Ok(report)
@@ -225,15 +225,15 @@ async fn report_forks(backend: &dyn ArchiveBackend, chosen: &str, others: &[Foun
 /// tombstone that says why), so queries report the range as expired; one whose hot rows are
 /// not yet deleted is a conflict left alone. True when a bucket changed.
 async fn record_gone_archives(
-    engine: &Arc<Engine>,
+    ctx: &Arc<Context>,
     table_id: &str,
     listed: &[(&Arc<dyn ArchiveBackend>, HashSet<String>)],
     dry_run: bool,
     report: &mut AdoptReport,
 ) -> Result<bool> {
-    let policies = engine.policies();
+    let policies = ctx.policies.clone();
     let table = policies.table(table_id)?;
-    let store = engine.store.clone();
+    let store = ctx.store.clone();
     let table_name = table_id.to_string();
     let published = blocking(move || store.published(&table_name)).await?;
     let mut changed = false;
@@ -258,8 +258,8 @@ async fn record_gone_archives(
         if dry_run {
             continue;
         }
-        let (store, now) = (engine.store.clone(), engine.clock.now());
-        let purge_at = now.saturating_add(engine.settings.tombstone_retention_us);
+        let (store, now) = (ctx.store.clone(), ctx.clock.now());
+        let purge_at = now.saturating_add(ctx.settings.tombstone_retention_us);
         changed |= blocking(move || store.record_archive_gone(meta.id, key, target, now, purge_at)).await?;
     }
     Ok(changed)
@@ -280,19 +280,19 @@ struct AdoptionClaim {
 /// `Ok(Err(why))` when another installation, not itself named as lost, holds a claim. A dry
 /// run only reads the claims.
 async fn claim_adoption(
-    engine: &Arc<Engine>,
+    ctx: &Arc<Context>,
     backend: &dyn ArchiveBackend,
     installation: &str,
     lost: &[String],
     dry_run: bool,
 ) -> Result<std::result::Result<(), String>> {
     let folder = format!("{ADOPTIONS_PREFIX}{installation}/");
-    let own = format!("{folder}{}.json", engine.installation_id);
+    let own = format!("{folder}{}.json", ctx.installation_id);
     if !dry_run {
         let claim = AdoptionClaim {
             installation: installation.to_string(),
-            adopted_by: engine.installation_id.clone(),
-            at: engine.clock.now(),
+            adopted_by: ctx.installation_id.clone(),
+            at: ctx.clock.now(),
         };
         let bytes = serde_json::to_vec(&claim).expect("a claim serializes");
         backend.put_create(&own, bytes.into()).await?;
@@ -302,7 +302,7 @@ async fn claim_adoption(
         .await?
         .into_iter()
         .filter_map(|o| o.key.strip_prefix(&folder)?.strip_suffix(".json").map(str::to_string))
-        .filter(|adopter| *adopter != engine.installation_id && !lost.contains(adopter))
+        .filter(|adopter| *adopter != ctx.installation_id && !lost.contains(adopter))
         .collect();
     if rivals.is_empty() {
         return Ok(Ok(()));
@@ -319,8 +319,8 @@ async fn claim_adoption(
 }
 
 /// Every manifest key the database records, from one read transaction.
-async fn recorded_manifest_keys(engine: &Arc<Engine>) -> Result<HashSet<String>> {
-    let store = engine.store.clone();
+async fn recorded_manifest_keys(ctx: &Arc<Context>) -> Result<HashSet<String>> {
+    let store = ctx.store.clone();
     blocking(move || {
         let mut keys = HashSet::new();
         store.snapshot()?.visit_buckets(|meta| {
@@ -366,7 +366,7 @@ async fn manifests_by_folder(
 /// Reads a manifest and every row of its segments back, verifying each, and checks that the
 /// archive belongs where it was found.
 async fn read_verified(
-    engine: &Arc<Engine>,
+    ctx: &Arc<Context>,
     table: &str,
     backend: &Arc<dyn ArchiveBackend>,
     folder: &str,
@@ -376,7 +376,7 @@ async fn read_verified(
     if manifest.table != table {
         return Err(Error::Corruption(format!("the manifest names table `{}`", manifest.table)));
     }
-    let policies = engine.policies();
+    let policies = ctx.policies.clone();
     let recorded = policies.archive_backend(policies.table(table)?, &manifest.archive_target())?;
     // Compared by URL: a retired table keeps the backend of the policy set it was declared in,
     // another object for the same target than the current set's.

@@ -20,7 +20,7 @@ use bytes::Bytes;
 use serde::Serialize;
 
 use super::blocking;
-use crate::engine::Engine;
+use crate::engine::Context;
 use crate::error::Result;
 use crate::model::Micros;
 use crate::storage::PutOutcome;
@@ -63,9 +63,9 @@ fn legacy_catalog_key(table: &str) -> String {
 }
 
 /// Builds a table's catalog from its published buckets' recorded manifests.
-pub async fn build(engine: &Arc<Engine>, table: &str) -> Result<Catalog> {
-    let (store, id) = (engine.store.clone(), table.to_string());
-    let now = engine.clock.now();
+pub async fn build(ctx: &Arc<Context>, table: &str) -> Result<Catalog> {
+    let (store, id) = (ctx.store.clone(), table.to_string());
+    let now = ctx.clock.now();
     blocking(move || {
         let mut manifests = Vec::new();
         for (meta, manifest) in store.published(&id)? {
@@ -89,10 +89,10 @@ pub async fn build(engine: &Arc<Engine>, table: &str) -> Result<Catalog> {
 }
 
 /// Rebuilds and writes a table's catalog; returns how many manifests it lists.
-pub async fn write(engine: &Arc<Engine>, table: &str) -> Result<usize> {
-    let catalog = build(engine, table).await?;
-    let backend = engine.policies().table(table)?.backend.clone();
-    let key = catalog_key(table, &engine.installation_id);
+pub async fn write(ctx: &Arc<Context>, table: &str) -> Result<usize> {
+    let catalog = build(ctx, table).await?;
+    let backend = ctx.policies.clone().table(table)?.backend.clone();
+    let key = catalog_key(table, &ctx.installation_id);
     let bytes = Bytes::from(serde_json::to_vec_pretty(&catalog).expect("a catalog serializes"));
     backend.delete(&legacy_catalog_key(table)).await?;
     backend.delete(&key).await?;

@@ -41,7 +41,7 @@ use object_store::ObjectStore;
 use object_store::prefix::PrefixStore;
 
 use super::blocking;
-use crate::engine::Engine;
+use crate::engine::Context;
 use crate::error::{Error, Result};
 use crate::format::manifest::{Manifest, SegmentInfo};
 use crate::model::Micros;
@@ -77,45 +77,41 @@ pub struct DeltaSync {
 /// Syncs when the table's log may lag its manifests: `changed` (the pass published or expired
 /// something), or no sync of this process has succeeded since it started or since the last
 /// failure.
-pub async fn sync_if_needed(
-    engine: &Arc<Engine>,
-    table: &Arc<TablePolicy>,
-    changed: bool,
-) -> Option<Result<DeltaSync>> {
+pub async fn sync_if_needed(ctx: &Arc<Context>, table: &Arc<TablePolicy>, changed: bool) -> Option<Result<DeltaSync>> {
     if !table.delta_log()
-        || (!changed && engine.memory.delta_in_sync.lock().expect("delta sync state").contains(&table.id))
+        || (!changed && ctx.memory().delta_in_sync.lock().expect("delta sync state").contains(&table.id))
     {
         return None;
     }
-    Some(sync(engine, table).await)
+    Some(sync(ctx, table).await)
 }
 
 /// One sync at a time per table of this installation: two at once would each see a file
 /// missing and both add it.
-fn sync_lock(engine: &Engine, table: &TablePolicy) -> Arc<tokio::sync::Mutex<()>> {
-    let mut locks = engine.memory.delta_locks.lock().expect("delta sync locks");
+fn sync_lock(ctx: &Context, table: &TablePolicy) -> Arc<tokio::sync::Mutex<()>> {
+    let mut locks = ctx.memory().delta_locks.lock().expect("delta sync locks");
     locks.entry(table.id.clone()).or_default().clone()
 }
 
 /// Makes this installation's files in the table's Delta log match its published manifests
 /// (module documentation). Errors are retryable: nothing is deleted on the strength of a
 /// sync, and the next one starts again from what the log holds.
-pub async fn sync(engine: &Arc<Engine>, table: &Arc<TablePolicy>) -> Result<DeltaSync> {
-    let lock = sync_lock(engine, table);
+pub async fn sync(ctx: &Arc<Context>, table: &Arc<TablePolicy>) -> Result<DeltaSync> {
+    let lock = sync_lock(ctx, table);
     let _serialized = lock.lock().await;
-    engine.memory.delta_in_sync.lock().expect("delta sync state").remove(&table.id);
-    let result = sync_serialized(engine, table).await;
+    ctx.memory().delta_in_sync.lock().expect("delta sync state").remove(&table.id);
+    let result = sync_serialized(ctx, table).await;
     if result.is_ok() {
-        engine.memory.delta_in_sync.lock().expect("delta sync state").insert(table.id.clone());
+        ctx.memory().delta_in_sync.lock().expect("delta sync state").insert(table.id.clone());
     }
-    record(engine, table, &result).await?;
+    record(ctx, table, &result).await?;
     result
 }
 
 /// Records the sync's outcome for `status`: the version and the last commit of a success, the
 /// error of a failure (keeping the last success's figures).
-async fn record(engine: &Arc<Engine>, table: &TablePolicy, result: &Result<DeltaSync>) -> Result<()> {
-    let (store, id, now) = (engine.store.clone(), table.id.clone(), engine.clock.now());
+async fn record(ctx: &Arc<Context>, table: &TablePolicy, result: &Result<DeltaSync>) -> Result<()> {
+    let (store, id, now) = (ctx.store.clone(), table.id.clone(), ctx.clock.now());
     let outcome = result.as_ref().map(|r| (r.version, r.added + r.removed + r.repaired > 0)).map_err(|e| e.to_string());
     blocking(move || {
         let previous = store.delta_log_state(&id)?;
@@ -137,17 +133,17 @@ async fn record(engine: &Arc<Engine>, table: &TablePolicy, result: &Result<Delta
     .await
 }
 
-async fn sync_serialized(engine: &Arc<Engine>, table: &Arc<TablePolicy>) -> Result<DeltaSync> {
+async fn sync_serialized(ctx: &Arc<Context>, table: &Arc<TablePolicy>) -> Result<DeltaSync> {
     let store = table.backend.object_store().ok_or_else(|| {
         Error::InvalidInput(format!("table `{}`: its target is not an object store; it has no Delta log", table.id))
     })?;
     let root = keys::delta_table_root(&table.id);
-    let (wanted, known) = published_files(engine, table, &root).await?;
+    let (wanted, known) = published_files(ctx, table, &root).await?;
     let known_misencoded: BTreeSet<String> = known.iter().map(|path| doubly_encoded(path)).collect();
     let log_store = log_store(store, table.backend.local_dir(), &root)?;
-    let created = create_if_absent(&log_store, &table.id, engine.clock.now()).await?;
+    let created = create_if_absent(&log_store, &table.id, ctx.clock.now()).await?;
     let mut report = DeltaSync { table: table.id.clone(), created, ..Default::default() };
-    let app_id = format!("frostline-{}", engine.installation_id);
+    let app_id = format!("frostline-{}", ctx.installation_id);
     let mut attempt = 0;
     loop {
         attempt += 1;
@@ -163,7 +159,7 @@ async fn sync_serialized(engine: &Arc<Engine>, table: &Arc<TablePolicy>) -> Resu
             // to remove, whatever folder they lie in.
             .filter(|(path, _)| known.contains(path) || known_misencoded.contains(path))
             .collect();
-        let now_ms = engine.clock.now().div_euclid(1_000);
+        let now_ms = ctx.clock.now().div_euclid(1_000);
         // Published files the log lists only under the path earlier builds wrote: each entry
         // is replaced (the same file, no data change), not removed and added again.
         let misencoded: BTreeMap<&str, String> = wanted
@@ -252,7 +248,7 @@ async fn sync_serialized(engine: &Arc<Engine>, table: &Arc<TablePolicy>) -> Resu
             Ok(()) => return Ok(report),
             Err(e) if attempt < DELTA_COMMIT_ATTEMPTS_MAX => {
                 tracing::debug!(table = %table.id, attempt, error = %e, "Delta commit lost a race; reading the log again");
-                let pause = 10 * u64::from(attempt) + engine.random_u64() % 20;
+                let pause = 10 * u64::from(attempt) + ctx.random_u64() % 20;
                 tokio::time::sleep(std::time::Duration::from_millis(pause)).await;
             }
             Err(e) => return Err(unavailable(&table.id, "cannot commit to its Delta log", e)),
@@ -280,11 +276,11 @@ struct PublishedFile {
 /// published. Nothing else in the log is its own, not even a file below its own installation's
 /// folder that a copy of its data directory wrote (ARCHITECTURE.md, "The ownership rule").
 async fn published_files(
-    engine: &Arc<Engine>,
+    ctx: &Arc<Context>,
     table: &Arc<TablePolicy>,
     root: &str,
 ) -> Result<(BTreeMap<String, PublishedFile>, BTreeSet<String>)> {
-    let (store, id, target) = (engine.store.clone(), table.id.clone(), table.backend.target().to_string());
+    let (store, id, target) = (ctx.store.clone(), table.id.clone(), table.backend.target().to_string());
     let root = root.to_string();
     blocking(move || {
         let mut known = BTreeSet::new();

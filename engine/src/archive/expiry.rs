@@ -6,8 +6,9 @@
 
 use std::sync::Arc;
 
-use super::{Heartbeat, blocking};
-use crate::engine::Engine;
+use super::blocking;
+use super::bucket::Heartbeat;
+use crate::engine::Context;
 use crate::error::{Error, Result};
 use crate::policy::TablePolicy;
 use crate::storage::keys;
@@ -22,13 +23,13 @@ pub(super) enum ExpiryOutcome {
 
 /// Starts (and finishes) the expiry of a published, cleaned bucket.
 pub(super) async fn expire(
-    engine: &Arc<Engine>,
+    ctx: &Arc<Context>,
     table: &Arc<TablePolicy>,
     owner: &str,
     meta: &BucketMeta,
     heartbeat: &Heartbeat,
 ) -> Result<ExpiryOutcome> {
-    let store = engine.store.clone();
+    let store = ctx.store.clone();
     let id = meta.id.clone();
     let manifest = blocking(move || store.latest_manifest(&id))
         .await?
@@ -41,7 +42,7 @@ pub(super) async fn expire(
     let keys: Vec<String> =
         std::iter::once(manifest_key).chain(manifest.segments.iter().map(|s| s.key.clone())).collect();
     heartbeat.check("expiry").await?;
-    let (store, id, owner_s, now) = (engine.store.clone(), meta.id.clone(), owner.to_string(), engine.clock.now());
+    let (store, id, owner_s, now) = (ctx.store.clone(), meta.id.clone(), owner.to_string(), ctx.clock.now());
     let generation = meta.generation;
     let target = manifest.archive_target();
     let Some(tombstone) = blocking(move || store.begin_expiry(id, owner_s, generation, now, keys, target)).await?
@@ -50,7 +51,7 @@ pub(super) async fn expire(
         return Ok(ExpiryOutcome::Held);
     };
     crate::failpoints::hit("after_expiry_tombstone")?;
-    finish(engine, table, owner, generation, tombstone).await
+    finish(ctx, table, owner, generation, tombstone).await
 }
 
 /// Deletes what a tombstone names on the target it records, proves absence by listing the
@@ -58,13 +59,13 @@ pub(super) async fn expire(
 /// call every hold is checked once more (`Store::start_deletes`): a hold placed since the
 /// tombstone was written calls the expiry off, as long as nothing has been deleted.
 pub(super) async fn finish(
-    engine: &Arc<Engine>,
+    ctx: &Arc<Context>,
     table: &Arc<TablePolicy>,
     owner: &str,
     generation: u64,
     tombstone: Tombstone,
 ) -> Result<ExpiryOutcome> {
-    let backend = engine.policies().archive_backend(table, &tombstone.target)?;
+    let backend = ctx.policies.clone().archive_backend(table, &tombstone.target)?;
     let id: &BucketId = &tombstone.bucket;
     // Every folder the objects lie in (a Delta table keeps manifests apart from segments).
     let folders: std::collections::BTreeSet<String> =
@@ -74,7 +75,7 @@ pub(super) async fn finish(
         // here, where a hold can still call it off.
         backend.list(keys::folder_of(&tombstone.manifest_key)).await?;
         crate::failpoints::hit("before_start_deletes")?;
-        let (store, bucket, owner, now) = (engine.store.clone(), id.clone(), owner.to_string(), engine.clock.now());
+        let (store, bucket, owner, now) = (ctx.store.clone(), id.clone(), owner.to_string(), ctx.clock.now());
         if !blocking(move || store.start_deletes(bucket, owner, generation, now)).await? {
             tracing::info!(bucket = %id, "expiry called off by a legal hold placed before its first delete");
             return Ok(ExpiryOutcome::Held);
@@ -84,7 +85,7 @@ pub(super) async fn finish(
     // is no longer published, so the sync commits its removes first.
     #[cfg(feature = "delta")]
     if table.delta_log() {
-        super::delta::sync(engine, table).await?;
+        super::delta::sync(ctx, table).await?;
     }
     for key in &tombstone.keys {
         backend.delete(key).await?;
@@ -100,9 +101,9 @@ pub(super) async fn finish(
         }
     }
     let objects = tombstone.keys.len();
-    let now = engine.clock.now();
-    let purge_at = now.saturating_add(engine.settings.tombstone_retention_us);
-    let (store, id, owner) = (engine.store.clone(), id.clone(), owner.to_string());
+    let now = ctx.clock.now();
+    let purge_at = now.saturating_add(ctx.settings.tombstone_retention_us);
+    let (store, id, owner) = (ctx.store.clone(), id.clone(), owner.to_string());
     blocking(move || store.complete_expiry(id, owner, generation, now, purge_at)).await?;
     tracing::info!(bucket = %tombstone.bucket, objects, reason = %tombstone.reason, "archive expired");
     Ok(ExpiryOutcome::Expired)

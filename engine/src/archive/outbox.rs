@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::blocking;
-use crate::engine::Engine;
+use crate::engine::Context;
 use crate::error::{Error, Result};
 use crate::policy::{SinkConfig, SinkKind};
 use crate::store::schema::OutboxEvent;
@@ -37,8 +37,8 @@ pub fn event_json(event: &OutboxEvent, sink: &str) -> serde_json::Value {
 /// configuration changes: its timeout, and for `https://` rustls trusting the system's
 /// certificate authorities and the sink's `ca_file`. Kept, so deliveries reuse connections and
 /// the trust store is built once.
-fn webhook_agent(engine: &Engine, sink: &SinkConfig) -> ureq::Agent {
-    let mut agents = engine.memory.webhook_agents.lock().expect("webhook agents");
+fn webhook_agent(ctx: &Context, sink: &SinkConfig) -> ureq::Agent {
+    let mut agents = ctx.memory().webhook_agents.lock().expect("webhook agents");
     if let Some((config, agent)) = agents.get(&sink.name)
         && config == sink
     {
@@ -60,12 +60,12 @@ fn new_webhook_agent(sink: &SinkConfig) -> ureq::Agent {
         .into()
 }
 
-fn deliver_one(engine: &Engine, sink: &SinkConfig, event: &OutboxEvent) -> Result<()> {
+fn deliver_one(ctx: &Context, sink: &SinkConfig, event: &OutboxEvent) -> Result<()> {
     let body = event_json(event, &sink.name);
     match sink.kind {
         SinkKind::Webhook => {
             let key = body["idempotency_key"].as_str().unwrap_or_default().to_string();
-            webhook_agent(engine, sink)
+            webhook_agent(ctx, sink)
                 .post(&sink.destination)
                 .header("Content-Type", "application/json")
                 .header("Idempotency-Key", &key)
@@ -107,31 +107,31 @@ fn delivered(sink: &SinkConfig, response: &ureq::http::Response<ureq::Body>) -> 
 }
 
 /// Delivers pending events; returns how many events were completed (delivered everywhere).
-pub async fn deliver(engine: &Arc<Engine>) -> Result<u64> {
-    let store = engine.store.clone();
+pub async fn deliver(ctx: &Arc<Context>) -> Result<u64> {
+    let store = ctx.store.clone();
     let events = blocking(move || store.outbox(OUTBOX_EVENTS_PER_PASS_MAX)).await?;
     if events.is_empty() {
         return Ok(0);
     }
-    let sinks = engine.policies().sinks.clone();
-    let backoffs = &engine.memory.sink_backoffs;
+    let sinks = ctx.policies.clone().sinks.clone();
+    let backoffs = &ctx.memory().sink_backoffs;
     for sink in &sinks {
         let key = sink.name.clone();
-        let now = engine.clock.now();
+        let now = ctx.clock.now();
         if backoffs.lock().expect("backoffs").get(&key).is_some_and(|(until, _)| now < *until) {
             continue;
         }
         for event in &events {
-            let (store, name, sequence) = (engine.store.clone(), sink.name.clone(), event.sequence);
+            let (store, name, sequence) = (ctx.store.clone(), sink.name.clone(), event.sequence);
             if blocking(move || store.delivered(&name, sequence)).await? {
                 continue;
             }
-            let (engine2, sink2, event2) = (engine.clone(), sink.clone(), event.clone());
+            let (engine2, sink2, event2) = (ctx.clone(), sink.clone(), event.clone());
             match blocking(move || deliver_one(&engine2, &sink2, &event2)).await {
                 Ok(()) => {
                     // Delivered but not yet recorded: a crash here delivers the event again.
                     crate::failpoints::hit("after_outbox_delivery")?;
-                    let (store, name, now) = (engine.store.clone(), sink.name.clone(), engine.clock.now());
+                    let (store, name, now) = (ctx.store.clone(), sink.name.clone(), ctx.clock.now());
                     blocking(move || store.record_delivery(name, sequence, now)).await?;
                     backoffs.lock().expect("backoffs").remove(&key);
                 }
@@ -139,7 +139,7 @@ pub async fn deliver(engine: &Arc<Engine>) -> Result<u64> {
                     let mut map = backoffs.lock().expect("backoffs");
                     let failures = map.get(&key).map_or(0, |(_, n)| *n) + 1;
                     let delay_ms = (SINK_BACKOFF_MS_MIN << failures.min(16)).min(SINK_BACKOFF_MS_MAX);
-                    map.insert(key.clone(), (engine.clock.now() + delay_ms as i64 * 1_000, failures));
+                    map.insert(key.clone(), (ctx.clock.now() + delay_ms as i64 * 1_000, failures));
                     tracing::warn!(sink = %sink.name, error = %e, retry_in_ms = delay_ms, "outbox delivery failed");
                     break;
                 }
@@ -151,7 +151,7 @@ pub async fn deliver(engine: &Arc<Engine>) -> Result<u64> {
     for event in &events {
         let mut everywhere = true;
         for sink in &sinks {
-            let (store, name, sequence) = (engine.store.clone(), sink.name.clone(), event.sequence);
+            let (store, name, sequence) = (ctx.store.clone(), sink.name.clone(), event.sequence);
             if !blocking(move || store.delivered(&name, sequence)).await? {
                 everywhere = false;
                 break;
@@ -163,7 +163,7 @@ pub async fn deliver(engine: &Arc<Engine>) -> Result<u64> {
     }
     let completed = done.len() as u64;
     if !done.is_empty() {
-        let store = engine.store.clone();
+        let store = ctx.store.clone();
         blocking(move || store.ack_outbox(done)).await?;
     }
     Ok(completed)

@@ -13,7 +13,7 @@ use std::time::Instant;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use crate::engine::Engine;
+use crate::engine::Context;
 use crate::error::{Error, Result};
 use crate::format::{EncodedSegment, Format, SEGMENT_ROWS_MAX, encode_segments};
 use crate::model::rows::{RowSummary, RowSummer};
@@ -45,19 +45,19 @@ pub struct ReadSide {
 /// The receiver yields its segments in order; the handle ends with the read side's outcome.
 /// Dropping the receiver stops the reader at its next segment.
 pub fn start(
-    engine: Arc<Engine>,
+    ctx: Arc<Context>,
     id: BucketId,
     owner: String,
     generation: u64,
     format: Format,
 ) -> (mpsc::Receiver<Encoded>, JoinHandle<Result<ReadSide>>) {
     let (sender, receiver) = mpsc::channel(SEGMENTS_AHEAD);
-    let reader = tokio::task::spawn_blocking(move || read_and_encode(&engine, &id, &owner, generation, format, sender));
+    let reader = tokio::task::spawn_blocking(move || read_and_encode(&ctx, &id, &owner, generation, format, sender));
     (receiver, reader)
 }
 
 fn read_and_encode(
-    engine: &Engine,
+    ctx: &Context,
     id: &BucketId,
     owner: &str,
     generation: u64,
@@ -67,7 +67,7 @@ fn read_and_encode(
     let mut summer = RowSummer::default();
     let (mut snapshot_seconds, mut encode_seconds) = (0.0, 0.0);
     let started = Instant::now();
-    let mut page = read_page(engine, id, owner, generation, None)?;
+    let mut page = read_page(ctx, id, owner, generation, None)?;
     crate::failpoints::hit("mid_snapshot")?;
     snapshot_seconds += started.elapsed().as_secs_f64();
     let mut summary = None;
@@ -76,7 +76,7 @@ fn read_and_encode(
         let started = Instant::now();
         let next = match page.last() {
             Some(last) if page.len() == SNAPSHOT_PAGE_ROWS => {
-                read_page(engine, id, owner, generation, Some((last.event_time, &last.sort_key)))?
+                read_page(ctx, id, owner, generation, Some((last.event_time, &last.sort_key)))?
             }
             _ => Vec::new(),
         };
@@ -110,13 +110,13 @@ fn read_and_encode(
 /// Up to `SNAPSHOT_PAGE_ROWS` rows of the bucket after `after`, read in one read transaction
 /// that first checks the lease is still `owner`'s at `generation` on the engine's clock.
 fn read_page(
-    engine: &Engine,
+    ctx: &Context,
     id: &BucketId,
     owner: &str,
     generation: u64,
     after: Option<(Micros, &[u8])>,
 ) -> Result<Vec<Record>> {
-    let read = engine.store.snapshot()?;
+    let read = ctx.store.snapshot()?;
     let meta = read.bucket(id)?.ok_or_else(|| Error::Internal(format!("bucket {id} vanished")))?;
     crate::model::invariants::lease_is_held(
         meta.lease_owner.as_deref(),
@@ -124,7 +124,7 @@ fn read_page(
         meta.lease_expires_at,
         owner,
         generation,
-        engine.clock.now(),
+        ctx.clock.now(),
     )
     .map_err(|detail| Error::LeaseLost { bucket: id.display(), owner: owner.to_string(), generation, detail })?;
     read.rows(id, after, SNAPSHOT_PAGE_ROWS)

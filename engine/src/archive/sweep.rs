@@ -25,7 +25,7 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use super::blocking;
-use crate::engine::Engine;
+use crate::engine::Context;
 use crate::error::{Error, Result};
 use crate::model::ArchiveTarget;
 use crate::storage::{ArchiveBackend, ObjectInfo, keys};
@@ -67,8 +67,8 @@ struct References {
     released: HashMap<(String, String), ReleasedKey>,
 }
 
-async fn references(engine: &Arc<Engine>) -> Result<References> {
-    let (store, engine_installation) = (engine.store.clone(), engine.installation_id.clone());
+async fn references(ctx: &Arc<Context>) -> Result<References> {
+    let (store, engine_installation) = (ctx.store.clone(), ctx.installation_id.clone());
     blocking(move || {
         let snapshot = store.snapshot()?;
         let mut keys = HashSet::new();
@@ -133,12 +133,12 @@ fn other_copy_evidence(listed: &[ObjectInfo], installation: &str, references: &R
     })
 }
 
-pub async fn sweep(engine: &Arc<Engine>, dry_run: bool) -> Result<SweepReport> {
-    let references = references(engine).await?;
-    let now = engine.clock.now();
-    let grace = engine.settings.orphan_grace_us;
+pub async fn sweep(ctx: &Arc<Context>, dry_run: bool) -> Result<SweepReport> {
+    let references = references(ctx).await?;
+    let now = ctx.clock.now();
+    let grace = ctx.settings.orphan_grace_us;
     let mut report = SweepReport { dry_run, ..Default::default() };
-    let policies = engine.policies();
+    let policies = ctx.policies.clone();
     // Every table's folder on its current target and on every target its archives were
     // written to, and every target's scratch folders (`.tmp/` of large uploads,
     // `.frostline-probe/`): nothing names a scratch object, so only the grace protects one.
@@ -167,20 +167,20 @@ pub async fn sweep(engine: &Arc<Engine>, dry_run: bool) -> Result<SweepReport> {
     let mut listings = Vec::with_capacity(folders.len());
     for (backend, prefix, scratch) in &folders {
         let listed = backend.list(prefix).await?;
-        if !scratch && let Some((key, why)) = other_copy_evidence(&listed, &engine.installation_id, &references) {
+        if !scratch && let Some((key, why)) = other_copy_evidence(&listed, &ctx.installation_id, &references) {
             let stop = SweepStop { at: now, target: backend.target().to_string(), key, reason: why };
             tracing::warn!(target = %stop.target, key = %stop.key, reason = %stop.reason,
                 "orphan sweep stopped: another copy of this data directory writes to this target");
             if !dry_run {
-                let (store, recorded) = (engine.store.clone(), stop.clone());
+                let (store, recorded) = (ctx.store.clone(), stop.clone());
                 blocking(move || store.set_sweep_stop(Some(recorded))).await?;
             }
             return Err(Error::Conflict(format!(
                 "orphan sweep stopped, nothing deleted: {} holds `{}` ({}), written by another copy of this data \
                  directory (installation {}): a copy restored from a backup, or one copied elsewhere, that kept \
                  archiving. Run only one copy of a data directory; archives of the other are not orphans: \
-                 `frostline adopt` (with the engine stopped) takes them in",
-                stop.target, stop.key, stop.reason, engine.installation_id
+                 `frostline adopt` (with the ctx stopped) takes them in",
+                stop.target, stop.key, stop.reason, ctx.installation_id
             )));
         }
         listings.push((backend, listed, *scratch));
@@ -199,7 +199,7 @@ pub async fn sweep(engine: &Arc<Engine>, dry_run: bool) -> Result<SweepReport> {
             let released_key = (backend.target().to_string(), object.key.clone());
             let released = references.released.get(&released_key);
             seen.insert(released_key);
-            if !scratch && !keys::written_by(&object.key, &engine.installation_id) {
+            if !scratch && !keys::written_by(&object.key, &ctx.installation_id) {
                 report.foreign += 1;
                 continue;
             }
@@ -222,7 +222,7 @@ pub async fn sweep(engine: &Arc<Engine>, dry_run: bool) -> Result<SweepReport> {
                 backend.delete(&object.key).await?;
                 report.deleted += 1;
                 tracing::info!(key = %object.key, "orphan deleted");
-                let (store, key, target) = (engine.store.clone(), object.key.clone(), backend.target().to_string());
+                let (store, key, target) = (ctx.store.clone(), object.key.clone(), backend.target().to_string());
                 match released.cloned() {
                     Some(released) => blocking(move || store.forget_released(released, true, now)).await?,
                     None => blocking(move || store.note_orphan_deleted(key, target, now)).await?,
@@ -239,11 +239,11 @@ pub async fn sweep(engine: &Arc<Engine>, dry_run: bool) -> Result<SweepReport> {
             };
             let listed_target = folders.iter().any(listed);
             if listed_target && (!seen.contains(key) || references.keys.contains(&key.1)) {
-                let (store, released) = (engine.store.clone(), released.clone());
+                let (store, released) = (ctx.store.clone(), released.clone());
                 blocking(move || store.forget_released(released, false, now)).await?;
             }
         }
-        let store = engine.store.clone();
+        let store = ctx.store.clone();
         blocking(move || {
             store.set_meta_value(META_LAST_SWEEP, now.to_be_bytes().to_vec())?;
             store.set_sweep_stop(None)
@@ -254,14 +254,14 @@ pub async fn sweep(engine: &Arc<Engine>, dry_run: bool) -> Result<SweepReport> {
 }
 
 /// Runs the sweep when `ARCHIVER_SWEEP_INTERVAL_SECONDS` have passed since the last one.
-pub async fn sweep_if_due(engine: &Arc<Engine>) -> Result<Option<SweepReport>> {
-    let store = engine.store.clone();
+pub async fn sweep_if_due(ctx: &Arc<Context>) -> Result<Option<SweepReport>> {
+    let store = ctx.store.clone();
     let last = blocking(move || store.meta_value(META_LAST_SWEEP))
         .await?
         .and_then(|v| v.try_into().ok().map(i64::from_be_bytes));
-    let now = engine.clock.now();
-    if last.is_some_and(|at| now - at < engine.settings.sweep_interval_us) {
+    let now = ctx.clock.now();
+    if last.is_some_and(|at| now - at < ctx.settings.sweep_interval_us) {
         return Ok(None);
     }
-    sweep(engine, false).await.map(Some)
+    sweep(ctx, false).await.map(Some)
 }

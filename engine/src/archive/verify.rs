@@ -7,7 +7,7 @@ use std::sync::Arc;
 use rand::seq::SliceRandom;
 
 use super::{blocking, read_archive, read_manifest};
-use crate::engine::Engine;
+use crate::engine::Context;
 use crate::error::Result;
 use crate::model::BucketState;
 
@@ -23,21 +23,21 @@ pub struct BucketVerdict {
 
 /// Verifies archived buckets; `on_bucket` is called after each (progress).
 pub async fn verify(
-    engine: &Arc<Engine>,
+    ctx: &Arc<Context>,
     table: Option<String>,
     sample: Option<usize>,
     on_bucket: impl Fn(usize),
 ) -> Result<Vec<BucketVerdict>> {
-    let store = engine.store.clone();
+    let store = ctx.store.clone();
     let mut buckets = blocking(move || store.all_buckets()).await?;
     buckets
         .retain(|b| matches!(b.state, BucketState::Archived { .. }) && table.as_ref().is_none_or(|t| &b.id.table == t));
     if let Some(n) = sample {
-        buckets.shuffle(&mut <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(engine.random_u64()));
+        buckets.shuffle(&mut <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(ctx.random_u64()));
         buckets.truncate(n);
     }
     let total = buckets.len();
-    let policies = engine.policies();
+    let policies = ctx.policies.clone();
     let mut verdicts = Vec::with_capacity(total);
     for (i, meta) in buckets.into_iter().enumerate() {
         let key = meta.manifest_key.clone().unwrap_or_default();
@@ -51,7 +51,7 @@ pub async fn verify(
         };
         let outcome: Result<()> = async {
             let table = policies.table(&meta.id.table)?;
-            let backend = super::recorded_backend(engine, &policies, table, &meta.id).await?;
+            let backend = super::recorded_backend(ctx, &policies, table, &meta.id).await?;
             let manifest = read_manifest(backend.as_ref(), &key).await?;
             verdict.segments = manifest.segments.len();
             let rows = read_archive(backend.as_ref(), &key, None, None).await?;

@@ -41,20 +41,20 @@ pub async fn verify(
     sample: Option<usize>,
     on_bucket: impl Fn(usize),
 ) -> Result<VerifyReport> {
-    let verdicts = crate::archive::verify::verify(engine, table, sample, on_bucket).await?;
+    let verdicts = crate::archive::verify::verify(&engine.context(), table, sample, on_bucket).await?;
     let failed = verdicts.iter().filter(|v| !v.ok).count();
     Ok(VerifyReport { verdicts, failed })
 }
 
 /// The orphan sweep, now (`archive::sweep`): deletes only what this installation released.
 pub async fn sweep(engine: &Arc<Engine>, dry_run: bool) -> Result<SweepReport> {
-    crate::archive::sweep::sweep(engine, dry_run).await
+    crate::archive::sweep::sweep(&engine.context(), dry_run).await
 }
 
 /// Takes in the archives on the targets that this data directory does not record
 /// (`archive::adopt`); other installations' only when named.
 pub async fn adopt(engine: &Arc<Engine>, dry_run: bool, from_installations: &[String]) -> Result<AdoptReport> {
-    crate::archive::adopt::adopt(engine, dry_run, from_installations).await
+    crate::archive::adopt::adopt(&engine.context(), dry_run, from_installations).await
 }
 
 /// What a sync of one table's Delta log changed.
@@ -76,7 +76,8 @@ pub struct DeltaRebuild {
 /// installation publishes, repairing entries earlier builds wrote.
 #[cfg(feature = "delta")]
 pub async fn delta_rebuild(engine: &Arc<Engine>, table: Option<&str>) -> Result<Vec<DeltaRebuild>> {
-    let policies = engine.policies();
+    let context = engine.context();
+    let policies = &context.policies;
     let tables: Vec<_> = match table {
         Some(id) => {
             let table = policies.table(id)?.clone();
@@ -91,7 +92,7 @@ pub async fn delta_rebuild(engine: &Arc<Engine>, table: Option<&str>) -> Result<
     };
     let mut out = Vec::with_capacity(tables.len());
     for table in tables {
-        out.push(match crate::archive::delta::sync(engine, &table).await {
+        out.push(match crate::archive::delta::sync(&context, &table).await {
             Ok(sync) => DeltaRebuild { sync, error: None },
             Err(e) => DeltaRebuild {
                 sync: DeltaSync { table: table.id.clone(), ..DeltaSync::default() },

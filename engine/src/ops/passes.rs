@@ -71,7 +71,7 @@ pub async fn run_until_idle(
         if stopping.is_some_and(|s| *s.borrow()) {
             break;
         }
-        let result = run_pass(engine, owner).await;
+        let result = run_pass(&engine.context(), owner).await;
         observe(&result);
         let r = result?;
         let progressed = r.made_progress();
@@ -123,7 +123,7 @@ impl Passes {
     pub async fn run_once(&self, engine: &Arc<Engine>) -> Result<PassReport> {
         let _turn = self.lock.lock().await;
         let (engine, owner) = (engine.clone(), self.owner.clone());
-        let result = self.on_runtime(async move { run_pass(&engine, &owner).await }).await;
+        let result = self.on_runtime(async move { run_pass(&engine.context(), &owner).await }).await;
         (self.observe)(&result);
         result
     }

@@ -10,7 +10,7 @@ pub use crate::query::{ExpiredRange, QUERY_LIMIT_DEFAULT, QUERY_LIMIT_MAX, Query
 
 /// One page of a query (`query::query`: hot rows and verified archives, expired ranges named).
 pub async fn query(engine: &Arc<Engine>, request: QueryRequest) -> Result<QueryPage> {
-    crate::query::query(engine, request).await
+    crate::query::query(&engine.context(), request).await
 }
 
 /// The page as the API sends it: `{"records": [...], "next_cursor": ..., "expired": [...]}`,

@@ -1,0 +1,216 @@
+//! What a pass reports: what it did, its errors by kind (logged and counted in the metrics),
+//! and the seconds it spent in each phase.
+
+use std::time::Instant;
+
+/// What one pass did.
+#[derive(Debug, Default, Clone, serde::Serialize)]
+pub struct PassReport {
+    pub planned: u64,
+    /// Buckets whose schedule was checked against their plan (and queued when it was stale).
+    pub reconciled: u64,
+    pub plan_failures: u64,
+    pub archived: u64,
+    pub cleaned: u64,
+    pub deferred: u64,
+    pub rows_archived: u64,
+    pub bytes_archived: u64,
+    pub expired: u64,
+    /// Expiries stopped by a legal hold.
+    pub held: u64,
+    pub tombstones_purged: u64,
+    pub outbox_delivered: u64,
+    pub orphans_deleted: u64,
+    /// Every error the pass met and went on from, with its cause (`PassReport::error`).
+    pub errors: Vec<String>,
+    /// How many of `errors` there were of each kind (`PassErrorKind`), for the metrics.
+    pub error_kinds: std::collections::BTreeMap<&'static str, u64>,
+    /// Where the pass spent its time.
+    pub seconds: PhaseSeconds,
+}
+
+/// What a pass error was about, as the metrics label it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PassErrorKind {
+    /// A bucket's archival, cleanup or expiry failed or was deferred.
+    Bucket,
+    Outbox,
+    Catalog,
+    DeltaLog,
+    /// The orphan sweep stopped (another copy of the data directory, a listing that failed).
+    Sweep,
+}
+
+impl PassErrorKind {
+    pub fn label(self) -> &'static str {
+        match self {
+            PassErrorKind::Bucket => "bucket",
+            PassErrorKind::Outbox => "outbox",
+            PassErrorKind::Catalog => "catalog",
+            PassErrorKind::DeltaLog => "delta_log",
+            PassErrorKind::Sweep => "sweep",
+        }
+    }
+}
+
+/// A step of the protocol, as `PhaseSeconds` itemizes a pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Asking the retention policies for plans and storing them.
+    Plan,
+    /// Reading the due index and the due buckets.
+    Discover,
+    Claim,
+    /// The owner-checked read of a bucket's rows.
+    Snapshot,
+    /// Encoding segments, hashing them, building the manifest.
+    Encode,
+    RecordIntent,
+    /// Conditional creates of the segments.
+    Upload,
+    /// Reading the segments back.
+    ReadBack,
+    /// Comparing what was read with what was written, its hash, and decoding every row.
+    Verify,
+    /// The manifest's create, read back and comparison.
+    Manifest,
+    Publish,
+    /// The checked hot delete.
+    Cleanup,
+    /// Rewriting the tables' catalogs.
+    Catalog,
+    /// Syncing the tables' Delta logs after the pass (the syncs before expiries are not
+    /// itemized, like the expiries).
+    DeltaLog,
+}
+
+impl Phase {
+    /// Every phase, in protocol order.
+    pub const ALL: [Phase; 14] = [
+        Phase::Plan,
+        Phase::Discover,
+        Phase::Claim,
+        Phase::Snapshot,
+        Phase::Encode,
+        Phase::RecordIntent,
+        Phase::Upload,
+        Phase::ReadBack,
+        Phase::Verify,
+        Phase::Manifest,
+        Phase::Publish,
+        Phase::Cleanup,
+        Phase::Catalog,
+        Phase::DeltaLog,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Phase::Plan => "plan",
+            Phase::Discover => "discover",
+            Phase::Claim => "claim",
+            Phase::Snapshot => "snapshot",
+            Phase::Encode => "encode",
+            Phase::RecordIntent => "record_intent",
+            Phase::Upload => "upload",
+            Phase::ReadBack => "read_back",
+            Phase::Verify => "verify",
+            Phase::Manifest => "manifest",
+            Phase::Publish => "publish",
+            Phase::Cleanup => "cleanup",
+            Phase::Catalog => "catalog",
+            Phase::DeltaLog => "delta_log",
+        }
+    }
+}
+
+/// Seconds a pass spent in each `Phase`, summed over its buckets (expiry, outbox and sweep are
+/// not itemized; buckets worked on at once each count their own time, so the sum can exceed
+/// the pass's wall time). Cheap enough to take always; the benchmark's breakdown of a pass reads it.
+/// Serialized as an object from phase name to seconds.
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+pub struct PhaseSeconds([f64; Phase::ALL.len()]);
+
+impl PhaseSeconds {
+    pub fn get(&self, phase: Phase) -> f64 {
+        self.0[phase as usize]
+    }
+
+    pub(super) fn add(&mut self, phase: Phase, seconds: f64) {
+        self.0[phase as usize] += seconds;
+    }
+
+    /// Each phase's name and seconds, in protocol order.
+    pub fn named(&self) -> Vec<(&'static str, f64)> {
+        Phase::ALL.iter().map(|&phase| (phase.name(), self.get(phase))).collect()
+    }
+
+    pub(super) fn add_all(&mut self, other: &PhaseSeconds) {
+        for (mine, theirs) in self.0.iter_mut().zip(other.0) {
+            *mine += theirs;
+        }
+    }
+}
+
+impl serde::Serialize for PhaseSeconds {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> std::result::Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap as _;
+        let mut map = serializer.serialize_map(Some(Phase::ALL.len()))?;
+        for phase in Phase::ALL {
+            map.serialize_entry(phase.name(), &self.get(phase))?;
+        }
+        map.end()
+    }
+}
+
+/// Laps of a stopwatch: each `lap` returns the seconds since the previous one.
+pub(super) struct Lap(Instant);
+
+impl Lap {
+    pub(super) fn start() -> Lap {
+        Lap(Instant::now())
+    }
+
+    pub(super) fn lap(&mut self) -> f64 {
+        let now = Instant::now();
+        let seconds = now.duration_since(self.0).as_secs_f64();
+        self.0 = now;
+        seconds
+    }
+}
+
+impl PassReport {
+    /// Adds another pass's figures to these.
+    pub fn add(&mut self, other: PassReport) {
+        self.planned += other.planned;
+        self.reconciled += other.reconciled;
+        self.plan_failures += other.plan_failures;
+        self.archived += other.archived;
+        self.cleaned += other.cleaned;
+        self.deferred += other.deferred;
+        self.rows_archived += other.rows_archived;
+        self.bytes_archived += other.bytes_archived;
+        self.expired += other.expired;
+        self.held += other.held;
+        self.tombstones_purged += other.tombstones_purged;
+        self.outbox_delivered += other.outbox_delivered;
+        self.orphans_deleted += other.orphans_deleted;
+        self.errors.extend(other.errors);
+        for (kind, count) in other.error_kinds {
+            *self.error_kinds.entry(kind).or_default() += count;
+        }
+        self.seconds.add_all(&other.seconds);
+    }
+
+    /// Records an error the pass went on from: logged at warn with its cause and counted by
+    /// kind (`frostline_pass_errors_total{kind}`), so a pass that goes on is never silent.
+    pub fn error(&mut self, kind: PassErrorKind, message: String) {
+        tracing::warn!(kind = kind.label(), error = %message, "archival pass error");
+        *self.error_kinds.entry(kind.label()).or_default() += 1;
+        self.errors.push(message);
+    }
+
+    /// Whether the pass changed any bucket's state (another pass may find more to do).
+    pub fn made_progress(&self) -> bool {
+        self.planned + self.archived + self.cleaned + self.expired + self.tombstones_purged > 0
+    }
+}
