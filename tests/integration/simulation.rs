@@ -39,13 +39,22 @@ fn env_number<T: std::str::FromStr>(name: &str) -> Option<T> {
 /// Runs `run` for each seed: `{prefix}_SEED` replays one; otherwise `{prefix}_SEEDS` seeds
 /// (`default` when unset), four fixed ones that always run and fresh ones printed on failure.
 /// A failing seed stops the test with the command that replays it.
-fn for_each_seed<T>(prefix: &str, default: u64, ops: usize, test: &str, run: impl Fn(u64) -> T) -> Vec<T> {
+fn for_each_seed<T>(
+    prefix: &str,
+    default: u64,
+    pinned: &[u64],
+    ops: usize,
+    test: &str,
+    run: impl Fn(u64) -> T,
+) -> Vec<T> {
     let seeds: Vec<u64> = match env_number::<u64>(&format!("{prefix}_SEED")) {
         Some(seed) => vec![seed],
         None => {
             let count = env_number(&format!("{prefix}_SEEDS")).unwrap_or(default);
             let base: u64 = rand::random();
-            (0..count).map(|i| if i < 4 { i } else { base.wrapping_add(i) }).collect()
+            // The pinned seeds (ones that once failed) run first in every run.
+            let fresh = (0..count).map(|i| if i < 4 { i } else { base.wrapping_add(i) });
+            pinned.iter().copied().chain(fresh).collect()
         }
     };
     let mut out = Vec::with_capacity(seeds.len());
@@ -71,7 +80,7 @@ fn for_each_seed<T>(prefix: &str, default: u64, ops: usize, test: &str, run: imp
 #[test]
 fn simulation_matches_the_reference_model() {
     let ops = env_number("FROSTLINE_SIM_OPS").unwrap_or(SIM_OPS_DEFAULT);
-    for_each_seed("FROSTLINE_SIM", SIM_SEEDS_DEFAULT, ops, "simulation::simulation_matches", |seed| {
+    for_each_seed("FROSTLINE_SIM", SIM_SEEDS_DEFAULT, &[], ops, "simulation::simulation_matches", |seed| {
         run_seed(seed, ops)
     });
 }
@@ -346,6 +355,15 @@ struct ModelBucket {
     expirable: bool,
 }
 
+/// Seeds of the lifecycle simulation that once failed, run first in every run (their first 200
+/// operations are what failed; a longer run replays them too). 10271305771009615499: an
+/// adoption right after a restore met an earlier fork's archive of a bucket the copy had since
+/// expired (the model's check was too strict). 8543358860644630439: a backup caught an expiry
+/// before its deletes, the copy that went on finished it, and after the restore and its
+/// adoption a hold called the expiry off, bringing back an archive that was gone (adoption now
+/// records such an expiry as deleting).
+const LIFECYCLE_PINNED_SEEDS: &[u64] = &[10271305771009615499, 8543358860644630439];
+
 #[test]
 fn lifecycle_simulation_matches_the_reference_model() {
     let ops = env_number("FROSTLINE_LIFECYCLE_OPS").unwrap_or(LIFECYCLE_OPS_DEFAULT);
@@ -353,6 +371,7 @@ fn lifecycle_simulation_matches_the_reference_model() {
     let runs = for_each_seed(
         "FROSTLINE_LIFECYCLE",
         LIFECYCLE_SEEDS_DEFAULT,
+        LIFECYCLE_PINNED_SEEDS,
         ops,
         "simulation::lifecycle_simulation",
         |seed| run_lifecycle_seed(seed, ops),

@@ -223,7 +223,8 @@ async fn report_forks(backend: &dyn ArchiveBackend, chosen: &str, others: &[Foun
 /// backup: queries of them would fail on a missing manifest. Each recorded archive whose
 /// manifest the listing of its target did not find is recorded as expired (a completed
 /// tombstone that says why), so queries report the range as expired; one whose hot rows are
-/// not yet deleted is a conflict left alone. True when a bucket changed.
+/// not yet deleted is a conflict left alone. An expiry it had begun whose manifest is gone is
+/// recorded as deleting, so no hold can bring that archive back. True when a bucket changed.
 async fn record_gone_archives(
     ctx: &Arc<Context>,
     table_id: &str,
@@ -261,6 +262,33 @@ async fn record_gone_archives(
         let (store, now) = (ctx.store.clone(), ctx.clock.now());
         let purge_at = now.saturating_add(ctx.settings.tombstone_retention_us);
         changed |= blocking(move || store.record_archive_gone(meta.id, key, target, now, purge_at)).await?;
+    }
+    // An expiry this copy had begun (its tombstone written) but not started deleting when it
+    // was backed up, which the copy that went on finished: a hold placed now would bring back
+    // an archive that is gone. Its deletes are recorded as started (a hold is too late); the
+    // expiry's next step completes it.
+    let store = ctx.store.clone();
+    let pending: Vec<_> = blocking(move || store.tombstones())
+        .await?
+        .into_iter()
+        .filter(|t| t.bucket.table == table_id && t.completed_at.is_none() && t.deletes_started_at.is_none())
+        .collect();
+    for tombstone in pending {
+        let Ok(backend) = policies.archive_backend(table, &tombstone.target) else { continue };
+        let Some((_, keys)) = listed.iter().find(|(listed, _)| listed.target() == backend.target()) else { continue };
+        if keys.contains(&tombstone.manifest_key) {
+            continue;
+        }
+        report.gone.push(format!(
+            "{}: `{}` on {} (its expiry was finished by another copy)",
+            tombstone.bucket, tombstone.manifest_key, tombstone.target
+        ));
+        if dry_run {
+            continue;
+        }
+        let (store, now) = (ctx.store.clone(), ctx.clock.now());
+        let (id, key) = (tombstone.bucket, tombstone.manifest_key);
+        changed |= blocking(move || store.record_expiry_deleting_elsewhere(id, key, now)).await?;
     }
     Ok(changed)
 }

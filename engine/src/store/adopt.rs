@@ -17,7 +17,7 @@ use super::schema::{
     BUCKETS, BUCKETS_BY_TIME, BucketId, BucketMeta, MANIFESTS, Shared, Tombstone, UNPLANNED, by_time_key,
     decode_row_key, decode_row_ref, decode_value, encode_value, generation_key, rows_table, rows_table_name,
 };
-use super::{Store, load_meta, move_to, reconcile, save_meta, save_tombstone, schedule};
+use super::{Store, load_meta, load_tombstone, move_to, reconcile, save_meta, save_tombstone, schedule};
 
 /// What adopting one archive did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -129,6 +129,32 @@ impl Store {
     /// it, so queries report the range as expired instead of failing on a missing manifest.
     /// Only a bucket still archived under exactly that manifest, its hot rows deleted, changes
     /// (`true`); anything else is left as it is.
+    /// Records that the deletes of an expiry this data directory had begun but not started
+    /// deleting have happened elsewhere: its archive's manifest is gone from the target (another
+    /// copy of the data directory, which went on after this one was backed up, finished the
+    /// expiry). From now on a hold is too late for it, as it would be had this copy started the
+    /// deletes itself, so it can no longer bring back an archive that is gone; the expiry's next
+    /// step deletes what may be left and completes it. `false` when the tombstone is not (or no
+    /// longer) that expiry's.
+    pub fn record_expiry_deleting_elsewhere(&self, id: BucketId, manifest_key: String, now: Micros) -> Result<bool> {
+        self.write(move |txn| {
+            let mut meta = load_meta(txn, &id)?;
+            let Some(mut tombstone) = load_tombstone(txn, &id)? else { return Ok(false) };
+            if meta.state != BucketState::Expired
+                || tombstone.manifest_key != manifest_key
+                || tombstone.completed_at.is_some()
+                || tombstone.deletes_started_at.is_some()
+            {
+                return Ok(false);
+            }
+            tombstone.deletes_started_at = Some(now);
+            save_tombstone(txn, &tombstone)?;
+            schedule(txn, &mut meta, Some(now))?;
+            save_meta(txn, &meta)?;
+            Ok(true)
+        })
+    }
+
     pub fn record_archive_gone(
         &self,
         id: BucketId,
