@@ -104,9 +104,11 @@ impl Context {
 #[derive(Default)]
 pub(crate) struct PassMemory {
     /// Tables whose Delta log the last sync left matching this installation's manifests.
+    #[cfg(feature = "delta")]
     pub delta_in_sync: std::sync::Mutex<std::collections::HashSet<String>>,
     /// One Delta sync at a time per table: two at once would each see a file missing and both
     /// add it.
+    #[cfg(feature = "delta")]
     pub delta_locks: std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// Per sink: when its next delivery may be tried (on the engine's clock, so a simulation
     /// drives it) and how many failed in a row.
