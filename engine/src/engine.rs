@@ -116,6 +116,30 @@ pub(crate) struct PassMemory {
     /// Per webhook sink: its HTTP client, kept so deliveries reuse connections and the trust
     /// store is built once, and the configuration it was made for.
     pub webhook_agents: std::sync::Mutex<HashMap<String, (crate::policy::SinkConfig, ureq::Agent)>>,
+    /// What the previous pass did, which paces the next one's planning (`archive::plan_budget`)
+    /// and estimates when the plan queue is empty (`ops::status`).
+    pub planning: std::sync::Mutex<Planning>,
+}
+
+/// What the previous pass of this life did, as far as planning cares.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Planning {
+    pub previous_work: PreviousWork,
+    /// Buckets the previous pass planned.
+    pub planned: u64,
+}
+
+/// How long the previous pass of this life spent on due work (claims, archival, cleanups,
+/// expiries), on the engine's clock.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PreviousWork {
+    /// No pass has run in this life yet.
+    #[default]
+    NoPassYet,
+    /// The previous pass found nothing due.
+    NothingDue,
+    /// The previous pass spent this long on due work.
+    Took(crate::model::Micros),
 }
 
 /// File in the data directory where a running engine publishes its status (read by
@@ -236,6 +260,11 @@ impl Engine {
             installation_id: self.installation_id.clone(),
             life: self.life.clone(),
         })
+    }
+
+    /// Buckets the last pass of this life planned (0 before its first pass).
+    pub fn planned_last_pass(&self) -> u64 {
+        self.life.memory.planning.lock().expect("planning lock").planned
     }
 
     /// Waits for a reload in progress to finish; the caller reloads while it holds the guard.

@@ -7,7 +7,7 @@ use frostline::clock::Clock;
 
 use frostline::model::{BucketState, Record};
 use frostline::storage::faults::{Fault, FaultyBackend, Op};
-use frostline::store::schema::BucketId;
+use frostline::store::schema::{BucketId, SCHEMA_VERSION};
 use frostline::{Error, ErrorKind};
 
 use crate::support::*;
@@ -966,13 +966,15 @@ fn a_database_written_by_this_schema_reopens_with_its_rows() {
     assert_eq!(store.buckets("r", None).unwrap().iter().map(|b| b.row_count).sum::<u64>(), 5);
 }
 
-/// Where the fixture's archive must be: its manifests record the target `local` at this URL.
-const SCHEMA_1_ARCHIVE: &str = "/tmp/frostline-fixture-schema-1/archive";
-
-/// A copy of `tests/fixtures/schema-1` (a data directory written by schema 1, see its README)
-/// in a fresh directory, `(dir, data, policies)`, with its archive put back where its
-/// manifests say it is (every copy of the fixture shares those read-only objects).
 fn schema_1_fixture() -> (tempfile::TempDir, std::path::PathBuf, std::path::PathBuf) {
+    schema_fixture(1)
+}
+
+/// A copy of `tests/fixtures/schema-N` (a data directory written by schema N, see its README)
+/// in a fresh directory, `(dir, data, policies)`, with its archive put back where its
+/// manifests say it is, `/tmp/frostline-fixture-schema-N/archive` (the URL its policy gives
+/// the target `local`; every copy of the fixture shares those read-only objects).
+fn schema_fixture(schema: u32) -> (tempfile::TempDir, std::path::PathBuf, std::path::PathBuf) {
     fn copy(from: &std::path::Path, to: &std::path::Path) {
         std::fs::create_dir_all(to).unwrap();
         for entry in std::fs::read_dir(from).unwrap() {
@@ -988,13 +990,31 @@ fn schema_1_fixture() -> (tempfile::TempDir, std::path::PathBuf, std::path::Path
             }
         }
     }
-    let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/schema-1");
+    let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../tests/fixtures/schema-{schema}"));
     let dir = tempfile::tempdir().unwrap();
     copy(&fixture.join("data"), &dir.path().join("data"));
     copy(&fixture.join("policies"), &dir.path().join("policies"));
-    copy(&fixture.join("archive"), std::path::Path::new(SCHEMA_1_ARCHIVE));
+    copy(&fixture.join("archive"), std::path::Path::new(&format!("/tmp/frostline-fixture-schema-{schema}/archive")));
     let (data, policies) = (dir.path().join("data"), dir.path().join("policies"));
     (dir, data, policies)
+}
+
+/// Opens a copy of a schema fixture whose table now archives to a target of the test's own
+/// ("targets move, archives stay": the fixture's archives, shared by every copy, are still
+/// read on `local`, which stays declared), on a clock after its hot buckets are due.
+fn open_fixture_archiving_to_a_fresh_target(
+    data: &std::path::Path,
+    policies: &std::path::Path,
+) -> std::sync::Arc<frostline::engine::Engine> {
+    let fresh = format!("file://{}", data.parent().unwrap().join("fresh").display());
+    let policy = std::fs::read_to_string(policies.join("tables.toml")).unwrap().replace(
+        "[[table]]\nid = \"r\"",
+        &format!("[[target]]\nname = \"fresh\"\nurl = \"{fresh}\"\n\n[[table]]\nid = \"r\"\ntarget = \"fresh\""),
+    );
+    assert!(policy.contains("target = \"fresh\""), "{policy}");
+    std::fs::write(policies.join("tables.toml"), policy).unwrap();
+    let clock = frostline::clock::ManualClock::new(t("2026-12-10T00:00:00Z"));
+    frostline::engine::Engine::open_with(data, policies, Default::default(), clock, Default::default()).unwrap()
 }
 
 /// What `frostline query` answers for every record of the fixture's table, as the schema-1
@@ -1021,7 +1041,12 @@ fn query_fixture(data: &std::path::Path, policies: &std::path::Path) -> String {
 }
 
 fn schema_1_answer() -> String {
-    let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/schema-1/query.jsonl");
+    schema_answer(1)
+}
+
+fn schema_answer(schema: u32) -> String {
+    let fixture =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../tests/fixtures/schema-{schema}/query.jsonl"));
     std::fs::read_to_string(fixture).unwrap()
 }
 
@@ -1045,21 +1070,10 @@ fn a_data_directory_written_by_schema_1_is_upgraded_in_place() {
     let (_dir, data, policies) = schema_1_fixture();
     assert_eq!(schema_of(&data), (1, true));
     assert_eq!(query_fixture(&data, &policies), schema_1_answer());
-    assert_eq!(schema_of(&data), (2, false));
+    assert_eq!(schema_of(&data), (SCHEMA_VERSION, false));
     assert_eq!(query_fixture(&data, &policies), schema_1_answer(), "a second open changes nothing");
 
-    // The hot buckets go to a target of this test's own ("targets move, archives stay": the
-    // fixture's archives are still read on `local`, which stays declared).
-    let fresh = format!("file://{}", data.parent().unwrap().join("fresh").display());
-    let policy = std::fs::read_to_string(policies.join("tables.toml")).unwrap().replace(
-        "[[table]]\nid = \"r\"",
-        &format!("[[target]]\nname = \"fresh\"\nurl = \"{fresh}\"\n\n[[table]]\nid = \"r\"\ntarget = \"fresh\""),
-    );
-    assert!(policy.contains("target = \"fresh\""), "{policy}");
-    std::fs::write(policies.join("tables.toml"), policy).unwrap();
-    let clock = frostline::clock::ManualClock::new(t("2026-12-10T00:00:00Z"));
-    let engine =
-        frostline::engine::Engine::open_with(&data, &policies, Default::default(), clock, Default::default()).unwrap();
+    let engine = open_fixture_archiving_to_a_fresh_target(&data, &policies);
     assert_eq!(rows_tables(&engine.store).len(), 3, "one table per hot bucket");
     // Passes plan the hot buckets (with their new target), then archive them.
     let reports: Vec<_> = (0..3).map(|_| run_pass(&engine)).collect();
@@ -1129,7 +1143,39 @@ fn a_schema_upgrade_cut_short_goes_on_at_the_next_open() {
     }
     assert_eq!(schema_of(&data), (2, true));
     assert_eq!(query_fixture(&data, &policies), schema_1_answer());
-    assert_eq!(schema_of(&data), (2, false));
+    assert_eq!(schema_of(&data), (SCHEMA_VERSION, false));
+}
+
+/// Upgrade path: a data directory written by schema 2 (made by 7173ff8: the plan queue in
+/// bucket key order, no index by end; partition keys with a space, `/`, `%`, `=` and
+/// non-ASCII) is upgraded to schema 3 by the first open: every bucket is indexed by its end,
+/// the buckets schema 2 had queued for a plan are in the new queue (and schema 2's queue is
+/// gone), the query answers byte for byte what the schema-2 binary answered, and the hot
+/// buckets then plan and archive.
+#[test]
+fn a_data_directory_written_by_schema_2_is_upgraded_in_place() {
+    use redb::{ReadableDatabase as _, ReadableTableMetadata as _, TableHandle as _};
+    let (_dir, data, policies) = schema_fixture(2);
+    assert_eq!(schema_of(&data).0, 2);
+    assert_eq!(query_fixture(&data, &policies), schema_answer(2));
+    assert_eq!(schema_of(&data).0, SCHEMA_VERSION);
+    {
+        let db = redb::Database::open(data.join("hot.redb")).unwrap();
+        let read = db.begin_read().unwrap();
+        assert!(!read.list_tables().unwrap().any(|t| t.name() == "unplanned"), "schema 2's queue is gone");
+        let buckets = read.open_table(frostline::store::schema::BUCKETS).unwrap().len().unwrap();
+        assert_eq!(buckets, 15, "12 archived buckets and 3 hot ones");
+        assert_eq!(read.open_table(frostline::store::schema::BUCKETS_BY_END).unwrap().len().unwrap(), buckets);
+        assert_eq!(read.open_table(frostline::store::schema::PLAN_QUEUE).unwrap().len().unwrap(), 3, "the hot ones");
+    }
+    assert_eq!(query_fixture(&data, &policies), schema_answer(2), "a second open changes nothing");
+    let engine = open_fixture_archiving_to_a_fresh_target(&data, &policies);
+    let report = run_pass(&engine);
+    assert!(report.errors.is_empty(), "{report:?}");
+    // The policy changed (a new target), so every bucket is planned again; the hot ones archive.
+    assert_eq!((report.planned, report.archived), (15, 3), "{report:?}");
+    drop(engine);
+    assert_eq!(query_fixture(&data, &policies), schema_answer(2));
 }
 
 #[test]

@@ -74,6 +74,11 @@ const OBJECT_SAMPLE: usize = 100;
 /// minutes on a loaded 2-core machine: the window is long enough for several such passes, and
 /// a run that is really stuck still fails.
 const SETTLE_STALL: Duration = Duration::from_secs(600);
+/// A stretch of this many crashes in which no bucket is published while hot buckets wait
+/// fails the run: archival must progress under the crashes, however often a policy switch
+/// makes every plan stale (a long run's lives once spent themselves re-planning and archived
+/// nothing from about crash 350 on).
+const PROGRESS_WINDOW: usize = 100;
 /// Records per page of the checks' queries. Every page is read, so the size changes only the
 /// cost: the query sorts what it has collected after each bucket it reads, so a page costs its
 /// size times the buckets it spans, and pages of the maximum (100,000) made a full check of a
@@ -643,6 +648,7 @@ fn crash_harness_loses_nothing_across_repeated_kills() {
     let sink = root.path().join("audit.jsonl");
     let mut lifecycle_reloads = 0usize;
     let mut cutoff: Option<String> = None;
+    let (mut published_at_progress, mut last_progress) = (0usize, 0usize);
 
     for crash in 0..crashes {
         let point = frostline::failpoints::FAIL_POINTS[rng.random_range(0..frostline::failpoints::FAIL_POINTS.len())];
@@ -703,6 +709,16 @@ fn crash_harness_loses_nothing_across_repeated_kills() {
         let full = (crash + 1) % full_every == 0;
         let checking = Instant::now();
         checker.check(&mut m, crash, full);
+        if checker.published.len() > published_at_progress {
+            (published_at_progress, last_progress) = (checker.published.len(), crash);
+        } else {
+            let waiting = checker.buckets.values().filter(|b| b.state == BucketState::Hot).count();
+            assert!(
+                crash - last_progress < PROGRESS_WINDOW || waiting == 0,
+                "crash {crash}: no bucket published since crash {last_progress} while {waiting} hot buckets wait: \
+                 archival starved"
+            );
+        }
         if full {
             eprintln!(
                 "crash harness: crash {}/{crashes}: full check in {:.1}s ({} acknowledged records, {} buckets of \

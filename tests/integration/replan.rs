@@ -726,3 +726,57 @@ fn the_replan_preview_counts_every_bucket_across_batches() {
     assert_eq!(table.buckets_checked, 1_201, "{table:?}");
     assert_eq!(table.expire_later, 1_201, "{table:?}");
 }
+
+fn archiving_policy(archive_after: &str) -> String {
+    format!(
+        r#"
+[[table]]
+id = "r"
+strategy = {{ plugin = "builtin:calendar-day-utc" }}
+retention = {{ plugin = "builtin:eligible-before", config = {{ archive_after = "{archive_after}" }} }}
+"#
+    )
+}
+
+/// Regression: after a policy change a reconciliation visited a table's buckets in key order,
+/// and the plan queue was in key order too, so on a store of more buckets than a pass
+/// re-plans the buckets the change made due waited behind every partition that sorts before
+/// theirs: the first pass after the change (and every pass until the whole store was
+/// re-planned) archived nothing. Buckets are now reconciled and planned oldest end first.
+#[test]
+fn a_pass_after_a_policy_change_plans_and_archives_the_oldest_buckets_first() {
+    use frostline::archive::PLAN_BUCKETS_PER_PASS_MAX;
+    let site = Site::new(&archiving_policy("1000d"), "2024-06-01T12:00:00Z");
+    let engine = site.open(Settings::default());
+    // Twice as many recent buckets as a pass re-plans, one per partition, in partitions that
+    // sort before the old ones' (and awkward keys, as devices name them).
+    let recent = 2 * PLAN_BUCKETS_PER_PASS_MAX;
+    let mut records: Vec<Record> =
+        (0..recent).map(|n| record(&format!("a site/{n:05}%=é"), "2024-06-01T00:00:00Z", None)).collect();
+    let old: Vec<Record> = (0..10).map(|d| record("zz/old", &day(2023, d), None)).collect();
+    records.extend(old.iter().cloned());
+    for chunk in records.chunks(5_000) {
+        engine.append("r", chunk.to_vec()).unwrap();
+    }
+    // Plan everything under the first policy: nothing is due.
+    while !engine.store.unplanned(1).unwrap().is_empty() {
+        assert_eq!(run_pass(&engine).archived, 0);
+    }
+    site.write_policy(&archiving_policy("30d"));
+    assert!(reload(&engine, "test").accepted);
+    let report = run_pass(&engine);
+    assert_eq!(
+        report.archived,
+        old.len() as u64,
+        "the first pass after the change archives the old buckets: {report:?}"
+    );
+    assert!(report.reconciled <= PLAN_BUCKETS_PER_PASS_MAX as u64, "the re-planning is bounded: {report:?}");
+    // The rest is re-planned by later passes, and nothing recent is archived.
+    while !engine.store.unplanned(1).unwrap().is_empty()
+        || engine.store.table_state("r").unwrap().unwrap().reconcile_from.is_some()
+    {
+        assert_eq!(run_pass(&engine).archived, 0);
+    }
+    let archived = engine.store.buckets("r", None).unwrap().into_iter().filter(|b| b.state != BucketState::Hot).count();
+    assert_eq!(archived, old.len());
+}

@@ -34,10 +34,10 @@ use self::report::Lap;
 pub use self::report::{PassErrorKind, PassReport, Phase, PhaseSeconds};
 pub use crate::format::reader::{read_archive, read_manifest, verify_segment};
 
-use crate::engine::Context;
+use crate::engine::{Context, PreviousWork};
 use crate::error::{Error, Result};
 use crate::model::lifecycle::{self, PlanBasis};
-use crate::model::{BucketFacts, BucketState};
+use crate::model::{BucketFacts, BucketState, Micros};
 use crate::policy::{PolicySet, TablePolicy};
 use crate::storage::ArchiveBackend;
 use crate::store::PlanOutcome;
@@ -45,6 +45,9 @@ use crate::store::schema::{BucketId, BucketMeta};
 
 /// Buckets planned per pass at most, so a pass after a large ingest still reaches due work.
 pub const PLAN_BUCKETS_PER_PASS_MAX: usize = 10_000;
+/// The least time a pass may spend reconciling and planning while buckets are due (one
+/// reconciliation step and one plan batch are always made, however long they take).
+pub const PLAN_TIME_FLOOR_US: Micros = 500_000;
 /// Buckets planned per retention-policy call and store transaction.
 pub const PLAN_BATCH_BUCKETS_MAX: usize = crate::plugin::retention::RETENTION_BATCH_BUCKETS_MAX;
 
@@ -55,7 +58,8 @@ pub async fn run_pass(ctx: &Arc<Context>, owner: &str) -> Result<PassReport> {
     // The epoch is recorded here, off the async threads, before any key is made with it.
     let recorder = ctx.clone();
     blocking(move || recorder.writer().map(drop)).await?;
-    plan_buckets(ctx, &mut report).await?;
+    let previous = *ctx.memory().planning.lock().expect("planning lock");
+    plan_buckets(ctx, plan_budget(previous.previous_work), &mut report).await?;
     report.seconds.add(Phase::Plan, lap.lap());
     // Outbox delivery runs before discovery; a sink that is down never blocks archival.
     match outbox::deliver(ctx).await {
@@ -64,6 +68,7 @@ pub async fn run_pass(ctx: &Arc<Context>, owner: &str) -> Result<PassReport> {
     }
     lap.lap();
     let now = ctx.clock.now();
+    let work_started = now;
     let store = ctx.store.clone();
     let limit = ctx.settings.scan_limit;
     let mut metas = blocking(move || {
@@ -77,6 +82,7 @@ pub async fn run_pass(ctx: &Arc<Context>, owner: &str) -> Result<PassReport> {
     .await?;
     // Pending cleanups first: a failing discovery or upload must not starve them.
     metas.sort_by_key(|m| !matches!(m.state, BucketState::Archived { hot_deleted: false }));
+    let due_work = !metas.is_empty();
     report.seconds.add(Phase::Discover, lap.lap());
     // Up to `archive_concurrency` buckets at once, each its own task under its own lease and
     // fence (started in the order above, cleanups first); the store's single writer orders
@@ -114,6 +120,14 @@ pub async fn run_pass(ctx: &Arc<Context>, owner: &str) -> Result<PassReport> {
         }
     }
     drop(outcomes);
+    *ctx.memory().planning.lock().expect("planning lock") = crate::engine::Planning {
+        previous_work: if due_work {
+            PreviousWork::Took(ctx.clock.now() - work_started)
+        } else {
+            PreviousWork::NothingDue
+        },
+        planned: report.planned,
+    };
     // The catalogs are derived from the manifests; refresh them when archives changed.
     if report.archived + report.expired > 0 {
         lap.lap();
@@ -161,18 +175,35 @@ pub const RECONCILE_BUCKETS_PER_PASS_MAX: usize = 10_000;
 /// at most one such batch.
 pub const RECONCILE_BATCH_BUCKETS_MAX: usize = 1_000;
 
-/// Re-decides retention: first advances each table's reconciliation (after a reload that
-/// changed its retention policy or the cutoff, when a table returns, and periodically), which
-/// queues every bucket whose plan is stale; then asks each table's retention policy for a plan
-/// for the queued buckets (new ones, and those whose facts or policy changed), in batches: one
-/// policy call and one transaction per table and batch. A policy fault leaves the batch's
-/// buckets queued (a stale or missing plan never acts) and is retried next pass.
-async fn plan_buckets(ctx: &Arc<Context>, report: &mut PassReport) -> Result<()> {
+/// How long a pass may reconcile and plan, given what the previous pass did: no longer than
+/// the previous pass spent on due work (so a pass after a policy change archives at least
+/// half of what it would without one), `PLAN_TIME_FLOOR_US` at least; the first pass of a
+/// life only the floor (a start archives before it re-plans a large store); and unbounded
+/// (up to the bucket caps) when nothing was due, as then planning is all there is to do.
+pub(crate) fn plan_budget(previous: PreviousWork) -> Option<Micros> {
+    match previous {
+        PreviousWork::NoPassYet => Some(PLAN_TIME_FLOOR_US),
+        PreviousWork::NothingDue => None,
+        PreviousWork::Took(us) => Some(us.max(PLAN_TIME_FLOOR_US)),
+    }
+}
+
+/// Re-decides retention, within `time_budget` (`plan_budget`) on the engine's clock: first
+/// advances each table's reconciliation (after a reload that changed its retention policy or
+/// the cutoff, when a table returns, and periodically), which queues every bucket whose plan
+/// is stale, oldest end first; then asks each table's retention policy for a plan for the
+/// queued buckets (new ones, and those whose facts or policy changed), oldest end first, in
+/// batches: one policy call and one transaction per table and batch. A policy fault leaves the
+/// batch's buckets queued (a stale or missing plan never acts) and is retried next pass.
+async fn plan_buckets(ctx: &Arc<Context>, time_budget: Option<Micros>, report: &mut PassReport) -> Result<()> {
     let policies = ctx.policies.clone();
     let now = ctx.clock.now();
+    let deadline = time_budget.map(|budget| now.saturating_add(budget));
+    let out_of_time = || deadline.is_some_and(|deadline| ctx.clock.now() >= deadline);
     let mut budget = RECONCILE_BUCKETS_PER_PASS_MAX;
+    let mut reconciled_once = false;
     for table in policies.tables.keys() {
-        while budget > 0 {
+        while budget > 0 && !(reconciled_once && out_of_time()) {
             let (store, id) = (ctx.store.clone(), table.clone());
             if !blocking(move || store.reconcile_pending(&id, now)).await? {
                 break;
@@ -180,6 +211,7 @@ async fn plan_buckets(ctx: &Arc<Context>, report: &mut PassReport) -> Result<()>
             let (store, id) = (ctx.store.clone(), table.clone());
             let limit = budget.min(RECONCILE_BATCH_BUCKETS_MAX);
             let visited = blocking(move || store.reconcile_step(id, limit, now)).await?;
+            reconciled_once = true;
             report.reconciled += visited;
             budget = budget.saturating_sub(visited.max(1) as usize);
         }
@@ -189,9 +221,12 @@ async fn plan_buckets(ctx: &Arc<Context>, report: &mut PassReport) -> Result<()>
     if ids.is_empty() {
         return Ok(());
     }
-    for batch in ids.chunks(PLAN_BATCH_BUCKETS_MAX) {
+    for (index, batch) in ids.chunks(PLAN_BATCH_BUCKETS_MAX).enumerate() {
+        if index > 0 && out_of_time() {
+            break;
+        }
         let (store, lookup) = (ctx.store.clone(), batch.to_vec());
-        let metas = blocking(move || {
+        let mut metas = blocking(move || {
             let snapshot = store.snapshot()?;
             let mut metas = Vec::with_capacity(lookup.len());
             for id in &lookup {
@@ -200,7 +235,8 @@ async fn plan_buckets(ctx: &Arc<Context>, report: &mut PassReport) -> Result<()>
             Ok(metas)
         })
         .await?;
-        // The plan queue is in key order, so a batch's buckets come table by table.
+        // The queue is in order of the buckets' ends: one policy call per table of the batch.
+        metas.sort_by(|a, b| a.id.table.cmp(&b.id.table));
         for same_table in metas.chunk_by(|a, b| a.id.table == b.id.table) {
             let ids: Vec<BucketId> = same_table.iter().map(|m| m.id.clone()).collect();
             let Some(table) = policies.tables.get(&same_table[0].id.table).cloned() else {
@@ -255,4 +291,20 @@ pub async fn recorded_backend(
         .await?
         .ok_or_else(|| Error::Internal(format!("bucket {id} has no recorded manifest")))?;
     policies.archive_backend(table, &manifest.archive_target())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn planning_never_takes_longer_than_the_due_work_before_it() {
+        // A start archives before it re-plans a large store: the floor only.
+        assert_eq!(plan_budget(PreviousWork::NoPassYet), Some(PLAN_TIME_FLOOR_US));
+        // Short due work: the floor; long due work: as long as it took, no longer.
+        assert_eq!(plan_budget(PreviousWork::Took(1_000)), Some(PLAN_TIME_FLOOR_US));
+        assert_eq!(plan_budget(PreviousWork::Took(7_000_000)), Some(7_000_000));
+        // Nothing was due: planning is all there is to do (bounded by the bucket caps).
+        assert_eq!(plan_budget(PreviousWork::NothingDue), None);
+    }
 }

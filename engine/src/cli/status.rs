@@ -93,8 +93,16 @@ pub fn print(status: &Status) {
         }
     }
     println!(
-        "due now: {}  (oldest waiting {}s)   unplanned: {}   outbox backlog: {}",
-        status.due_now, status.oldest_due_age_seconds, status.unplanned_buckets, status.outbox_backlog
+        "due now: {}  (oldest waiting {}s)   awaiting a plan: {}{}   outbox backlog: {}",
+        status.due_now,
+        status.oldest_due_age_seconds,
+        status.unplanned_buckets,
+        match status.plan_settle_estimate_seconds {
+            Some(0) => String::new(),
+            Some(seconds) => format!(" (planned in about {seconds}s)"),
+            None => " (none planned yet)".to_string(),
+        },
+        status.outbox_backlog
     );
     for d in &status.deferrals {
         println!("deferred {}  attempts={}  retry at {:?}: {}", d.bucket, d.attempts, d.next_retry_at, d.error);

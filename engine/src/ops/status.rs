@@ -92,7 +92,17 @@ pub struct Status {
     pub due_now: u64,
     /// Seconds the oldest due action has waited (archival lag), 0 when nothing is due.
     pub oldest_due_age_seconds: i64,
+    /// Buckets queued for a (new) retention plan: new buckets, and those whose policy or
+    /// facts changed. A stale plan never acts, so these wait for their plan.
     pub unplanned_buckets: u64,
+    /// Buckets the last pass of this engine planned (0 before its first pass).
+    #[serde(default)]
+    pub planned_last_pass: u64,
+    /// Seconds until every queued bucket has a plan at the last pass's pace (one pass every
+    /// `ARCHIVER_INTERVAL_SECONDS`): 0 when none waits, absent while the engine has not
+    /// planned any yet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plan_settle_estimate_seconds: Option<u64>,
     pub deferrals: Vec<Deferral>,
     pub leases: Vec<Lease>,
     pub outbox_backlog: u64,
@@ -188,6 +198,8 @@ pub fn collect(engine: &Engine) -> Result<Status> {
         reloads_accepted,
         reloads_refused,
     };
+    let unplanned_buckets = engine.store.unplanned_count()?;
+    let planned_last_pass = engine.planned_last_pass();
     let unmanaged_tables =
         engine.store.table_states()?.into_iter().filter(|t| t.unmanaged_since.is_some()).map(|t| t.id).collect();
     Ok(Status {
@@ -199,7 +211,13 @@ pub fn collect(engine: &Engine) -> Result<Status> {
         tables,
         due_now: engine.store.due_count(now)?,
         oldest_due_age_seconds,
-        unplanned_buckets: engine.store.unplanned(usize::MAX)?.len() as u64,
+        unplanned_buckets,
+        planned_last_pass,
+        plan_settle_estimate_seconds: plan_settle_estimate(
+            unplanned_buckets,
+            planned_last_pass,
+            (engine.settings.interval_us / 1_000_000).max(1) as u64,
+        ),
         deferrals,
         leases,
         outbox_backlog: engine.store.outbox_len()?,
@@ -215,6 +233,16 @@ pub fn collect(engine: &Engine) -> Result<Status> {
 }
 
 /// Writes the current status to `<data>/status.json` (atomically).
+/// Seconds until `queued` buckets are planned when each pass plans `per_pass`, one pass every
+/// `interval_seconds`; `None` when some wait and no pace is known.
+pub fn plan_settle_estimate(queued: u64, per_pass: u64, interval_seconds: u64) -> Option<u64> {
+    match (queued, per_pass) {
+        (0, _) => Some(0),
+        (_, 0) => None,
+        (queued, per_pass) => Some(queued.div_ceil(per_pass).saturating_mul(interval_seconds)),
+    }
+}
+
 pub fn write_status_file(engine: &Engine) -> Result<()> {
     let status = collect(engine)?;
     let path = engine.data_dir.join(crate::engine::STATUS_FILE);
@@ -222,4 +250,17 @@ pub fn write_status_file(engine: &Engine) -> Result<()> {
     let bytes = serde_json::to_vec_pretty(&status).map_err(|e| crate::error::Error::Internal(e.to_string()))?;
     std::fs::write(&tmp, bytes).map_err(|e| crate::error::Error::io(&tmp, e))?;
     std::fs::rename(&tmp, &path).map_err(|e| crate::error::Error::io(&path, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::plan_settle_estimate;
+
+    #[test]
+    fn the_plan_queue_settles_at_the_last_passes_pace() {
+        assert_eq!(plan_settle_estimate(0, 0, 15), Some(0), "nothing waits");
+        assert_eq!(plan_settle_estimate(5, 0, 15), None, "no pace known yet");
+        assert_eq!(plan_settle_estimate(25_000, 10_000, 15), Some(45), "three passes");
+        assert_eq!(plan_settle_estimate(u64::MAX, 1, u64::MAX), Some(u64::MAX), "saturates");
+    }
 }

@@ -14,10 +14,13 @@ use crate::model::{ArchiveTarget, BucketState, Micros, Record, invariants};
 use super::outbox::push_outbox;
 use super::ownership::release_intents;
 use super::schema::{
-    BUCKETS, BUCKETS_BY_TIME, BucketId, BucketMeta, MANIFESTS, Shared, Tombstone, UNPLANNED, by_time_key,
-    decode_row_key, decode_row_ref, decode_value, encode_value, generation_key, rows_table, rows_table_name,
+    BUCKETS, BucketId, BucketMeta, MANIFESTS, Shared, Tombstone, decode_row_key, decode_row_ref, decode_value,
+    encode_value, generation_key, rows_table, rows_table_name,
 };
-use super::{Store, load_meta, load_tombstone, move_to, reconcile, save_meta, save_tombstone, schedule};
+use super::{
+    Store, index_new_bucket, load_meta, load_tombstone, move_to, queue_for_plan, reconcile, save_meta, save_tombstone,
+    schedule,
+};
 
 /// What adopting one archive did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -55,7 +58,7 @@ impl Store {
             let mut meta = match existing {
                 None => {
                     let mut meta = adopted_meta(&id, &manifest_key, &manifest, &rows, now);
-                    txn.open_table(BUCKETS_BY_TIME)?.insert(by_time_key(&id, meta.descriptor.start).as_slice(), ())?;
+                    index_new_bucket(txn, &meta)?;
                     meta.hot_deleted_at = Some(now);
                     meta
                 }
@@ -108,7 +111,7 @@ impl Store {
             txn.open_table(MANIFESTS)?
                 .insert(generation_key(&id, meta.generation).as_slice(), encode_value(&manifest)?.as_slice())?;
             // A stale plan never acts: the policy is asked again with the archive's facts.
-            txn.open_table(UNPLANNED)?.insert(id.encode().as_slice(), ())?;
+            queue_for_plan(txn, &meta)?;
             reconcile(txn, &mut meta, now)?;
             save_meta(txn, &meta)?;
             push_outbox(

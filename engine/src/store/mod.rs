@@ -39,9 +39,9 @@ pub use self::protocol::{CleanupSlice, PlanOutcome, TOMBSTONE_PURGE_RETRY_US};
 pub use self::reads::Snapshot;
 pub use self::recovery::{RECOVERY_PROBE_BYTES, RECOVERY_WAIT_MS_MAX};
 use self::schema::{
-    BUCKETS, BUCKETS_BY_TIME, BucketId, BucketMeta, DELIVERIES, DUE, EPOCHS, HOLDS, INTENTS, MANIFESTS, META,
-    META_INSTALLATION_ID, META_SCHEMA_VERSION, OUTBOX, RELEASED, SCHEMA_VERSION, TABLES, TOMBSTONES, TableState,
-    Tombstone, UNPLANNED, decode_value, due_key, encode_value,
+    BUCKETS, BUCKETS_BY_END, BUCKETS_BY_TIME, BucketId, BucketMeta, DELIVERIES, DUE, EPOCHS, HOLDS, INTENTS, MANIFESTS,
+    META, META_INSTALLATION_ID, META_SCHEMA_VERSION, OUTBOX, PLAN_QUEUE, RELEASED, SCHEMA_VERSION, TABLES, TOMBSTONES,
+    TableState, Tombstone, by_end_key, by_time_key, decode_value, due_key, encode_value, plan_queue_key,
 };
 pub use self::writer::GROUP_COMMIT_REQUESTS_MAX;
 use self::writer::{Poison, TxnFn, WriteRequest, writer_loop};
@@ -254,7 +254,8 @@ fn init_schema(db: &Database) -> Result<()> {
         txn.open_table(BUCKETS)?;
         txn.open_table(BUCKETS_BY_TIME)?;
         txn.open_table(DUE)?;
-        txn.open_table(UNPLANNED)?;
+        txn.open_table(PLAN_QUEUE)?;
+        txn.open_table(BUCKETS_BY_END)?;
         txn.open_table(MANIFESTS)?;
         txn.open_table(INTENTS)?;
         txn.open_table(OUTBOX)?;
@@ -344,6 +345,26 @@ fn covering_holds(txn: &WriteTransaction, meta: &BucketMeta) -> Result<Vec<Strin
     Ok(all_holds(txn)?.into_iter().filter(|h| h.covers(meta)).map(|h| h.id).collect())
 }
 
+/// Records a bucket the store has not held before in the indexes every bucket is in (by
+/// start within its partition, by end within its table). The caller saves the bucket.
+fn index_new_bucket(txn: &WriteTransaction, meta: &BucketMeta) -> Result<()> {
+    txn.open_table(BUCKETS_BY_TIME)?.insert(by_time_key(&meta.id, meta.descriptor.start).as_slice(), ())?;
+    txn.open_table(BUCKETS_BY_END)?.insert(by_end_key(&meta.id, meta.descriptor.end).as_slice(), ())?;
+    Ok(())
+}
+
+/// Queues the bucket for a (new) retention plan, in the order of its end (`PLAN_QUEUE`).
+fn queue_for_plan(txn: &WriteTransaction, meta: &BucketMeta) -> Result<()> {
+    txn.open_table(PLAN_QUEUE)?.insert(plan_queue_key(&meta.id, meta.descriptor.end).as_slice(), ())?;
+    Ok(())
+}
+
+/// Takes the bucket out of the plan queue (nothing when it is not queued).
+fn dequeue_plan(txn: &WriteTransaction, meta: &BucketMeta) -> Result<()> {
+    txn.open_table(PLAN_QUEUE)?.remove(plan_queue_key(&meta.id, meta.descriptor.end).as_slice())?;
+    Ok(())
+}
+
 /// Sets the bucket's due entry to what the lifecycle model says under the policy in force,
 /// queues it for a plan when its plan is stale and the plan decides its next step, and keeps
 /// `held_by` equal to the holds that cover it. The caller saves the bucket.
@@ -357,7 +378,7 @@ fn reconcile(txn: &WriteTransaction, meta: &mut BucketMeta, now: Micros) -> Resu
         && refresh
         && matches!(meta.state, BucketState::Hot | BucketState::Archived { hot_deleted: true })
     {
-        txn.open_table(UNPLANNED)?.insert(meta.id.encode().as_slice(), ())?;
+        queue_for_plan(txn, meta)?;
     }
     if meta.state == (BucketState::Archived { hot_deleted: true }) {
         meta.held_by = covering.clone();

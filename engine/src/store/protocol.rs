@@ -13,12 +13,12 @@ use super::outbox::{expiry_events_pending, push_outbox};
 use super::ownership::release_intents;
 use super::reads::rows_match_manifest;
 use super::schema::{
-    BUCKETS, BucketId, BucketMeta, INTENTS, MANIFESTS, TABLES, TOMBSTONES, TableState, Tombstone, UNPLANNED,
-    UploadIntent, decode_value, encode_value, generation_key, rows_table, rows_table_name,
+    BUCKETS_BY_END, BucketId, BucketMeta, INTENTS, MANIFESTS, TABLES, TOMBSTONES, TableState, Tombstone, UploadIntent,
+    decode_by_end_key, decode_value, encode_value, generation_key, rows_table, rows_table_name,
 };
 use super::{
-    Store, check_lease, covering_holds, encoding, load_meta, load_table_state, load_tombstone, move_to, reconcile,
-    save_meta, save_table_state, save_tombstone, schedule, table_policy,
+    Store, check_lease, covering_holds, dequeue_plan, encoding, load_meta, load_table_state, load_tombstone, move_to,
+    reconcile, save_meta, save_table_state, save_tombstone, schedule, table_policy,
 };
 
 impl Store {
@@ -105,7 +105,7 @@ impl Store {
                 let mut meta = load_meta(txn, &id)?;
                 match outcome {
                     Ok((plan, basis)) => {
-                        txn.open_table(UNPLANNED)?.remove(id.encode().as_slice())?;
+                        dequeue_plan(txn, &meta)?;
                         meta.plan = Some(plan);
                         meta.plan_basis = Some(basis);
                         meta.last_error = meta.last_error.filter(|e| !e.starts_with("retention plan:"));
@@ -134,19 +134,22 @@ impl Store {
                 state.reconcile_started_at = now;
             }
             let Some(from) = state.reconcile_from.clone() else { return Ok(0) };
+            // Oldest end first: after a policy change the buckets most likely due are queued
+            // for their new plan before the others.
             let prefix = BucketId::table_prefix(&table, None);
             let end = encoding::prefix_end(&prefix);
             let start = if from.is_empty() { prefix.clone() } else { from };
-            let mut metas: Vec<BucketMeta> = Vec::new();
+            let mut keys: Vec<Vec<u8>> = Vec::new();
             {
-                let t = txn.open_table(BUCKETS)?;
+                let t = txn.open_table(BUCKETS_BY_END)?;
                 for entry in t.range(start.as_slice()..end.as_slice())?.take(limit + 1) {
-                    metas.push(decode_value(entry?.1.value())?);
+                    keys.push(entry?.0.value().to_vec());
                 }
             }
-            state.reconcile_from = if metas.len() > limit { metas.pop().map(|m| m.id.encode()) } else { None };
-            let visited = metas.len() as u64;
-            for mut meta in metas {
+            state.reconcile_from = if keys.len() > limit { keys.pop() } else { None };
+            let visited = keys.len() as u64;
+            for key in keys {
+                let mut meta = load_meta(txn, &decode_by_end_key(&key)?)?;
                 let before = meta.clone();
                 reconcile(txn, &mut meta, now)?;
                 if meta != before {
@@ -171,9 +174,8 @@ impl Store {
     /// rescheduled by the reconciliation that starts when the table returns).
     pub fn drop_unplannable(&self, ids: Vec<BucketId>) -> Result<()> {
         self.write(move |txn| {
-            let mut unplanned = txn.open_table(UNPLANNED)?;
             for id in ids {
-                unplanned.remove(id.encode().as_slice())?;
+                dequeue_plan(txn, &load_meta(txn, &id)?)?;
             }
             Ok(())
         })

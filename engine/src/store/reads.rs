@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use redb::{ReadableTable, WriteTransaction};
+use redb::{ReadableTable, ReadableTableMetadata, WriteTransaction};
 
 use crate::error::{Error, Result};
 use crate::model::rows::{RowExtent, RowFields, RowSummary, RowSummer};
@@ -11,9 +11,9 @@ use crate::model::{ArchiveTarget, BucketState, Micros, Record, invariants};
 
 use super::protocol::push_published;
 use super::schema::{
-    BUCKETS, BucketId, BucketMeta, DUE, INTENTS, MANIFESTS, META, META_INSTALLATION_ID, StoredRow, TABLES, TOMBSTONES,
-    TableState, Tombstone, UNPLANNED, UploadIntent, decode_due_key, decode_row_key, decode_row_ref, decode_value,
-    row_key, rows_table, rows_table_name,
+    BUCKETS, BucketId, BucketMeta, DUE, INTENTS, MANIFESTS, META, META_INSTALLATION_ID, PLAN_QUEUE, StoredRow, TABLES,
+    TOMBSTONES, TableState, Tombstone, UploadIntent, decode_due_key, decode_plan_queue_key, decode_row_key,
+    decode_row_ref, decode_value, row_key, rows_table, rows_table_name,
 };
 use super::{Store, encoding};
 
@@ -118,16 +118,22 @@ impl Store {
         Ok(n)
     }
 
-    /// Buckets that have no retention plan yet, at most `limit`.
+    /// Buckets queued for a (new) retention plan, at most `limit`, oldest end first.
     pub fn unplanned(&self, limit: usize) -> Result<Vec<BucketId>> {
         let txn = self.read()?;
-        let t = txn.open_table(UNPLANNED)?;
+        let t = txn.open_table(PLAN_QUEUE)?;
         let mut out = Vec::new();
         for entry in t.iter()?.take(limit) {
             let (k, _) = entry?;
-            out.push(BucketId::decode(&mut encoding::Reader::new(k.value()))?);
+            out.push(decode_plan_queue_key(k.value())?);
         }
         Ok(out)
+    }
+
+    /// How many buckets are queued for a plan (read from the table's length, not counted).
+    pub fn unplanned_count(&self) -> Result<u64> {
+        let txn = self.read()?;
+        Ok(txn.open_table(PLAN_QUEUE)?.len()?)
     }
 
     /// The published buckets of a table with their newest manifest, in key order. Reads the

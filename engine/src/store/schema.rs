@@ -38,7 +38,7 @@ use crate::model::{BucketDescriptor, BucketFacts, BucketState, Micros, Retention
 
 /// Bumped on any incompatible change of a table or value; `Store::open` refuses a newer one
 /// and upgrades an older one.
-pub const SCHEMA_VERSION: u32 = 2;
+pub const SCHEMA_VERSION: u32 = 3;
 
 pub const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
 pub const TABLES: TableDefinition<&str, &[u8]> = TableDefinition::new("tables");
@@ -48,7 +48,16 @@ pub const SCHEMA_1_RECORDS: TableDefinition<&[u8], &[u8]> = TableDefinition::new
 pub const BUCKETS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("buckets");
 pub const BUCKETS_BY_TIME: TableDefinition<&[u8], ()> = TableDefinition::new("buckets_by_time");
 pub const DUE: TableDefinition<&[u8], ()> = TableDefinition::new("due");
-pub const UNPLANNED: TableDefinition<&[u8], ()> = TableDefinition::new("unplanned");
+/// Schema 2's plan queue, in bucket key order; read only by the upgrade to schema 3, which
+/// moves it to `PLAN_QUEUE` and deletes it.
+pub const SCHEMA_2_UNPLANNED: TableDefinition<&[u8], ()> = TableDefinition::new("unplanned");
+/// Buckets queued for a (new) retention plan, oldest end first (`plan_queue_key`): the end of
+/// a bucket is what every age-based retention rule counts from, so the buckets whose due
+/// time has most likely come are planned first, whatever their table or partition.
+pub const PLAN_QUEUE: TableDefinition<&[u8], ()> = TableDefinition::new("plan_queue");
+/// Every bucket of a table by its end (`by_end_key`): the order a reconciliation visits
+/// them in, so after a policy change the oldest buckets are queued for a plan first.
+pub const BUCKETS_BY_END: TableDefinition<&[u8], ()> = TableDefinition::new("buckets_by_end");
 pub const MANIFESTS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("manifests");
 pub const INTENTS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("intents");
 pub const OUTBOX: TableDefinition<&[u8], &[u8]> = TableDefinition::new("outbox");
@@ -183,6 +192,33 @@ pub fn decode_by_time_key(key: &[u8]) -> Result<(BucketId, Micros)> {
     let start = r.i64()?;
     let bucket_key = String::from_utf8(r.bytes()?).map_err(|_| Error::Corruption("bucket key is not UTF-8".into()))?;
     Ok((BucketId { table, partition_key, bucket_key }, start))
+}
+
+/// A bucket's key in `PLAN_QUEUE`: its end, then its id (the end never changes, so the key
+/// is known from the bucket alone).
+pub fn plan_queue_key(bucket: &BucketId, end: Micros) -> Vec<u8> {
+    due_key(end, bucket)
+}
+
+/// The bucket a `PLAN_QUEUE` key names.
+pub fn decode_plan_queue_key(key: &[u8]) -> Result<BucketId> {
+    decode_due_key(key).map(|(_, id)| id)
+}
+
+/// A bucket's key in `BUCKETS_BY_END`: its table, its end, then its id.
+pub fn by_end_key(bucket: &BucketId, end: Micros) -> Vec<u8> {
+    let mut out = BucketId::table_prefix(&bucket.table, None);
+    encoding::put_i64(&mut out, end);
+    out.extend_from_slice(&bucket.encode());
+    out
+}
+
+/// The bucket a `BUCKETS_BY_END` key names.
+pub fn decode_by_end_key(key: &[u8]) -> Result<BucketId> {
+    let mut r = Reader::new(key);
+    r.bytes()?;
+    r.i64()?;
+    BucketId::decode(&mut r)
 }
 
 pub fn due_key(due_at: Micros, bucket: &BucketId) -> Vec<u8> {
@@ -348,9 +384,9 @@ pub struct TableState {
     /// `lifecycle::policy_identity` of the retention policy last registered for the table.
     #[serde(default)]
     pub retention: Option<String>,
-    /// Where the reconciliation of the table's buckets continues (an encoded bucket id;
-    /// empty: from the first bucket): every bucket is re-planned if its plan is stale and
-    /// rescheduled. Started when the retention policy changes, when the table returns to
+    /// Where the reconciliation of the table's buckets continues (a `BUCKETS_BY_END` key;
+    /// empty: from the bucket that ended first): every bucket is queued for a plan if its
+    /// plan is stale and rescheduled, oldest first. Started when the retention policy changes, when the table returns to
     /// the policy directory, and every `REPLAN_PERIOD_US`; `None` when no scan is running.
     #[serde(default)]
     pub reconcile_from: Option<Vec<u8>>,

@@ -8,16 +8,30 @@
 //! `UPGRADE_ROWS_PER_TRANSACTION`, each deleting from `records` exactly what it inserted
 //! elsewhere, and deletes the emptied table last. A crash anywhere leaves every row in exactly
 //! one of the two places; the next open finds `records` still there and goes on.
+//!
+//! Schema 3 adds `buckets_by_end` (a table's buckets by their end: the order reconciliations
+//! visit them in) and keeps the plan queue in that order (`plan_queue`, which replaces schema
+//! 2's `unplanned`, kept in bucket key order). The upgrade indexes every bucket in
+//! transactions of at most `UPGRADE_BUCKETS_PER_TRANSACTION` (inserting an entry twice is
+//! harmless, so a crash only makes the next open start again), then in one last transaction
+//! moves the plan queue, restarts any reconciliation under way (its position was a bucket
+//! key) and records version 3.
 
 use redb::{Database, ReadableDatabase, ReadableTable};
 
 use crate::error::{Error, Result};
 
 use super::encoding;
-use super::schema::{BucketId, META, META_SCHEMA_VERSION, RowsTable, SCHEMA_1_RECORDS, rows_table, rows_table_name};
+use super::schema::{
+    BUCKETS, BUCKETS_BY_END, BucketId, BucketMeta, META, META_SCHEMA_VERSION, PLAN_QUEUE, RowsTable, SCHEMA_1_RECORDS,
+    SCHEMA_2_UNPLANNED, TABLES, TableState, by_end_key, decode_value, encode_value, plan_queue_key, rows_table,
+    rows_table_name,
+};
 
 /// Rows moved per transaction: bounds the transaction's size on a database of any size.
 pub const UPGRADE_ROWS_PER_TRANSACTION: usize = 50_000;
+/// Buckets indexed per transaction by the upgrade to schema 3.
+pub const UPGRADE_BUCKETS_PER_TRANSACTION: usize = 50_000;
 
 /// Upgrades a database of an older schema in place; does nothing on a current one.
 pub(super) fn upgrade(db: &Database, stored_version: u32) -> Result<()> {
@@ -27,7 +41,92 @@ pub(super) fn upgrade(db: &Database, stored_version: u32) -> Result<()> {
         txn.open_table(META)?.insert(META_SCHEMA_VERSION, 2u32.to_be_bytes().as_slice())?;
         txn.commit()?;
     }
-    move_schema_1_records(db)
+    move_schema_1_records(db)?;
+    if stored_version < 3 {
+        index_buckets_by_end(db)?;
+    }
+    Ok(())
+}
+
+/// The upgrade from schema 2 to 3 (see the module's doc).
+fn index_buckets_by_end(db: &Database) -> Result<()> {
+    let started = std::time::Instant::now();
+    let mut from: Option<Vec<u8>> = None;
+    let mut indexed = 0u64;
+    loop {
+        let txn = db.begin_write()?;
+        let next = {
+            let buckets = txn.open_table(BUCKETS)?;
+            let mut by_end = txn.open_table(BUCKETS_BY_END)?;
+            let mut range = match &from {
+                Some(after) => {
+                    buckets.range::<&[u8]>((std::ops::Bound::Excluded(after.as_slice()), std::ops::Bound::Unbounded))?
+                }
+                None => buckets.range::<&[u8]>(..)?,
+            };
+            let mut last = None;
+            for entry in range.by_ref().take(UPGRADE_BUCKETS_PER_TRANSACTION) {
+                let (key, value) = entry?;
+                let meta: BucketMeta = decode_value(value.value())?;
+                by_end.insert(by_end_key(&meta.id, meta.descriptor.end).as_slice(), ())?;
+                indexed += 1;
+                last = Some(key.value().to_vec());
+            }
+            last
+        };
+        txn.commit()?;
+        if next.is_none() {
+            break;
+        }
+        from = next;
+    }
+    let txn = db.begin_write()?;
+    let mut queued = 0u64;
+    let had_old_queue = match txn.open_table(SCHEMA_2_UNPLANNED) {
+        Ok(old_queue) => {
+            let buckets = txn.open_table(BUCKETS)?;
+            let mut plan_queue = txn.open_table(PLAN_QUEUE)?;
+            for entry in old_queue.iter()? {
+                let (key, _) = entry?;
+                // A queued bucket that is not stored has nothing to plan.
+                if let Some(value) = buckets.get(key.value())? {
+                    let meta: BucketMeta = decode_value(value.value())?;
+                    plan_queue.insert(plan_queue_key(&meta.id, meta.descriptor.end).as_slice(), ())?;
+                    queued += 1;
+                }
+            }
+            true
+        }
+        Err(redb::TableError::TableDoesNotExist(_)) => false,
+        Err(e) => return Err(e.into()),
+    };
+    if had_old_queue {
+        txn.delete_table(SCHEMA_2_UNPLANNED)?;
+    }
+    {
+        let mut tables = txn.open_table(TABLES)?;
+        let mut restarted = Vec::new();
+        for entry in tables.iter()? {
+            let (_, value) = entry?;
+            let state: TableState = decode_value(value.value())?;
+            if state.reconcile_from.as_ref().is_some_and(|from| !from.is_empty()) {
+                restarted.push(state);
+            }
+        }
+        for mut state in restarted {
+            state.reconcile_from = Some(Vec::new());
+            tables.insert(state.id.as_str(), encode_value(&state)?.as_slice())?;
+        }
+    }
+    txn.open_table(META)?.insert(META_SCHEMA_VERSION, 3u32.to_be_bytes().as_slice())?;
+    txn.commit()?;
+    tracing::info!(
+        buckets = indexed,
+        queued,
+        seconds = started.elapsed().as_secs_f64(),
+        "upgraded the hot store from schema 2 to 3: buckets are indexed by their end and planned oldest first"
+    );
+    Ok(())
 }
 
 /// Reads every key of schema 1's `records` table before anything changes: a key that names no
