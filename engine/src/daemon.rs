@@ -81,7 +81,7 @@ pub async fn run(engine: Arc<Engine>, serve: ServeSettings, archive: tokio::runt
         stopping: stopping.clone(),
     });
     let api = api::start(state, &serve).await?;
-    let files = RunFiles::write(&engine.data_dir, api.local_addr, serve.tls.as_deref())?;
+    let files = RunFiles::write(engine.data_dir(), api.local_addr, serve.tls.as_deref())?;
     if let Some(tls) = serve.tls.clone() {
         tokio::spawn(reload_certificate_on_sighup(tls, stopping.clone()));
     }
@@ -90,7 +90,7 @@ pub async fn run(engine: Arc<Engine>, serve: ServeSettings, archive: tokio::runt
     crate::ops::status::write_status_file(&engine)?;
     tracing::info!(
         owner = passes.owner(),
-        data = %engine.data_dir.display(),
+        data = %engine.data_dir().display(),
         tables = engine.policies().tables.len(),
         listen = %api.local_addr,
         "frostline running"
@@ -199,7 +199,7 @@ fn log_end<E: std::fmt::Display>(
 
 /// A pass every `interval`, until `stopping` fires; a pass in flight runs to its end.
 async fn pass_loop(engine: Arc<Engine>, passes: Arc<Passes>, mut stopping: tokio::sync::watch::Receiver<bool>) {
-    let interval = Duration::from_micros(engine.settings.interval_us as u64);
+    let interval = Duration::from_micros(engine.settings().interval_us as u64);
     let mut status_writes = StatusWrites::default();
     while !*stopping.borrow() {
         match passes.run_once(&engine).await {

@@ -20,17 +20,20 @@ pub const DATABASE_FILE: &str = "hot.redb";
 /// Records per atomic append at most.
 pub const APPEND_BATCH_RECORDS_MAX: usize = 10_000;
 
+/// An open data directory and its policy set. Its parts are read through accessors and never
+/// replaced from outside: work takes a `Context` (`Engine::context`), and every operation a
+/// user can ask for goes through `ops`.
 pub struct Engine {
-    pub store: Store,
-    pub host: PluginHost,
-    pub clock: SharedClock,
-    pub settings: Settings,
-    pub data_dir: PathBuf,
+    store: Store,
+    host: PluginHost,
+    clock: SharedClock,
+    settings: Settings,
+    data_dir: PathBuf,
     /// This data directory's installation id (see `storage::keys`): in every object key the
     /// engine writes, and the only keys its orphan sweep may delete.
-    pub installation_id: String,
+    installation_id: String,
     /// How the policy directory is loaded, at open and on every reload.
-    pub load_options: crate::policy::LoadOptions,
+    load_options: crate::policy::LoadOptions,
     policies: RwLock<Arc<PolicySet>>,
     last_reload: std::sync::Mutex<Option<crate::policy::ReloadOutcome>>,
     /// Held for the whole of a reload: two at once (the watcher's and the API's) would both
@@ -51,7 +54,10 @@ struct Life {
     /// engine writes, recorded in the store before the first of them (`Context::writer`).
     epoch: String,
     epoch_recorded: std::sync::atomic::AtomicBool,
-    /// Every random choice the engine makes comes from here (`Settings::random_seed`).
+    /// Every random choice the engine's behaviour depends on comes from here
+    /// (`Settings::random_seed`, so a seeded simulation replays it). Names that must differ
+    /// between processes and copies of a data directory even under one seed (the
+    /// installation id, this epoch, temporary and probe keys) come from the OS instead.
     rng: std::sync::Mutex<rand::rngs::StdRng>,
     /// What the archival remembers between passes, this engine's own.
     memory: PassMemory,
@@ -260,6 +266,39 @@ impl Engine {
             installation_id: self.installation_id.clone(),
             life: self.life.clone(),
         })
+    }
+
+    /// The hot store.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// The plugin host the policy set's components were loaded by.
+    pub fn host(&self) -> &PluginHost {
+        &self.host
+    }
+
+    /// The engine's clock (a manual one in tests and simulations).
+    pub fn clock(&self) -> &SharedClock {
+        &self.clock
+    }
+
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    pub fn data_dir(&self) -> &Path {
+        &self.data_dir
+    }
+
+    /// This data directory's installation id (see `storage::keys`).
+    pub fn installation_id(&self) -> &str {
+        &self.installation_id
+    }
+
+    /// How the policy directory is loaded, at open and on every reload.
+    pub fn load_options(&self) -> &crate::policy::LoadOptions {
+        &self.load_options
     }
 
     /// Buckets the last pass of this life planned (0 before its first pass).

@@ -47,7 +47,7 @@ fn a_rebuilt_data_directory_adopts_the_archives_of_the_lost_one_on_every_target(
     engine.append("r", written[2..].to_vec()).unwrap();
     site.clock.set(t("2024-03-04T00:00:00Z"));
     assert_eq!(run_pass(&engine).archived, 1);
-    let lost = engine.installation_id.clone();
+    let lost = engine.installation_id().to_string();
     drop(engine);
     let archived = (files_under(a.path()), files_under(b.path()));
     assert_eq!((archived.0.len(), archived.1.len()), (4, 2));
@@ -98,7 +98,7 @@ fn an_archive_that_fails_verification_is_never_adopted() {
     engine.append("r", vec![record("p", "2024-03-01T01:00:00Z", None)]).unwrap();
     site.clock.set(t("2024-03-03T00:00:00Z"));
     assert_eq!(run_pass(&engine).archived, 1);
-    let lost = engine.installation_id.clone();
+    let lost = engine.installation_id().to_string();
     drop(engine);
     let segment = files_under(shared.path()).into_iter().find(|f| f.to_string_lossy().contains("/seg-")).unwrap();
     let mut bytes = std::fs::read(&segment).unwrap();
@@ -111,7 +111,7 @@ fn an_archive_that_fails_verification_is_never_adopted() {
     assert_eq!(report.adopted, 0, "{report:?}");
     assert_eq!(report.failures.len(), 1, "{report:?}");
     assert!(report.failures[0].contains("manifest-") && report.failures[0].contains("sha256"), "{report:?}");
-    assert!(engine.store.buckets("r", None).unwrap().is_empty());
+    assert!(engine.store().buckets("r", None).unwrap().is_empty());
 }
 
 /// Regression: a data directory restored from a backup could only stop its sweep (another
@@ -131,7 +131,7 @@ fn a_restored_data_directory_adopts_what_its_other_copy_archived_and_sweeps_agai
     assert_eq!((report.adopted, report.hot_rows_released), (1, 1), "{report:?}");
     assert!(report.conflicts.is_empty(), "{report:?}");
     assert_eq!(
-        restored.store.buckets("r", None).unwrap()[0].state,
+        restored.store().buckets("r", None).unwrap()[0].state,
         frostline::model::BucketState::Archived { hot_deleted: true }
     );
     assert_eq!(query_engine(&restored, "r"), vec![record("p", "2024-03-01T01:00:00Z", None)]);
@@ -197,9 +197,9 @@ fn a_restored_copy_records_the_archives_its_other_copy_expired_as_expired() {
     assert!(report.conflicts.is_empty() && report.failures.is_empty(), "{report:?}");
     assert_eq!(report.gone.len(), 1, "{report:?}");
     assert!(report.gone[0].contains("manifest-"), "{report:?}");
-    let meta = &restored.store.buckets("r", None).unwrap()[0];
+    let meta = &restored.store().buckets("r", None).unwrap()[0];
     assert_eq!(meta.state, frostline::model::BucketState::Expired);
-    let tombstone = restored.store.tombstone(&meta.id).unwrap().expect("a tombstone says why");
+    let tombstone = restored.store().tombstone(&meta.id).unwrap().expect("a tombstone says why");
     assert!(tombstone.completed_at.is_some() && tombstone.reason.contains("another copy"), "{tombstone:?}");
     let page = read(&restored).unwrap_or_else(|e| panic!("after adopting, the query works: {e}"));
     assert!(page.records.is_empty());
@@ -266,7 +266,7 @@ fn adoption_beside_a_live_peer_takes_nothing_of_its_and_one_host_answers_for_a_l
     peer_engine.append("r", vec![record("site-a/sensor 0", "2024-03-01T01:00:00Z", None)]).unwrap();
     peer.clock.set(t("2024-03-03T00:00:00Z"));
     assert_eq!(run_pass(&peer_engine).archived, 1);
-    let peer_id = peer_engine.installation_id.clone();
+    let peer_id = peer_engine.installation_id().to_string();
     let archived = files_under(shared.path());
 
     // A host beside the live peer: nothing of the peer's is adopted, the peer is named.
@@ -275,7 +275,7 @@ fn adoption_beside_a_live_peer_takes_nothing_of_its_and_one_host_answers_for_a_l
     let report = adopt_now(&one, false);
     assert_eq!(report.adopted, 0, "{report:?}");
     assert!(report.other_installations.contains(&peer_id), "{report:?}");
-    assert!(one.store.buckets("r", None).unwrap().is_empty());
+    assert!(one.store().buckets("r", None).unwrap().is_empty());
 
     // The peer is lost; the first host adopts it, and the second host cannot adopt it too.
     drop(peer_engine);
@@ -284,12 +284,12 @@ fn adoption_beside_a_live_peer_takes_nothing_of_its_and_one_host_answers_for_a_l
     let refused = adopt_from(&two, false, &[&peer_id]);
     assert_eq!(refused.adopted, 0, "{refused:?}");
     assert!(
-        refused.conflicts.iter().any(|c| c.contains("claimed by installation") && c.contains(&one.installation_id)),
+        refused.conflicts.iter().any(|c| c.contains("claimed by installation") && c.contains(one.installation_id())),
         "{refused:?}"
     );
     assert!(adopt_from(&two, true, &[&peer_id]).adopted == 0, "a dry run sees the claim too");
     // Once the first host is named as lost as well, the second takes over.
-    let report = adopt_from(&two, false, &[&peer_id, &one.installation_id]);
+    let report = adopt_from(&two, false, &[&peer_id, one.installation_id()]);
     assert_eq!(report.adopted, 1, "{report:?}");
     assert_eq!(query_engine(&two, "r").len(), 1);
     assert_eq!(files_under(shared.path()), archived, "nothing was deleted");

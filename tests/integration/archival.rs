@@ -45,16 +45,16 @@ fn manifest_of(
 }
 
 fn states(e: &TestEngine) -> Vec<BucketState> {
-    e.engine.store.buckets("r", None).unwrap().into_iter().map(|b| b.state).collect()
+    e.engine.store().buckets("r", None).unwrap().into_iter().map(|b| b.state).collect()
 }
 
 fn hot_rows(e: &TestEngine) -> usize {
     e.engine
-        .store
+        .store()
         .buckets("r", None)
         .unwrap()
         .iter()
-        .map(|b| e.engine.store.rows(&b.id, None, usize::MAX).unwrap().len())
+        .map(|b| e.engine.store().rows(&b.id, None, usize::MAX).unwrap().len())
         .sum()
 }
 
@@ -89,7 +89,7 @@ fn assert_fault_defers_then_recovers(fault_op: Op, key_part: &str, fault: Fault)
     assert_eq!(report.deferred, 3, "{report:?}");
     assert!(states(&e).iter().all(|s| *s == BucketState::Archiving), "fenced while deferred");
     assert_eq!(e.query_all("r"), sorted(input.clone()), "every record readable while deferred");
-    let deferred = e.engine.store.buckets("r", None).unwrap();
+    let deferred = e.engine.store().buckets("r", None).unwrap();
     assert!(deferred.iter().all(|b| b.attempts == 1 && b.last_error.is_some()));
     // Not retried before ARCHIVER_RETRY_SECONDS.
     assert_eq!(e.pass().archived, 0);
@@ -145,7 +145,7 @@ fn an_existing_object_with_other_bytes_is_never_overwritten() {
     scratch.pass();
     let key = scratch
         .engine
-        .store
+        .store()
         .buckets("r", None)
         .unwrap()
         .iter()
@@ -217,7 +217,7 @@ fn assert_cleanup_refuses(
     let lease = 60_000_000;
     let e = TestEngine::new(DAILY, "2024-03-10T00:00:00Z");
     e.engine.append("r", input.clone()).unwrap();
-    let store = e.engine.store.clone();
+    let store = e.engine.store().clone();
     e.clock.set(t("2024-03-01T12:00:00Z"));
     e.pass(); // plans, nothing due yet
     e.clock.set(t("2024-03-10T00:00:00Z"));
@@ -286,7 +286,7 @@ fn a_cleanup_drops_a_small_buckets_rows_table_whole_and_slices_a_large_one() {
     ] {
         // Three partitions of `rows` rows each: the first bucket (p0) is cleaned up.
         let (e, id, a) = one_bucket_claimed_by_a(records("2024-03-01T00:00:00Z", 1, rows as i64 * 3));
-        let store = e.engine.store.clone();
+        let store = e.engine.store().clone();
         let hot = store.rows(&id, None, usize::MAX).unwrap();
         assert_eq!(hot.len(), rows);
         assert!(rows_tables(&store).contains(&frostline::store::schema::rows_table_name(&id)));
@@ -317,12 +317,12 @@ fn a_refused_batch_leaves_no_rows_table_behind() {
     let e = TestEngine::new(DAILY, "2024-03-10T00:00:00Z");
     let first = records("2024-03-01T00:00:00Z", 1, 1);
     e.engine.append("r", first.clone()).unwrap();
-    let tables = rows_tables(&e.engine.store);
+    let tables = rows_tables(e.engine.store());
     let mut batch = records("2024-03-02T00:00:00Z", 1, 1);
     batch.push(Record { body: r#"{"changed":1}"#.into(), ..first[0].clone() });
     assert_eq!(e.engine.append("r", batch).unwrap_err().kind(), ErrorKind::Conflict);
-    assert_eq!(rows_tables(&e.engine.store), tables);
-    assert_eq!(e.engine.store.buckets("r", None).unwrap().len(), 1);
+    assert_eq!(rows_tables(e.engine.store()), tables);
+    assert_eq!(e.engine.store().buckets("r", None).unwrap().len(), 1);
     assert_eq!(e.query_all("r"), first);
 }
 
@@ -406,7 +406,7 @@ fn a_streamed_pass_records_every_key_in_the_intent_before_its_upload() {
     let input = one_bucket_of(25_000);
     let checked = std::sync::Arc::new(IntentChecked {
         inner: e.backend("r"),
-        store: e.engine.store.clone(),
+        store: e.engine.store().clone(),
         uploads: Default::default(),
         unrecorded: Default::default(),
     });
@@ -437,8 +437,8 @@ fn an_upload_failing_mid_stream_defers_the_bucket_and_the_next_pass_finishes_it(
     e.engine.append("r", input.clone()).unwrap();
     let report = e.pass();
     assert_eq!((report.archived, report.deferred), (0, 1), "{report:?}");
-    let id = e.engine.store.buckets("r", None).unwrap()[0].id.clone();
-    assert!(e.engine.store.latest_manifest(&id).unwrap().is_none(), "nothing published");
+    let id = e.engine.store().buckets("r", None).unwrap()[0].id.clone();
+    assert!(e.engine.store().latest_manifest(&id).unwrap().is_none(), "nothing published");
     assert_eq!(e.query_all("r"), input, "the hot rows are all there");
     e.clock.advance(3_600_000_000);
     let report = e.pass();
@@ -484,8 +484,8 @@ fn one_bucket_claimed_by_a(input: Vec<Record>) -> (TestEngine, BucketId, frostli
     e.engine.append("r", input).unwrap();
     e.pass(); // plan only
     e.clock.set(t("2024-03-10T00:00:00Z"));
-    let id = e.engine.store.buckets("r", None).unwrap()[0].id.clone();
-    let a = e.engine.store.claim(id.clone(), "A".into(), e.clock.now(), LEASE_US).unwrap().unwrap();
+    let id = e.engine.store().buckets("r", None).unwrap()[0].id.clone();
+    let a = e.engine.store().claim(id.clone(), "A".into(), e.clock.now(), LEASE_US).unwrap().unwrap();
     (e, id, a)
 }
 
@@ -498,7 +498,7 @@ fn a_cleanup_cut_off_between_slices_is_finished_by_the_next_worker() {
     let one_partition: Vec<Record> =
         records("2024-03-01T00:00:00Z", 1, 90).into_iter().filter(|r| r.partition_key == b"p0").collect();
     let (e, id, a) = one_bucket_claimed_by_a(one_partition);
-    let (store, lease) = (e.engine.store.clone(), LEASE_US);
+    let (store, lease) = (e.engine.store().clone(), LEASE_US);
     let rows = store.rows(&id, None, usize::MAX).unwrap();
     assert_eq!(rows.len(), 30);
     store
@@ -529,7 +529,7 @@ fn a_cleanup_cut_off_between_slices_is_finished_by_the_next_worker() {
 #[test]
 fn a_stale_worker_can_neither_publish_nor_delete() {
     let (e, id, a) = one_bucket_claimed_by_a(records("2024-03-01T00:00:00Z", 1, 3));
-    let (store, lease) = (e.engine.store.clone(), LEASE_US);
+    let (store, lease) = (e.engine.store().clone(), LEASE_US);
     assert!(store.claim(id.clone(), "B".into(), e.clock.now(), lease).unwrap().is_none(), "lease held");
     // A stalls past its lease; B takes over with a new generation.
     e.clock.advance(lease + 1);
@@ -559,7 +559,7 @@ fn a_pending_cleanup_is_taken_over_after_the_lease_expires() {
     e.pass();
     e.clock.set(t("2024-03-10T00:00:00Z"));
     // Worker A publishes, then dies before cleanup.
-    let store = e.engine.store.clone();
+    let store = e.engine.store().clone();
     let id = store.buckets("r", None).unwrap()[0].id.clone();
     let a = store.claim(id.clone(), "A".into(), e.clock.now(), 60_000_000).unwrap().unwrap();
     let rows = store.rows(&id, None, usize::MAX).unwrap();
@@ -580,7 +580,7 @@ fn appends_to_an_archiving_bucket_are_refused_and_change_nothing() {
     e.engine.append("r", records("2024-03-01T00:00:00Z", 1, 3)).unwrap();
     e.pass();
     e.clock.set(t("2024-03-10T00:00:00Z"));
-    let store = e.engine.store.clone();
+    let store = e.engine.store().clone();
     let id = store.buckets("r", None).unwrap()[0].id.clone();
     store.claim(id.clone(), "A".into(), e.clock.now(), 60_000_000).unwrap().unwrap();
     let before = store.rows(&id, None, usize::MAX).unwrap();
@@ -628,7 +628,7 @@ fn a_conflict_after_new_rows_undoes_them_and_keeps_the_stored_row() {
     let err = e.engine.append("r", batch).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Conflict, "{err}");
     assert_eq!(e.query_all("r"), sorted(input.clone()), "the refused batch left no row and changed none");
-    assert_eq!(e.engine.store.buckets("r", None).unwrap().iter().map(|b| b.row_count).sum::<u64>(), 5);
+    assert_eq!(e.engine.store().buckets("r", None).unwrap().iter().map(|b| b.row_count).sum::<u64>(), 5);
 
     // The same identity twice in one batch with different bodies: refused whole.
     let twice = vec![
@@ -666,7 +666,7 @@ fn rows_stored_in_the_older_named_form_read_and_deduplicate_unchanged() {
     let e = TestEngine::new(DAILY, "2024-03-10T00:00:00Z");
     let input = records("2024-03-01T00:00:00Z", 1, 1);
     e.engine.append("r", input.clone()).unwrap();
-    let id = e.engine.store.buckets("r", None).unwrap()[0].id.clone();
+    let id = e.engine.store().buckets("r", None).unwrap()[0].id.clone();
     let key = row_key(input[0].event_time, &input[0].sort_key);
     let table = rows_table_name(&id);
     let named = encode_value(&StoredRow {
@@ -678,7 +678,7 @@ fn rows_stored_in_the_older_named_form_read_and_deduplicate_unchanged() {
     let stored_bytes = |e: &TestEngine| {
         let (key, table) = (key.clone(), table.clone());
         e.engine
-            .store
+            .store()
             .write(move |txn| {
                 Ok(txn.open_table(rows_table(&table)).unwrap().get(key.as_slice()).unwrap().unwrap().value().to_vec())
             })
@@ -686,7 +686,7 @@ fn rows_stored_in_the_older_named_form_read_and_deduplicate_unchanged() {
     };
     let (k, v, name) = (key.clone(), named.clone(), table.clone());
     e.engine
-        .store
+        .store()
         .write(move |txn| {
             txn.open_table(rows_table(&name)).unwrap().insert(k.as_slice(), v.as_slice()).unwrap();
             Ok(())
@@ -877,7 +877,7 @@ fn a_retention_plugin_fault_defers_planning_and_never_archives() {
     // A bucket whose plan failed stays unplanned: it is never due, so nothing is archived.
     let e = TestEngine::new(DAILY, "2024-03-10T00:00:00Z");
     e.engine.append("r", records("2024-03-01T00:00:00Z", 1, 3)).unwrap();
-    let store = e.engine.store.clone();
+    let store = e.engine.store().clone();
     assert_eq!(store.unplanned(100).unwrap().len(), 3);
     let id: BucketId = store.unplanned(1).unwrap()[0].clone();
     store.set_plans(vec![(id.clone(), Err("policy fault".into()))], 0).unwrap();
@@ -906,15 +906,15 @@ fn a_pass_plans_at_most_its_limit_in_batches_and_the_next_pass_plans_the_rest() 
     e.engine.append("r", input).unwrap();
     let first = e.pass();
     assert_eq!(first.planned, PLAN_BUCKETS_PER_PASS_MAX as u64, "the limit holds: {first:?}");
-    assert_eq!(e.engine.store.unplanned(usize::MAX).unwrap().len(), extra, "the limit is enforced");
+    assert_eq!(e.engine.store().unplanned(usize::MAX).unwrap().len(), extra, "the limit is enforced");
     let second = e.pass();
     assert_eq!(second.planned, extra as u64);
-    assert!(e.engine.store.unplanned(1).unwrap().is_empty());
+    assert!(e.engine.store().unplanned(1).unwrap().is_empty());
     // Every bucket got the plan eligible-before gives it: due a day after it ends.
-    let due = e.engine.store.due(i64::MAX, usize::MAX).unwrap();
+    let due = e.engine.store().due(i64::MAX, usize::MAX).unwrap();
     assert_eq!(due.len(), buckets);
     for (at, id) in due {
-        let meta = e.engine.store.bucket(&id).unwrap().unwrap();
+        let meta = e.engine.store().bucket(&id).unwrap().unwrap();
         assert_eq!(at, meta.descriptor.end + day, "{id}");
     }
 }
@@ -960,7 +960,7 @@ fn a_database_written_by_this_schema_reopens_with_its_rows() {
     let e = TestEngine::new(DAILY, "2024-03-10T00:00:00Z");
     let input = records("2024-03-01T00:00:00Z", 1, 5);
     e.engine.append("r", input).unwrap();
-    let path = e.engine.store.path().to_path_buf();
+    let path = e.engine.store().path().to_path_buf();
     drop(e.engine);
     let store = frostline::store::Store::open(&path).unwrap();
     assert_eq!(store.buckets("r", None).unwrap().iter().map(|b| b.row_count).sum::<u64>(), 5);
@@ -1074,12 +1074,12 @@ fn a_data_directory_written_by_schema_1_is_upgraded_in_place() {
     assert_eq!(query_fixture(&data, &policies), schema_1_answer(), "a second open changes nothing");
 
     let engine = open_fixture_archiving_to_a_fresh_target(&data, &policies);
-    assert_eq!(rows_tables(&engine.store).len(), 3, "one table per hot bucket");
+    assert_eq!(rows_tables(engine.store()).len(), 3, "one table per hot bucket");
     // Passes plan the hot buckets (with their new target), then archive them.
     let reports: Vec<_> = (0..3).map(|_| run_pass(&engine)).collect();
     assert!(reports.iter().all(|r| r.errors.is_empty()), "{reports:?}");
     assert_eq!(reports.iter().map(|r| r.archived).sum::<u64>(), 3, "{reports:?}");
-    assert!(rows_tables(&engine.store).is_empty());
+    assert!(rows_tables(engine.store()).is_empty());
     drop(engine);
     assert_eq!(query_fixture(&data, &policies), schema_1_answer());
 }
@@ -1181,7 +1181,7 @@ fn a_data_directory_written_by_schema_2_is_upgraded_in_place() {
 #[test]
 fn a_second_open_of_the_same_database_is_refused() {
     let e = TestEngine::new(DAILY, "2024-03-10T00:00:00Z");
-    let err = frostline::store::Store::open(e.engine.store.path()).err().unwrap();
+    let err = frostline::store::Store::open(e.engine.store().path()).err().unwrap();
     assert!(matches!(err, Error::AlreadyOpen { .. }), "{err}");
     assert!(err.to_string().contains("already open in another process"));
 }

@@ -392,7 +392,7 @@ impl Checker {
             Arc::new(frostline::clock::SystemClock),
         )
         .unwrap_or_else(|e| panic!("crash {crash}: reopening the data directory: {e}"));
-        let metas = engine.store.buckets("c", None).unwrap();
+        let metas = engine.store().buckets("c", None).unwrap();
         // Only buckets of `debug` records ever expire; their records may then be gone.
         let mut expired: HashMap<String, Vec<(Micros, Micros)>> = HashMap::new();
         for meta in metas.iter().filter(|m| m.state == BucketState::Expired) {
@@ -559,7 +559,7 @@ impl Checker {
                 archived.unwrap_or_else(|| panic!("crash {crash}: {bucket} is archived but names no manifest"))
             }
             state => {
-                let hot = engine.store.rows(&meta.id, None, usize::MAX).unwrap();
+                let hot = engine.store().rows(&meta.id, None, usize::MAX).unwrap();
                 assert_eq!(hot.len() as u64, meta.row_count, "crash {crash}: hot rows of {} lost", meta.id);
                 // A query skips expired buckets.
                 if state == BucketState::Expired { Vec::new() } else { hot }
@@ -772,7 +772,7 @@ fn crash_harness_loses_nothing_across_repeated_kills() {
             )
             .unwrap();
             let stuck: Vec<_> = engine
-                .store
+                .store()
                 .buckets("c", None)
                 .unwrap()
                 .into_iter()
@@ -815,7 +815,7 @@ fn check_delta_log(data: &Path, policies: &Path) {
     let table = engine.policies().tables["c"].clone();
     let report = runtime().block_on(frostline::archive::delta::sync(&engine.context(), &table)).unwrap();
     assert_eq!((report.added, report.removed), (0, 0), "the final run left the Delta log behind: {report:?}");
-    let segments: usize = engine.store.published("c").unwrap().iter().map(|(_, m)| m.segments.len()).sum();
+    let segments: usize = engine.store().published("c").unwrap().iter().map(|(_, m)| m.segments.len()).sum();
     let python = std::env::var("FROSTLINE_PYTHON").expect("FROSTLINE_PYTHON: run the tests with ./scripts/test");
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/integration/readers/read_delta.py");
     let uri = data.join("archive/delta/c");

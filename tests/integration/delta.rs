@@ -85,13 +85,13 @@ impl Fleet {
     fn expected(&self) -> Vec<serde_json::Value> {
         let mut rows = Vec::new();
         for e in &self.engines {
-            let buckets = e.engine.store.buckets("events", None).unwrap();
+            let buckets = e.engine.store().buckets("events", None).unwrap();
             for record in e.query_all("events") {
                 let bucket = buckets
                     .iter()
                     .find(|m| m.id.partition_key == record.partition_key && m.descriptor.contains(record.event_time))
                     .expect("every record lies in a bucket");
-                rows.push((record.clone(), e.engine.installation_id.clone(), bucket.id.bucket_key.clone()));
+                rows.push((record.clone(), e.engine.installation_id().to_string(), bucket.id.bucket_key.clone()));
             }
         }
         rows.sort_by(|(a, ..), (b, ..)| {
@@ -405,10 +405,11 @@ fn a_lost_hosts_archives_are_adopted_only_when_named_and_expire_from_the_log() {
     assert_eq!(fleet.files(None).unwrap(), ENGINES * 9);
     let Fleet { uri, env, local_root, mut engines } = fleet;
     let lost = engines.pop().unwrap();
-    let lost_id = lost.engine.installation_id.clone();
-    let alive: std::collections::BTreeSet<String> = engines.iter().map(|e| e.engine.installation_id.clone()).collect();
+    let lost_id = lost.engine.installation_id().to_string();
+    let alive: std::collections::BTreeSet<String> =
+        engines.iter().map(|e| e.engine.installation_id().to_string()).collect();
     let replacement = lost.rebuild().unwrap();
-    assert_ne!(replacement.engine.installation_id, lost_id);
+    assert_ne!(replacement.engine.installation_id(), lost_id);
 
     let adopt = |from: &[String]| {
         runtime().block_on(frostline::archive::adopt::adopt(&replacement.engine.context(), false, from)).unwrap()
@@ -458,7 +459,7 @@ fn a_sync_after_an_adoption_removes_nothing_of_the_live_installation_and_vacuum_
     // A new host adopts the archives of a host that is in fact alive (named as lost by mistake).
     let adopter = TestEngine::open(&policy(&target), "2024-03-10T00:00:00Z", &SECRET_FILES, Default::default())
         .unwrap_or_else(|e| panic!("{e}"));
-    let live = fleet.engines[0].engine.installation_id.clone();
+    let live = fleet.engines[0].engine.installation_id().to_string();
     let report = runtime()
         .block_on(frostline::archive::adopt::adopt(&adopter.engine.context(), false, std::slice::from_ref(&live)))
         .unwrap();

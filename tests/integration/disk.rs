@@ -137,7 +137,7 @@ fn a_full_disk_refuses_appends_with_the_cause_and_the_store_reopens_itself_once_
             }
         }
     }
-    assert!(engine.store.poisoned().is_none());
+    assert!(engine.store().poisoned().is_none());
     let read = query_engine(&engine, "r");
     assert_eq!(read.len(), acknowledged, "every acknowledged record reads back");
     let mut expected = batch(0, acknowledged);

@@ -31,7 +31,7 @@ fn every_format_archives_and_reads_back_identically() {
             .flat_map(|folder| runtime().block_on(e.backend("events").list(folder)).unwrap())
             .collect();
         assert!(objects.iter().any(|o| o.key.ends_with(&format!(".{format}"))), "{format}: segment extension");
-        let catalog_key = frostline::archive::catalog::catalog_key("events", &e.engine.installation_id);
+        let catalog_key = frostline::archive::catalog::catalog_key("events", e.engine.installation_id());
         let catalog = runtime().block_on(e.backend("events").get(&catalog_key)).unwrap();
         if format == "parquet" {
             // Its archive is a Delta table, whose log lists its files instead.

@@ -60,9 +60,9 @@ fn an_archive_expires_with_a_tombstone_and_queries_say_so() {
     let report = e.pass();
     assert_eq!(report.expired, 3, "{report:?}");
     assert!(objects(&e).is_empty(), "every object deleted");
-    for meta in e.engine.store.buckets("r", None).unwrap() {
+    for meta in e.engine.store().buckets("r", None).unwrap() {
         assert_eq!(meta.state, BucketState::Expired);
-        let tombstone = e.engine.store.tombstone(&meta.id).unwrap().expect("tombstone kept");
+        let tombstone = e.engine.store().tombstone(&meta.id).unwrap().expect("tombstone kept");
         assert!(tombstone.completed_at.is_some());
         assert_eq!(tombstone.keys.len(), 2);
         assert!(tombstone.keys[0].contains("manifest-"), "manifest deleted first");
@@ -88,14 +88,14 @@ fn an_archive_expires_with_a_tombstone_and_queries_say_so() {
     let first_expiring = kinds.iter().position(|k| *k == "archive_expiring").unwrap();
     let first_expired = kinds.iter().position(|k| *k == "archive_expired").unwrap();
     assert!(first_expiring < first_expired, "intent before completion");
-    assert_eq!(e.engine.store.outbox_len().unwrap(), 0);
+    assert_eq!(e.engine.store().outbox_len().unwrap(), 0);
 
     // After the replay period the tombstones are purged; queries still say "expired".
     e.clock.advance(31 * DAY_US);
     let report = e.pass();
     assert_eq!(report.tombstones_purged, 3, "{report:?}");
-    let meta = &e.engine.store.buckets("r", None).unwrap()[0];
-    assert!(e.engine.store.tombstone(&meta.id).unwrap().is_none());
+    let meta = &e.engine.store().buckets("r", None).unwrap()[0];
+    assert!(e.engine.store().tombstone(&meta.id).unwrap().is_none());
     let page = runtime()
         .block_on(frostline::query::query(
             &e.engine.context(),
@@ -122,18 +122,18 @@ fn hold(table: &str, partition: Option<&str>) -> Hold {
 #[test]
 fn a_legal_hold_beats_expiry_and_lifting_it_replans() {
     let e = archived_engine("");
-    let placed = e.engine.store.place_hold(hold("r", Some("p1")), e.clock.now()).unwrap();
+    let placed = e.engine.store().place_hold(hold("r", Some("p1")), e.clock.now()).unwrap();
     assert_eq!(placed.covered, 1);
     e.clock.set(t("2024-04-01T00:00:00Z"));
     let report = e.pass();
     // The hold parked the bucket when it was placed: it is not even due.
     assert_eq!((report.expired, report.held), (2, 0), "{report:?}");
     assert_eq!(objects(&e).len(), 2, "the held bucket's archive is kept");
-    let held: Vec<_> = e.engine.store.buckets("r", Some(b"p1")).unwrap();
+    let held: Vec<_> = e.engine.store().buckets("r", Some(b"p1")).unwrap();
     assert_eq!(held[0].state, BucketState::Archived { hot_deleted: true });
     assert_eq!(held[0].held_by, vec!["h-test-p1".to_string()]);
     assert_eq!(e.pass().expired, 0, "parked, not retried while held");
-    e.engine.store.lift_hold("h-test-p1".into(), "legal@example.com".into(), e.clock.now()).unwrap();
+    e.engine.store().lift_hold("h-test-p1".into(), "legal@example.com".into(), e.clock.now()).unwrap();
     assert_eq!(e.pass().expired, 1, "lifting re-plans the bucket");
     assert!(objects(&e).is_empty());
 }
@@ -144,7 +144,7 @@ fn a_hold_placed_while_an_expiry_is_in_flight_wins() {
     e.clock.set(t("2024-03-20T00:00:00Z"));
     e.pass(); // the archived buckets are planned again (being archived is a fact)
     e.clock.set(t("2024-04-01T00:00:00Z"));
-    let store = e.engine.store.clone();
+    let store = e.engine.store().clone();
     let id = store.buckets("r", Some(b"p0")).unwrap()[0].id.clone();
     let claimed = store.claim(id.clone(), "w".into(), e.clock.now(), 60_000_000).unwrap().unwrap();
     // The hold lands between the claim and the expiry's fenced transaction.
@@ -164,7 +164,7 @@ fn a_hold_declared_in_the_policy_directory_holds_until_removed() {
     e.clock.set(t("2024-04-01T00:00:00Z"));
     let report = e.pass();
     assert_eq!(report.expired, 0, "{report:?}");
-    let parked = e.engine.store.buckets("r", None).unwrap();
+    let parked = e.engine.store().buckets("r", None).unwrap();
     assert!(parked.iter().all(|b| b.held_by.len() == 1 && b.due_at.is_none()), "{parked:?}");
     let dir = e.engine.policies().dir.clone();
     std::fs::write(dir.join("tables.toml"), policy("")).unwrap();
@@ -277,7 +277,7 @@ fn a_webhook_that_redirects_has_not_received_the_event() {
     let sink = format!("[[sink]]\nname = \"hook\"\nkind = \"webhook\"\nurl = \"http://{address}/events\"\n");
     let e = archived_engine(&sink);
     e.pass(); // delivers what the archival wrote
-    assert!(e.engine.store.outbox_len().unwrap() >= 6, "no event counts as delivered to a redirect");
+    assert!(e.engine.store().outbox_len().unwrap() >= 6, "no event counts as delivered to a redirect");
     let requests = requests.lock().unwrap().clone();
     assert!(!requests.is_empty(), "the sink was tried");
     assert!(requests.iter().all(|r| r.starts_with("POST /events")), "the redirect was not followed: {requests:?}");
@@ -288,7 +288,7 @@ fn a_webhook_that_redirects_has_not_received_the_event() {
 fn drain_outbox(e: &TestEngine) {
     let step_us = frostline::archive::outbox::SINK_BACKOFF_MS_MIN as i64 * 1_000;
     for _ in 0..600 {
-        if e.engine.store.outbox_len().unwrap() == 0 {
+        if e.engine.store().outbox_len().unwrap() == 0 {
             return;
         }
         e.clock.advance(step_us);
@@ -304,8 +304,8 @@ fn a_sink_that_is_down_delays_delivery_but_never_blocks_archival() {
     let sink =
         format!("[[sink]]\nname = \"hook\"\nkind = \"webhook\"\nurl = \"http://{dead}/events\"\ntimeout_ms = 500\n");
     let e = archived_engine(&sink);
-    assert!(e.engine.store.outbox_len().unwrap() >= 6, "archival went on while the sink is down");
-    let backlog = e.engine.store.outbox_len().unwrap();
+    assert!(e.engine.store().outbox_len().unwrap() >= 6, "archival went on while the sink is down");
+    let backlog = e.engine.store().outbox_len().unwrap();
 
     let (url, keys) = webhook_server();
     let dir = e.engine.policies().dir.clone();
@@ -335,7 +335,7 @@ fn the_orphan_sweep_deletes_only_old_objects_this_directory_released() {
     e.engine.append("r", records("2024-03-01T00:00:00Z", 1, 9)).unwrap();
     e.pass(); // plan
     e.clock.set(t("2024-03-05T00:00:00Z"));
-    let store = e.engine.store.clone();
+    let store = e.engine.store().clone();
     let backend = e.backend("r");
     let id = store.buckets("r", Some(b"p0")).unwrap()[0].id.clone();
     let claimed = store.claim(id.clone(), "w".into(), e.clock.now(), 60_000_000).unwrap().unwrap();
@@ -353,7 +353,7 @@ fn the_orphan_sweep_deletes_only_old_objects_this_directory_released() {
     // The worker dies; after its lease the next pass takes the bucket over and archives it.
     e.clock.advance(120_000_000);
     assert_eq!(e.pass().archived, 3);
-    let unproven = format!("{folder}seg-{}-00008-0123456789abcdef.jsonl", e.engine.installation_id);
+    let unproven = format!("{folder}seg-{}-00008-0123456789abcdef.jsonl", e.engine.installation_id());
     runtime().block_on(backend.put_create(&unproven, "y".into())).unwrap();
     let foreign = format!("{folder}seg-ffffffffffffffff-00009-0123456789abcdef.jsonl");
     runtime().block_on(backend.put_create(&foreign, "z".into())).unwrap();
@@ -385,13 +385,13 @@ fn the_sweep_spares_objects_an_in_flight_upload_named_and_stops_when_listing_fai
     e.engine.append("r", records("2024-03-01T00:00:00Z", 1, 3)).unwrap();
     e.pass();
     e.clock.set(t("2024-03-05T00:00:00Z"));
-    let store = e.engine.store.clone();
+    let store = e.engine.store().clone();
     let id = store.buckets("r", Some(b"p0")).unwrap()[0].id.clone();
     let claimed = store.claim(id.clone(), "w".into(), e.clock.now(), 3_600_000_000_000).unwrap().unwrap();
     // One of this installation's own keys: spared because the intent names it, not as foreign.
     let key = format!(
         "table=r/bucket=day:2024-03-01/partition=p0/seg-{}-00000-00000000deadbeef.jsonl",
-        e.engine.installation_id
+        e.engine.installation_id()
     );
     store
         .record_intent(
@@ -494,7 +494,7 @@ fn an_https_webhook_trusts_its_ca_file_and_refuses_an_unknown_certificate() {
     let (address, keys) = serve_webhook(Some(server_config));
     let url = format!("https://localhost:{}/events", address.port());
     let e = archived_engine(&format!("[[sink]]\nname = \"hook\"\nkind = \"webhook\"\nurl = \"{url}\"\n"));
-    let backlog = e.engine.store.outbox_len().unwrap();
+    let backlog = e.engine.store().outbox_len().unwrap();
     assert!(backlog >= 6, "the unknown certificate was refused: nothing was delivered");
     assert!(keys.lock().unwrap().is_empty());
 

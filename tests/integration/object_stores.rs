@@ -6,7 +6,7 @@
 //! nothing is lost), and credentials that never reach a message or the status.
 //!
 //! GCS has no emulator here that accepts object_store's writes: gs:// is covered by the
-//! configuration tests in engine/src/storage/target.rs.
+//! configuration tests in engine/src/storage/target/mod.rs.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -847,7 +847,7 @@ fn the_sweep_keeps_young_scratch_objects_and_deletes_old_ones() {
     let young = runtime().block_on(frostline::archive::sweep::sweep(&te.engine.context(), false)).unwrap();
     assert_eq!((young.too_young, young.deleted), (2, 0), "{young:?}");
     assert_eq!(list(backend.as_ref(), ".tmp/").len(), 1);
-    te.clock.advance(te.engine.settings.orphan_grace_us + 1_000_000);
+    te.clock.advance(te.engine.settings().orphan_grace_us + 1_000_000);
     let old = runtime().block_on(frostline::archive::sweep::sweep(&te.engine.context(), false)).unwrap();
     assert_eq!(old.deleted, 2, "{old:?}");
     assert!(list(backend.as_ref(), ".tmp/").is_empty());

@@ -311,11 +311,11 @@ fn two_data_directories_share_one_plugin_cache_folder() {
             .unwrap()
     };
     let first = open();
-    let compiled = first.engine.host.cache_stats().compiled;
+    let compiled = first.engine.host().cache_stats().compiled;
     assert!(compiled > 0, "the first engine compiles the built-ins it runs");
     assert!(cache.path().join("compiled.key").is_file(), "the engine's own key sits beside the folder");
     let second = open();
-    let stats = second.engine.host.cache_stats();
+    let stats = second.engine.host().cache_stats();
     assert_eq!((stats.compiled, stats.disk_hits), (0, compiled), "the second engine loads what the first compiled");
     for engine in [&first, &second] {
         assert!(!engine.data_dir().join("plugin-cache").exists(), "a data directory holds no cache of its own");

@@ -36,7 +36,7 @@ fn two_workers_racing_for_one_bucket_publish_exactly_once() {
         });
         // While A is stalled, its lease runs out and B takes the bucket over.
         tokio::time::sleep(Duration::from_millis(300)).await;
-        clock.advance(engine.settings.lease_us + 1_000_000);
+        clock.advance(engine.settings().lease_us + 1_000_000);
         let b = frostline::archive::run_pass(&engine.context(), "worker-B").await;
         (a.await.unwrap(), b)
     });
@@ -44,13 +44,14 @@ fn two_workers_racing_for_one_bucket_publish_exactly_once() {
     assert_eq!(b.archived, 1, "B publishes: {b:?}");
     assert_eq!(a.archived, 0, "A is refused: {a:?}");
     assert!(a.errors.iter().any(|e| e.contains("lease")), "A's refusal names the lease: {a:?}");
-    let buckets = e.engine.store.buckets("r", None).unwrap();
+    let buckets = e.engine.store().buckets("r", None).unwrap();
     assert_eq!(buckets.len(), 1);
     let meta = &buckets[0];
     assert_eq!(meta.state, BucketState::Archived { hot_deleted: true });
     assert_eq!(meta.generation, 2, "B's generation published");
     assert!(meta.manifest_key.as_ref().unwrap().contains("-g0000000002-"));
-    let published = e.engine.store.outbox(1000).unwrap().into_iter().filter(|ev| ev.kind == "bucket_archived").count();
+    let published =
+        e.engine.store().outbox(1000).unwrap().into_iter().filter(|ev| ev.kind == "bucket_archived").count();
     assert_eq!(published, 1, "exactly one publication");
     assert_eq!(meta.attempts, 0, "A's late deferral did not touch B's bucket");
     assert_eq!(e.query_all("r"), sorted(input));
@@ -75,7 +76,7 @@ fn a_pass_archives_several_buckets_at_once_each_under_its_own_claim() {
         faulty.add(Op::Put, "manifest-", Fault::Delay(Duration::from_millis(100)), None);
         let report = e.pass();
         assert!(report.errors.is_empty(), "{report:?}");
-        let buckets = e.engine.store.buckets("r", None).unwrap();
+        let buckets = e.engine.store().buckets("r", None).unwrap();
         assert_eq!(report.archived as usize, buckets.len(), "{report:?}");
         assert!(buckets.iter().all(|b| b.state == BucketState::Archived { hot_deleted: true } && b.generation == 1));
         if concurrency == 1 {

@@ -180,7 +180,7 @@ fn the_watcher_waits_for_a_file_open_for_writing_to_be_closed() {
     let set = e.engine.policies();
     assert!(set.tables.contains_key("s") && set.tables.contains_key("t"), "{:?}", set.tables.keys());
 
-    let staged = e.engine.data_dir.join("staged.toml");
+    let staged = e.engine.data_dir().join("staged.toml");
     std::fs::write(&staged, "[[table]]\nid = \"u\"\n").unwrap();
     std::fs::rename(&staged, dir.join("staged.toml")).unwrap();
     wait_for_generation(3);
@@ -408,10 +408,10 @@ fn a_reload_that_releases_policy_holds_is_accepted_and_says_so() {
     let engine = &e.engine;
     let check = frostline::policy::check::check_dir(
         &policy_dir(&e),
-        &engine.data_dir,
-        &engine.host,
-        &engine.settings,
-        Some(&engine.store),
+        engine.data_dir(),
+        engine.host(),
+        engine.settings(),
+        Some(engine.store()),
         t("2024-03-10T00:00:00Z"),
     );
     assert!(check.accepted, "{check:?}");

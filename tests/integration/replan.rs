@@ -52,7 +52,7 @@ impl Site {
 }
 
 fn states(engine: &Engine, table: &str) -> Vec<BucketState> {
-    engine.store.buckets(table, None).unwrap().into_iter().map(|b| b.state).collect()
+    engine.store().buckets(table, None).unwrap().into_iter().map(|b| b.state).collect()
 }
 
 pub(crate) fn record(partition: &str, time: &str, kind: Option<&str>) -> Record {
@@ -121,7 +121,7 @@ fn a_reload_that_lengthens_retention_reaches_existing_archives() {
     let report = run_pass(&engine);
     assert_eq!(report.expired, 0, "{report:?}");
     assert_eq!(query_engine(&engine, "r").len(), 1);
-    let meta = engine.store.buckets("r", None).unwrap().remove(0);
+    let meta = engine.store().buckets("r", None).unwrap().remove(0);
     assert_eq!(meta.plan.unwrap().expire_at, Some(t("2024-03-02T00:00:00Z") + 365 * DAY_US));
     // And shortening it again takes effect too (an expiry may move earlier once archived).
     site.write_policy(&expiring_policy("30d"));
@@ -145,7 +145,7 @@ fn a_bucket_planned_for_debug_records_is_replanned_when_invoices_join() {
     let engine = site.open(Settings::default());
     engine.append("r", vec![record("p", "2024-03-01T01:00:00Z", Some("debug"))]).unwrap();
     run_pass(&engine); // planned with the debug expiry
-    let planned = engine.store.buckets("r", None).unwrap().remove(0).plan.unwrap();
+    let planned = engine.store().buckets("r", None).unwrap().remove(0).plan.unwrap();
     assert_eq!(planned.expire_at, Some(t("2024-03-04T00:00:00Z")));
     engine.append("r", vec![record("p", "2024-03-01T02:00:00Z", Some("invoice"))]).unwrap();
     site.clock.set(t("2024-03-10T00:00:00Z"));
@@ -153,7 +153,7 @@ fn a_bucket_planned_for_debug_records_is_replanned_when_invoices_join() {
     run_pass(&engine);
     let report = run_pass(&engine);
     assert_eq!(report.expired, 0, "the invoice must not expire with the debug records: {report:?}");
-    let meta = engine.store.buckets("r", None).unwrap().remove(0);
+    let meta = engine.store().buckets("r", None).unwrap().remove(0);
     assert_eq!(meta.state, BucketState::Archived { hot_deleted: true });
     assert_eq!(meta.plan.unwrap().expire_at, Some(t("2024-03-02T00:00:00Z") + 3650 * DAY_US));
     assert_eq!(query_engine(&engine, "r").len(), 2);
@@ -341,15 +341,15 @@ fn a_hold_placed_during_an_expiry_outage_calls_the_expiry_off() {
     let (e, faulty) = expiring_with_faults(&[Op::List, Op::Delete]);
     let report = e.pass();
     assert_eq!(report.expired, 0, "{report:?}");
-    let id = e.engine.store.buckets("r", None).unwrap().remove(0).id;
-    assert_eq!(e.engine.store.bucket(&id).unwrap().unwrap().state, BucketState::Expired);
+    let id = e.engine.store().buckets("r", None).unwrap().remove(0).id;
+    assert_eq!(e.engine.store().bucket(&id).unwrap().unwrap().state, BucketState::Expired);
     // Legal places a hold while the store is down.
-    let placement = e.engine.store.place_hold(hold("r"), e.clock.now()).unwrap();
+    let placement = e.engine.store().place_hold(hold("r"), e.clock.now()).unwrap();
     assert_eq!(placement.expiries_called_off, vec![id.display()]);
     assert!(placement.too_late.is_empty());
-    let meta = e.engine.store.bucket(&id).unwrap().unwrap();
+    let meta = e.engine.store().bucket(&id).unwrap().unwrap();
     assert_eq!(meta.state, BucketState::Archived { hot_deleted: true });
-    assert!(e.engine.store.tombstone(&id).unwrap().is_none());
+    assert!(e.engine.store().tombstone(&id).unwrap().is_none());
     // The store comes back: nothing is deleted, the record still reads.
     faulty.clear();
     e.clock.set(t("2024-04-10T00:00:00Z"));
@@ -365,9 +365,9 @@ fn a_hold_placed_after_deletions_started_is_answered_honestly() {
     // Listing works (the expiry commits to delete), then every delete fails.
     let (e, _faulty) = expiring_with_faults(&[Op::Delete]);
     e.pass();
-    let id = e.engine.store.buckets("r", None).unwrap().remove(0).id;
-    assert!(e.engine.store.tombstone(&id).unwrap().unwrap().deletes_started_at.is_some());
-    let placement = e.engine.store.place_hold(hold("r"), e.clock.now()).unwrap();
+    let id = e.engine.store().buckets("r", None).unwrap().remove(0).id;
+    assert!(e.engine.store().tombstone(&id).unwrap().unwrap().deletes_started_at.is_some());
+    let placement = e.engine.store().place_hold(hold("r"), e.clock.now()).unwrap();
     assert_eq!(placement.too_late, vec![id.display()]);
     assert!(placement.expiries_called_off.is_empty());
 }
@@ -423,7 +423,7 @@ url = "file://{}"
     );
     let (first, second) = (Site::new(&policy, "2024-03-01T12:00:00Z"), Site::new(&policy, "2024-03-01T12:00:00Z"));
     let (a, b) = (first.open(Settings::default()), second.open(Settings::default()));
-    assert_ne!(a.installation_id, b.installation_id);
+    assert_ne!(a.installation_id(), b.installation_id());
     a.append("r", vec![record("p", "2024-03-01T01:00:00Z", None)]).unwrap();
     b.append("r", vec![record("p", "2024-03-01T01:00:00Z", None)]).unwrap();
     for (site, engine) in [(&first, &a), (&second, &b)] {
@@ -460,13 +460,13 @@ fn each_installation_on_a_shared_target_keeps_a_catalog_of_its_own() {
     }
     let mut listed = Vec::new();
     for engine in [&a, &b] {
-        let key = frostline::archive::catalog::catalog_key("r", &engine.installation_id);
+        let key = frostline::archive::catalog::catalog_key("r", engine.installation_id());
         let text = std::fs::read_to_string(shared.path().join(&key)).unwrap_or_else(|e| panic!("{key}: {e}"));
         let catalog: serde_json::Value = serde_json::from_str(&text).unwrap();
         let manifests = catalog["manifests"].as_array().unwrap();
         assert_eq!(manifests.len(), 1, "{catalog}");
         let manifest = manifests[0]["manifest_key"].as_str().unwrap().to_string();
-        assert!(manifest.contains(&engine.installation_id), "{manifest}");
+        assert!(manifest.contains(engine.installation_id()), "{manifest}");
         listed.push(manifest);
     }
     assert_ne!(listed[0], listed[1], "together the catalogs list both installations' archives");
@@ -686,7 +686,7 @@ fn a_restored_copy_that_archives_the_same_bucket_again_never_deletes_the_other_c
     let restored = site.open(Settings::default());
     restored.append("r", vec![record(DEVICE, "2024-03-03T02:00:00Z", None)]).unwrap();
     assert_eq!(run_pass(&restored).archived, 1);
-    let generations: Vec<u64> = restored.store.buckets("r", None).unwrap().iter().map(|b| b.generation).collect();
+    let generations: Vec<u64> = restored.store().buckets("r", None).unwrap().iter().map(|b| b.generation).collect();
     assert_eq!(generations, vec![1, 1], "the same generation numbers as the copy that went on");
 
     // Years later every object is past the grace period; passes run as usual.
@@ -720,8 +720,8 @@ fn the_replan_preview_counts_every_bucket_across_batches() {
     engine.append("r", records).unwrap();
     run_pass(&engine); // plans them all
     site.write_policy(&expiring_policy("3650d"));
-    let set = frostline::policy::load(&site.policies(), &site.data(), &engine.host, &engine.settings).unwrap();
-    let preview = frostline::policy::check::preview(&set, &engine.store, site.clock.now()).unwrap();
+    let set = frostline::policy::load(&site.policies(), &site.data(), engine.host(), engine.settings()).unwrap();
+    let preview = frostline::policy::check::preview(&set, engine.store(), site.clock.now()).unwrap();
     let table = &preview.tables[0];
     assert_eq!(table.buckets_checked, 1_201, "{table:?}");
     assert_eq!(table.expire_later, 1_201, "{table:?}");
@@ -759,7 +759,7 @@ fn a_pass_after_a_policy_change_plans_and_archives_the_oldest_buckets_first() {
         engine.append("r", chunk.to_vec()).unwrap();
     }
     // Plan everything under the first policy: nothing is due.
-    while !engine.store.unplanned(1).unwrap().is_empty() {
+    while !engine.store().unplanned(1).unwrap().is_empty() {
         assert_eq!(run_pass(&engine).archived, 0);
     }
     site.write_policy(&archiving_policy("30d"));
@@ -772,11 +772,12 @@ fn a_pass_after_a_policy_change_plans_and_archives_the_oldest_buckets_first() {
     );
     assert!(report.reconciled <= PLAN_BUCKETS_PER_PASS_MAX as u64, "the re-planning is bounded: {report:?}");
     // The rest is re-planned by later passes, and nothing recent is archived.
-    while !engine.store.unplanned(1).unwrap().is_empty()
-        || engine.store.table_state("r").unwrap().unwrap().reconcile_from.is_some()
+    while !engine.store().unplanned(1).unwrap().is_empty()
+        || engine.store().table_state("r").unwrap().unwrap().reconcile_from.is_some()
     {
         assert_eq!(run_pass(&engine).archived, 0);
     }
-    let archived = engine.store.buckets("r", None).unwrap().into_iter().filter(|b| b.state != BucketState::Hot).count();
+    let archived =
+        engine.store().buckets("r", None).unwrap().into_iter().filter(|b| b.state != BucketState::Hot).count();
     assert_eq!(archived, old.len());
 }

@@ -193,7 +193,7 @@ fn run_seed(seed: u64, ops: usize) {
     for op in 0..ops {
         match rng.random_range(0..100) {
             0..45 => {
-                let batch = random_batch(&mut rng, base, e.engine.clock.now());
+                let batch = random_batch(&mut rng, base, e.engine.clock().now());
                 let mut staged: BTreeMap<Identity, String> = BTreeMap::new();
                 let mut conflict_expected = false;
                 for r in &batch {
@@ -244,9 +244,9 @@ fn run_seed(seed: u64, ops: usize) {
         }
     }
     check_reads(&e, &model, false, seed, ops);
-    for meta in e.engine.store.buckets("r", None).unwrap() {
+    for meta in e.engine.store().buckets("r", None).unwrap() {
         assert_eq!(meta.state, BucketState::Archived { hot_deleted: true }, "seed {seed}: {} not settled", meta.id);
-        assert!(e.engine.store.rows(&meta.id, None, usize::MAX).unwrap().is_empty(), "seed {seed}: hot rows left");
+        assert!(e.engine.store().rows(&meta.id, None, usize::MAX).unwrap().is_empty(), "seed {seed}: hot rows left");
         let archived = runtime()
             .block_on(frostline::archive::read_archive(
                 faulty.as_ref(),
@@ -520,19 +520,19 @@ fn run_lifecycle_seed(seed: u64, ops: usize) -> LifecycleCounts {
     // A restored copy running before its operator adopted what the other copy archived.
     let mut unadopted_restore = false;
     let targets = [e.data_dir().join("archive"), t2_dir.clone()];
-    let mut peer = Peer::open(&mut rng, &targets[0], e.engine.clock.now(), seed);
+    let mut peer = Peer::open(&mut rng, &targets[0], e.engine.clock().now(), seed);
     // FROSTLINE_LIFECYCLE_TRACE=1 prints each operation and what backups, restores and
     // adoptions did, to follow a failing seed.
     let trace = std::env::var("FROSTLINE_LIFECYCLE_TRACE").is_ok();
     for op in 0..ops {
         let draw = rng.random_range(0..100);
         if trace {
-            eprintln!("op {op}: draw {draw}, now {}", e.engine.clock.now());
+            eprintln!("op {op}: draw {draw}, now {}", e.engine.clock().now());
         }
         match draw {
             0..35 => {
                 let kind = ["debug", "invoice"][rng.random_range(0..2)];
-                let mut batch = random_batch(&mut rng, base, e.engine.clock.now());
+                let mut batch = random_batch(&mut rng, base, e.engine.clock().now());
                 for r in &mut batch {
                     r.kind = Some(kind.to_string());
                 }
@@ -572,7 +572,7 @@ fn run_lifecycle_seed(seed: u64, ops: usize) -> LifecycleCounts {
             45..65 => {
                 // Before the pass: which buckets may it expire? (The policy in force, the
                 // kinds each bucket holds now, the holds now.)
-                let now = e.engine.clock.now();
+                let now = e.engine.clock().now();
                 for ((partition, day), bucket) in buckets.iter_mut() {
                     let end = (day + 1) * DAY_US;
                     let held = holds.values().any(|p| p == partition);
@@ -588,7 +588,7 @@ fn run_lifecycle_seed(seed: u64, ops: usize) -> LifecycleCounts {
                     .unwrap_or_else(|err| panic!("seed {seed} op {op}: pass failed: {err}"));
                 // A stalled store moved the clock during the pass: what was due by its end
                 // may have expired in it.
-                let after = e.engine.clock.now();
+                let after = e.engine.clock().now();
                 for ((partition, day), bucket) in buckets.iter_mut() {
                     let held = holds.values().any(|p| p == partition);
                     if !held && retention.expire_at((day + 1) * DAY_US, &bucket.kinds) <= after {
@@ -661,10 +661,10 @@ fn run_lifecycle_seed(seed: u64, ops: usize) -> LifecycleCounts {
                     // simulation writes whole files; the wait is tested in `reload`).
                     let set = frostline::policy::load_with(
                         &dir,
-                        &engine.data_dir,
-                        &engine.host,
-                        &engine.settings,
-                        &engine.load_options,
+                        engine.data_dir(),
+                        engine.host(),
+                        engine.settings(),
+                        engine.load_options(),
                     )
                     .and_then(|set| frostline::ops::reload::succeed(engine, &engine.policies(), set))
                     .unwrap_or_else(|err| panic!("seed {seed} op {op}: reload refused: {err}"));
@@ -695,14 +695,14 @@ fn run_lifecycle_seed(seed: u64, ops: usize) -> LifecycleCounts {
                     placed_at: 0,
                     source: "cli".into(),
                 };
-                let placement = e.engine.store.place_hold(hold, e.engine.clock.now()).unwrap();
+                let placement = e.engine.store().place_hold(hold, e.engine.clock().now()).unwrap();
                 counts.holds_placed += 1;
                 counts.expiries_called_off += placement.expiries_called_off.len() as u64;
                 holds.insert(id, partition);
             }
             76..80 => {
                 if let Some(id) = holds.keys().nth(rng.random_range(0..holds.len().max(1))).cloned() {
-                    e.engine.store.lift_hold(id.clone(), "sim".into(), e.engine.clock.now()).unwrap();
+                    e.engine.store().lift_hold(id.clone(), "sim".into(), e.engine.clock().now()).unwrap();
                     holds.remove(&id);
                     counts.holds_lifted += 1;
                 }
@@ -749,7 +749,7 @@ fn run_lifecycle_seed(seed: u64, ops: usize) -> LifecycleCounts {
                     .expect("no faults are armed");
                 let before: BTreeMap<BucketKey, (BucketState, String, Option<String>)> = e
                     .engine
-                    .store
+                    .store()
                     .buckets("r", None)
                     .unwrap()
                     .into_iter()
@@ -759,7 +759,7 @@ fn run_lifecycle_seed(seed: u64, ops: usize) -> LifecycleCounts {
                     })
                     .collect();
                 // Every installation lost so far: the new one answers for all their archives.
-                lost_installations.push(e.engine.installation_id.clone());
+                lost_installations.push(e.engine.installation_id().to_string());
                 e = e.rebuild().unwrap_or_else(|err| panic!("seed {seed} op {op}: rebuild refused: {err}"));
                 let report = runtime()
                     .block_on(frostline::archive::adopt::adopt(&e.engine.context(), false, &lost_installations))
@@ -815,20 +815,20 @@ fn run_lifecycle_seed(seed: u64, ops: usize) -> LifecycleCounts {
                 counts.adopted += report.adopted;
             }
             93 | 94 => {
-                peer.step(&mut rng, e.engine.clock.now(), seed, op);
+                peer.step(&mut rng, e.engine.clock().now(), seed, op);
                 counts.peer_steps += 1;
             }
             95 | 96 if !removed && !unadopted_restore => {
                 clear_faults();
                 faults_active = false;
                 match backup.take() {
-                    Some(b) if b.installation == e.engine.installation_id && rng.random_range(0..3) != 0 => {
+                    Some(b) if b.installation == e.engine.installation_id() && rng.random_range(0..3) != 0 => {
                         // Restored from the backup while the copy that went on had archived more.
                         let served = check_lifecycle_reads(&e, &model, &buckets, Tolerated::Nothing, seed, op)
                             .expect("no faults are armed");
                         let later: BTreeMap<BucketKey, String> = e
                             .engine
-                            .store
+                            .store()
                             .buckets("r", None)
                             .unwrap()
                             .into_iter()
@@ -892,7 +892,7 @@ fn run_lifecycle_seed(seed: u64, ops: usize) -> LifecycleCounts {
                         e = e.backup(&backup_dir).unwrap_or_else(|err| panic!("seed {seed} op {op}: backup: {err}"));
                         backup = Some(Backup {
                             dir: backup_dir.clone(),
-                            installation: e.engine.installation_id.clone(),
+                            installation: e.engine.installation_id().to_string(),
                             model: model.clone(),
                             holds: holds.clone(),
                             manifests,
@@ -923,7 +923,7 @@ fn run_lifecycle_seed(seed: u64, ops: usize) -> LifecycleCounts {
     // the final policy says so, and every record not expirable still reads back.
     clear_faults();
     for id in holds.keys() {
-        e.engine.store.lift_hold(id.clone(), "sim".into(), e.engine.clock.now()).unwrap();
+        e.engine.store().lift_hold(id.clone(), "sim".into(), e.engine.clock().now()).unwrap();
     }
     e.clock.advance(5 * DAY_US);
     for _ in 0..60 {
@@ -934,25 +934,25 @@ fn run_lifecycle_seed(seed: u64, ops: usize) -> LifecycleCounts {
             break;
         }
     }
-    let now = e.engine.clock.now();
+    let now = e.engine.clock().now();
     for ((_, day), bucket) in buckets.iter_mut() {
         if retention.expire_at((day + 1) * DAY_US, &bucket.kinds) <= now {
             bucket.expirable = true;
         }
     }
     check_lifecycle_reads(&e, &model, &buckets, Tolerated::Nothing, seed, ops).expect("no faults are armed");
-    for meta in e.engine.store.buckets("r", None).unwrap() {
+    for meta in e.engine.store().buckets("r", None).unwrap() {
         let settled = matches!(meta.state, BucketState::Archived { hot_deleted: true } | BucketState::Expired);
         assert!(settled, "seed {seed}: {} not settled: {:?}", meta.id, meta.state);
         if meta.state == BucketState::Expired {
-            let tombstone = e.engine.store.tombstone(&meta.id).unwrap();
+            let tombstone = e.engine.store().tombstone(&meta.id).unwrap();
             assert!(tombstone.is_none_or(|t| t.completed_at.is_some()), "seed {seed}: {} expiry unfinished", meta.id);
         }
-        assert!(e.engine.store.rows(&meta.id, None, usize::MAX).unwrap().is_empty(), "seed {seed}: hot rows left");
+        assert!(e.engine.store().rows(&meta.id, None, usize::MAX).unwrap().is_empty(), "seed {seed}: hot rows left");
     }
     counts.records_checked += model.len() as u64;
     check_kept_elsewhere(&kept_elsewhere, &targets, seed, ops);
-    counts.peer_records_checked += peer.settle(e.engine.clock.now(), seed);
+    counts.peer_records_checked += peer.settle(e.engine.clock().now(), seed);
 
     counts
 }
@@ -1043,7 +1043,7 @@ fn recompute_kinds(
 
 /// The manifest keys an engine's database records for table `r`.
 fn recorded_manifests(e: &TestEngine) -> std::collections::BTreeSet<String> {
-    e.engine.store.buckets("r", None).unwrap().into_iter().filter_map(|m| m.manifest_key).collect()
+    e.engine.store().buckets("r", None).unwrap().into_iter().filter_map(|m| m.manifest_key).collect()
 }
 
 /// The archives another copy published that this one does not record are still on a target.
@@ -1103,7 +1103,7 @@ impl Peer {
 
     /// An append, a pass (with its sweep) and a full read, at the main engine's time.
     fn step(&mut self, rng: &mut StdRng, now: i64, seed: u64, op: usize) {
-        self.e.clock.set(now.max(self.e.engine.clock.now()));
+        self.e.clock.set(now.max(self.e.engine.clock().now()));
         let mut batch = random_batch(rng, t("2024-01-01T00:00:00Z"), now);
         for r in &mut batch {
             r.partition_key[0] = b'q';
@@ -1129,7 +1129,7 @@ impl Peer {
     }
 
     fn pass(&mut self, seed: u64, op: usize) -> frostline::archive::PassReport {
-        let now = self.e.engine.clock.now();
+        let now = self.e.engine.clock().now();
         for ((_, day), bucket) in self.buckets.iter_mut() {
             if self.retention.expire_at((day + 1) * DAY_US, &bucket.kinds) <= now {
                 bucket.expirable = true;
@@ -1145,7 +1145,7 @@ impl Peer {
 
     /// Archives and expires what is due, reads everything back; returns the records checked.
     fn settle(&mut self, now: i64, seed: u64) -> u64 {
-        self.e.clock.set(now.max(self.e.engine.clock.now()));
+        self.e.clock.set(now.max(self.e.engine.clock().now()));
         for _ in 0..60 {
             let report = self.pass(seed, usize::MAX);
             if !report.made_progress() && report.deferred == 0 {

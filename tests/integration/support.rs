@@ -164,7 +164,7 @@ impl TestEngine {
     fn reopen_with(self, between: impl FnOnce(&std::path::Path)) -> Result<TestEngine, frostline::error::Error> {
         let TestEngine { engine, clock, _dir: dir, options, settings } = self;
         let policies = engine.policies().dir.clone();
-        let data = engine.data_dir.clone();
+        let data = engine.data_dir().to_path_buf();
         assert_eq!(std::sync::Arc::strong_count(&engine), 1, "the engine is still shared: it cannot close");
         drop(engine);
         between(&data);
@@ -175,7 +175,7 @@ impl TestEngine {
 
     /// The data directory (the default target is its `archive/` folder).
     pub fn data_dir(&self) -> std::path::PathBuf {
-        self.engine.data_dir.clone()
+        self.engine.data_dir().to_path_buf()
     }
 
     /// The policy directory.

@@ -409,18 +409,18 @@ fn append_phases(records: &[Record], policy: &str) -> Result<AppendPhases> {
         let descriptors = table.strategy.buckets_for(&times)?;
         lap(&mut seconds[1], &mut mark);
         let rows = batch.into_iter().zip(descriptors).map(|(record, descriptor)| PreparedRow { descriptor, record });
-        let outcome = engine.store.append(AppendBatch {
+        let outcome = engine.store().append(AppendBatch {
             table: table.id.clone(),
             strategy: table.strategy.identity().fingerprint(),
             rows: rows.collect(),
             writable_horizons: None,
             writable_buckets: 0,
-            now: engine.clock.now(),
+            now: engine.clock().now(),
         })?;
         lap(&mut seconds[2], &mut mark);
         ensure!(outcome.appended == chunk.len() as u64, "the store appended {outcome:?} of {}", chunk.len());
     }
-    let metas = engine.store.all_buckets()?.into_iter().map(|m| (m.id.clone(), m)).collect();
+    let metas = engine.store().all_buckets()?.into_iter().map(|m| (m.id.clone(), m)).collect();
     let phases = vec![
         ("validate (bounds, UTF-8 keys, body JSON)", seconds[0]),
         ("strategy buckets_for (cached WASM strategy)", seconds[1]),

@@ -148,7 +148,7 @@ impl ScaleStore {
         let report = runtime.block_on(passes_until_idle(&engine))?;
         ensure!(report.archived == 0, "building the store archived {} buckets", report.archived);
         ensure!(report.errors.is_empty(), "planning failed: {}", report.errors.join("; "));
-        let planned = engine.store.unplanned(1)?.is_empty();
+        let planned = engine.store().unplanned(1)?.is_empty();
         ensure!(planned, "buckets are left unplanned after the build");
         println!(
             "  (built and planned a store of {buckets} buckets in {:.1} s: {:.0} MB on disk)",

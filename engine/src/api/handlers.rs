@@ -98,7 +98,7 @@ fn query_params<T>(params: Result<Query<T>, QueryRejection>) -> Result<T, ApiErr
 }
 
 async fn health(State(state): Shared) -> Response {
-    match state.engine.store.poisoned() {
+    match state.engine.store().poisoned() {
         None => Json(serde_json::json!({"status": "ok"})).into_response(),
         Some(why) => (
             StatusCode::SERVICE_UNAVAILABLE,

@@ -351,7 +351,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let serve = api.validate()?;
             let engine = engine.open()?;
             let runtime = runtime()?;
-            let archive = crate::ops::passes::background_runtime(engine.settings.archive_concurrency)?;
+            let archive = crate::ops::passes::background_runtime(engine.settings().archive_concurrency)?;
             let result = runtime.block_on(crate::daemon::run(engine, serve, archive.handle().clone()));
             // Whatever is still running after a forced stop is abandoned, not waited for.
             runtime.shutdown_timeout(std::time::Duration::from_secs(1));

@@ -24,7 +24,7 @@ pub struct VerifyReport {
 /// limiting it: the length of a progress bar.
 pub fn verify_total(engine: &Engine, table: Option<&str>, sample: Option<usize>) -> Result<usize> {
     let total = engine
-        .store
+        .store()
         .all_buckets()?
         .iter()
         .filter(|b| matches!(b.state, BucketState::Archived { .. }))

@@ -93,7 +93,7 @@ fn ordered_page(
     limit: usize,
     keep: impl Fn(&BucketMeta) -> bool,
 ) -> Result<(Vec<BucketMeta>, bool)> {
-    let mut metas = engine.store.buckets(table, partition.map(str::as_bytes))?;
+    let mut metas = engine.store().buckets(table, partition.map(str::as_bytes))?;
     metas.retain(keep);
     metas.sort_by(|a, b| (a.descriptor.start, &a.id.partition_key).cmp(&(b.descriptor.start, &b.id.partition_key)));
     let truncated = metas.len() > limit;
@@ -172,10 +172,10 @@ pub fn retention(engine: &Engine, request: RetentionRequest) -> Result<Retention
         ordered_page(engine, &request.table, request.partition.as_deref(), request.limit, |_| true)?;
     // The stored holds include the policy directory's (synced at every reload): adding the
     // policy's again would list each of them twice.
-    let mut holds = engine.store.holds()?;
+    let mut holds = engine.store().holds()?;
     holds.retain(|h| h.table == request.table);
     let tombstones: HashMap<_, _> = engine
-        .store
+        .store()
         .tombstones()?
         .into_iter()
         .filter(|t| t.bucket.table == request.table)

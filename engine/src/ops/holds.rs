@@ -17,9 +17,9 @@ pub struct HoldListing {
 /// Every hold, placed (API, CLI) and declared (policy directory; the store keeps them in step
 /// with the active set), with the buckets it covers.
 pub fn list_holds(engine: &Engine) -> Result<Vec<HoldListing>> {
-    let holds = engine.store.holds()?;
+    let holds = engine.store().holds()?;
     let mut covered = vec![0u64; holds.len()];
-    engine.store.visit_buckets(|b| {
+    engine.store().visit_buckets(|b| {
         for (hold, count) in holds.iter().zip(&mut covered) {
             *count += u64::from(hold.covers(&b));
         }
@@ -72,7 +72,7 @@ pub fn new_hold(engine: &Engine, request: HoldRequest, source: &str) -> Result<H
         bucket_key: request.bucket,
         reason: request.reason,
         placed_by: request.placed_by,
-        placed_at: engine.clock.now(),
+        placed_at: engine.clock().now(),
         source: source.into(),
     })
 }
@@ -81,7 +81,7 @@ pub fn new_hold(engine: &Engine, request: HoldRequest, source: &str) -> Result<H
 pub fn place_hold(engine: &Engine, request: HoldRequest, source: &str) -> Result<HoldPlaced> {
     let hold = new_hold(engine, request, source)?;
     let id = hold.id.clone();
-    let placement = engine.store.place_hold(hold, engine.clock.now())?;
+    let placement = engine.store().place_hold(hold, engine.clock().now())?;
     Ok(HoldPlaced {
         id,
         covered_buckets: placement.covered,
@@ -103,5 +103,5 @@ pub fn lift_hold(engine: &Engine, id: String, by: String) -> Result<Hold> {
             "hold `{id}` is declared in the policy directory: remove it there (and reload) to lift it"
         )));
     }
-    engine.store.lift_hold(id, by, engine.clock.now())
+    engine.store().lift_hold(id, by, engine.clock().now())
 }

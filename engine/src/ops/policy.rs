@@ -18,11 +18,11 @@ pub fn check_against(engine: &Engine, dir: Option<&Path>) -> Result<CheckReport>
     let dir = std::path::absolute(&dir).map_err(|e| Error::io(&dir, e))?;
     Ok(crate::policy::check::check_dir(
         &dir,
-        &engine.data_dir,
-        &engine.host,
-        &engine.settings,
-        Some(&engine.store),
-        engine.clock.now(),
+        engine.data_dir(),
+        engine.host(),
+        engine.settings(),
+        Some(engine.store()),
+        engine.clock().now(),
     ))
 }
 

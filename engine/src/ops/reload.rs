@@ -63,7 +63,7 @@ fn reload_after(engine: &Engine, trigger: &str, pause: Duration) -> ReloadOutcom
                         );
                     }
                     ReloadOutcome {
-                        at: engine.clock.now(),
+                        at: engine.clock().now(),
                         accepted: true,
                         generation,
                         error: None,
@@ -84,7 +84,7 @@ fn refused(engine: &Engine, current: &PolicySet, trigger: &str, error: Error) ->
     let message = error.to_string();
     tracing::error!(error = %message, generation = current.generation, trigger, "policy reload refused; the previous policy set stays active");
     ReloadOutcome {
-        at: engine.clock.now(),
+        at: engine.clock().now(),
         accepted: false,
         generation: current.generation,
         error: Some(message),
@@ -123,9 +123,10 @@ fn try_reload(engine: &Engine, current: &Arc<PolicySet>, pause: Duration) -> Res
     let dir = current.dir.clone();
     let (before, tree_before) = (hash_files(&dir)?, tree_state(&dir)?);
     if !pause.is_zero() {
-        engine.clock.pause(pause);
+        engine.clock().pause(pause);
     }
-    let set = crate::policy::load_with(&dir, &engine.data_dir, &engine.host, &engine.settings, &engine.load_options)?;
+    let set =
+        crate::policy::load_with(&dir, engine.data_dir(), engine.host(), engine.settings(), engine.load_options())?;
     let (after, tree_after) = (hash_files(&dir)?, tree_state(&dir)?);
     if let Some(why) = unstable(&before, &after)
         .or_else(|| unstable(&before, &set.files))
@@ -135,7 +136,7 @@ fn try_reload(engine: &Engine, current: &Arc<PolicySet>, pause: Duration) -> Res
     }
     let set = succeed(engine, current, set)?;
     // Reloads run one at a time, so the store's policy holds do not change before the install.
-    let released = crate::policy::released_holds(engine.store.holds()?, &set);
+    let released = crate::policy::released_holds(engine.store().holds()?, &set);
     Ok((set, released))
 }
 
@@ -179,8 +180,8 @@ pub fn succeed(engine: &Engine, current: &PolicySet, mut set: PolicySet) -> Resu
         }
     }
     // And those removed before the engine started, from their recorded declarations.
-    crate::policy::retired::restore_recorded(&mut set, &engine.store, &engine.host, &engine.data_dir)?;
-    crate::policy::check::check_against_store(&set, &engine.store)?;
+    crate::policy::retired::restore_recorded(&mut set, engine.store(), engine.host(), engine.data_dir())?;
+    crate::policy::check::check_against_store(&set, engine.store())?;
     set.generation = current.generation + 1;
     Ok(set)
 }

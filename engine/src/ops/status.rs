@@ -125,13 +125,13 @@ pub struct SweepStopStatus {
 }
 
 pub fn collect(engine: &Engine) -> Result<Status> {
-    let now: Micros = engine.clock.now();
+    let now: Micros = engine.clock().now();
     let policies = engine.policies();
     let mut states: BTreeMap<&str, BTreeMap<String, StateCount>> = BTreeMap::new();
     let mut deferrals = Vec::new();
     let mut leases = Vec::new();
     let mut held: BTreeMap<&str, u64> = BTreeMap::new();
-    engine.store.visit_buckets(|b| {
+    engine.store().visit_buckets(|b| {
         if let Some(id) = policies.tables.get_key_value(&b.id.table).map(|(id, _)| id.as_str()) {
             let entry = states.entry(id).or_default().entry(b.state.name().to_string()).or_insert(StateCount {
                 buckets: 0,
@@ -167,7 +167,7 @@ pub fn collect(engine: &Engine) -> Result<Status> {
     })?;
     let mut tables = Vec::with_capacity(policies.tables.len());
     for (id, table) in &policies.tables {
-        let delta_log = engine.store.delta_log_state(id)?.map(|s| DeltaLogStatus {
+        let delta_log = engine.store().delta_log_state(id)?.map(|s| DeltaLogStatus {
             version: s.version,
             synced_at: format_rfc3339(s.synced_at),
             last_commit_at: s.last_commit_at.map(format_rfc3339),
@@ -183,7 +183,7 @@ pub fn collect(engine: &Engine) -> Result<Status> {
             delta_log,
         });
     }
-    let oldest_due_age_seconds = match engine.store.earliest_due()? {
+    let oldest_due_age_seconds = match engine.store().earliest_due()? {
         Some(at) if at <= now => (now - at) / 1_000_000,
         _ => 0,
     };
@@ -198,32 +198,32 @@ pub fn collect(engine: &Engine) -> Result<Status> {
         reloads_accepted,
         reloads_refused,
     };
-    let unplanned_buckets = engine.store.unplanned_count()?;
+    let unplanned_buckets = engine.store().unplanned_count()?;
     let planned_last_pass = engine.planned_last_pass();
     let unmanaged_tables =
-        engine.store.table_states()?.into_iter().filter(|t| t.unmanaged_since.is_some()).map(|t| t.id).collect();
+        engine.store().table_states()?.into_iter().filter(|t| t.unmanaged_since.is_some()).map(|t| t.id).collect();
     Ok(Status {
         now: format_rfc3339(now),
-        data_dir: engine.data_dir.display().to_string(),
-        installation_id: engine.installation_id.clone(),
+        data_dir: engine.data_dir().display().to_string(),
+        installation_id: engine.installation_id().to_string(),
         unmanaged_tables,
         policy,
         tables,
-        due_now: engine.store.due_count(now)?,
+        due_now: engine.store().due_count(now)?,
         oldest_due_age_seconds,
         unplanned_buckets,
         planned_last_pass,
         plan_settle_estimate_seconds: plan_settle_estimate(
             unplanned_buckets,
             planned_last_pass,
-            (engine.settings.interval_us / 1_000_000).max(1) as u64,
+            (engine.settings().interval_us / 1_000_000).max(1) as u64,
         ),
         deferrals,
         leases,
-        outbox_backlog: engine.store.outbox_len()?,
-        store_poisoned: engine.store.poisoned(),
+        outbox_backlog: engine.store().outbox_len()?,
+        store_poisoned: engine.store().poisoned(),
         targets: policies.target_probes.values().map(|p| p.report()).collect(),
-        sweep_stopped: engine.store.sweep_stop()?.map(|stop| SweepStopStatus {
+        sweep_stopped: engine.store().sweep_stop()?.map(|stop| SweepStopStatus {
             at: format_rfc3339(stop.at),
             target: stop.target,
             key: stop.key,
@@ -245,8 +245,8 @@ pub fn plan_settle_estimate(queued: u64, per_pass: u64, interval_seconds: u64) -
 
 pub fn write_status_file(engine: &Engine) -> Result<()> {
     let status = collect(engine)?;
-    let path = engine.data_dir.join(crate::engine::STATUS_FILE);
-    let tmp = engine.data_dir.join(format!("{}.tmp", crate::engine::STATUS_FILE));
+    let path = engine.data_dir().join(crate::engine::STATUS_FILE);
+    let tmp = engine.data_dir().join(format!("{}.tmp", crate::engine::STATUS_FILE));
     let bytes = serde_json::to_vec_pretty(&status).map_err(|e| crate::error::Error::Internal(e.to_string()))?;
     std::fs::write(&tmp, bytes).map_err(|e| crate::error::Error::io(&tmp, e))?;
     std::fs::rename(&tmp, &path).map_err(|e| crate::error::Error::io(&path, e))

@@ -11,7 +11,8 @@ use std::sync::Arc;
 
 use serde::Deserialize;
 
-use super::{PluginRecord, RawPlugin, RawTarget, invalid, load_plugin};
+use super::plugins::{PolicyPlugin, load_plugin};
+use super::{PluginRecord, RawPlugin, RawTarget, invalid};
 use crate::error::Result;
 use crate::plugin::archiver::{ARCHIVER_CALL_MS_DEFAULT, WasmArchiver};
 use crate::plugin::grants::{BlobStoreGrant, Capabilities, Preopen, PreopenMode};
@@ -198,7 +199,7 @@ pub(super) fn load_plugin_target(
     targets: &BTreeMap<String, Arc<dyn ArchiveBackend>>,
 ) -> Result<(Arc<dyn ArchiveBackend>, PluginRecord)> {
     let context = format!("target `{name}`");
-    let super::PolicyPlugin { loaded, config, .. } = load_plugin(host, dir, file, raw, Role::Archiver, &context, None)?;
+    let PolicyPlugin { loaded, config, .. } = load_plugin(host, dir, file, raw, Role::Archiver, &context, None)?;
     let record = PluginRecord::of(&format!("target:{name}"), &loaded);
     let capabilities = capabilities_for(grants, &loaded.hash, targets);
     tracing::info!(target_name = name, plugin = %loaded.name, sha256 = %loaded.hash, granted = %capabilities.describe(), "archiver target loaded");

@@ -5,8 +5,16 @@
 //! Imports the core, the plugin host and object storage.
 
 pub mod check;
+mod files;
 pub mod grants;
+mod holds;
+mod plugins;
 pub mod retired;
+mod sinks;
+
+pub use files::{EMPTY_MARKER, hash_files, policy_files};
+pub use holds::released_holds;
+pub use sinks::{SINK_TIMEOUT_MS_DEFAULT, SINK_TIMEOUT_MS_MAX, SinkConfig, SinkKind};
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -17,19 +25,15 @@ use serde::Deserialize;
 use crate::error::{Error, Result};
 use crate::format::Format;
 use crate::model::{self, BucketStrategy, RetentionPolicy};
-use crate::plugin::{PluginHost, PluginLimits, PluginSource, Role, builtin};
+use crate::plugin::{PluginHost, PluginSource, Role, builtin};
 use crate::settings::Settings;
 use crate::storage::ArchiveBackend;
 use crate::storage::probe::{GatedBackend, TargetProbe};
 use crate::storage::target::TargetConfig;
-use crate::store::schema::{PluginDeclaration, TableDeclaration};
+use crate::store::schema::TableDeclaration;
 
 /// The target every table uses unless it names another: a directory in the data directory.
 pub const DEFAULT_TARGET: &str = "local";
-/// The file whose presence says that a policy directory without policy files is meant to be
-/// empty (no tables, no holds): without it such a directory is refused, at start and at reload,
-/// and with it any policy file beside it is refused.
-pub const EMPTY_MARKER: &str = ".frostline-empty";
 /// Bound on `writable_buckets` (buckets are stepped through one by one to find the horizon).
 pub const WRITABLE_BUCKETS_MAX: u32 = 10_000;
 
@@ -41,63 +45,12 @@ struct RawFile {
     #[serde(default)]
     target: Vec<RawTarget>,
     #[serde(default)]
-    hold: Vec<RawHold>,
+    hold: Vec<holds::RawHold>,
     #[serde(default)]
-    sink: Vec<RawSink>,
+    sink: Vec<sinks::RawSink>,
     #[serde(default)]
     grant: Vec<grants::RawGrant>,
 }
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawHold {
-    table: String,
-    partition: Option<String>,
-    tenant: Option<String>,
-    bucket: Option<String>,
-    reason: String,
-    placed_by: Option<String>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawSink {
-    name: String,
-    kind: SinkKind,
-    url: Option<String>,
-    path: Option<PathBuf>,
-    timeout_ms: Option<u64>,
-    ca_file: Option<PathBuf>,
-}
-
-/// Where outbox events are delivered.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum SinkKind {
-    /// POST each event as JSON, with an `Idempotency-Key` header.
-    Webhook,
-    /// Append each event as one JSON line to a file (fsynced).
-    Jsonl,
-}
-
-/// A validated outbox sink.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct SinkConfig {
-    pub name: String,
-    pub kind: SinkKind,
-    /// The webhook URL or the file path.
-    pub destination: String,
-    pub timeout_ms: u64,
-    /// The PEM file of extra certificate authorities an `https://` webhook trusts besides the
-    /// system's (`ca_file`, read when the policy loads).
-    pub ca_file: Option<String>,
-    /// The DER certificates of `ca_file`.
-    #[serde(skip)]
-    pub ca_certificates: Vec<Vec<u8>>,
-}
-
-pub const SINK_TIMEOUT_MS_DEFAULT: u64 = 5_000;
-pub const SINK_TIMEOUT_MS_MAX: u64 = 60_000;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -297,7 +250,7 @@ pub fn load_with(
     options: &LoadOptions,
 ) -> Result<PolicySet> {
     let files = policy_files(dir)?;
-    check_emptiness(dir, &files)?;
+    files::check_emptiness(dir, &files)?;
     let mut file_hashes = BTreeMap::new();
     let mut raw_tables: Vec<(PathBuf, RawTable)> = Vec::new();
     let mut holds = Vec::new();
@@ -320,10 +273,10 @@ pub fn load_with(
             raw_tables.push((file.clone(), table));
         }
         for hold in parsed.hold {
-            holds.push(validate_hold(file, hold)?);
+            holds.push(holds::validate_hold(file, hold)?);
         }
         for sink in parsed.sink {
-            let sink = validate_sink(dir, file, sink)?;
+            let sink = sinks::validate_sink(dir, file, sink)?;
             if sinks.iter().any(|s| s.name == sink.name) {
                 return Err(invalid(file, format!("sink `{}` is declared twice", sink.name)));
             }
@@ -385,8 +338,9 @@ pub fn load_with(
         let strategy_ref = raw.strategy.unwrap_or_else(|| RawPlugin::builtin(builtin::DEFAULT_STRATEGY));
         let retention_ref = raw.retention.unwrap_or_else(|| RawPlugin::builtin(builtin::DEFAULT_RETENTION));
         let context = |role: &str| format!("table `{}` {role}", raw.id);
-        let strategy = load_plugin(host, dir, &file, &strategy_ref, Role::BucketStrategy, &context("strategy"), None)?;
-        let retention = load_plugin(
+        let strategy =
+            plugins::load_plugin(host, dir, &file, &strategy_ref, Role::BucketStrategy, &context("strategy"), None)?;
+        let retention = plugins::load_plugin(
             host,
             dir,
             &file,
@@ -429,8 +383,8 @@ fn build_table(
     id: &str,
     file: &Path,
     declaration: TableDeclaration,
-    strategy: PolicyPlugin,
-    retention: PolicyPlugin,
+    strategy: plugins::PolicyPlugin,
+    retention: plugins::PolicyPlugin,
     backend: Arc<dyn ArchiveBackend>,
     check: bool,
 ) -> Result<TablePolicy> {
@@ -519,70 +473,6 @@ fn open_native_targets(
     Ok((targets, probes))
 }
 
-fn validate_hold(file: &Path, raw: RawHold) -> Result<crate::store::schema::Hold> {
-    model::validate_table_id(&raw.table).map_err(|e| invalid(file, format!("hold: {e}")))?;
-    let placed_by = raw.placed_by.unwrap_or_else(|| "policy".into());
-    crate::store::schema::Hold::check_declared(&raw.reason, &placed_by)
-        .map_err(|why| invalid(file, format!("hold on table `{}`: {why}", raw.table)))?;
-    let name = file.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    // A stable id, so a reload that keeps the hold keeps its id.
-    let fingerprint = crate::format::manifest::sha256_hex(
-        format!("{}\0{:?}\0{:?}\0{:?}\0{}", raw.table, raw.partition, raw.tenant, raw.bucket, raw.reason).as_bytes(),
-    );
-    Ok(crate::store::schema::Hold {
-        id: format!("policy-{}", &fingerprint[..12]),
-        table: raw.table,
-        partition_key: raw.partition,
-        tenant: raw.tenant,
-        bucket_key: raw.bucket,
-        reason: raw.reason,
-        placed_by,
-        placed_at: 0,
-        source: format!("policy:{name}"),
-    })
-}
-
-fn validate_sink(dir: &Path, file: &Path, raw: RawSink) -> Result<SinkConfig> {
-    if !model::is_visible_ascii(&raw.name, 64) {
-        return Err(invalid(file, format!("sink name `{}` must be 1 to 64 bytes of visible ASCII", raw.name)));
-    }
-    let timeout_ms = raw.timeout_ms.unwrap_or(SINK_TIMEOUT_MS_DEFAULT);
-    if timeout_ms == 0 || timeout_ms > SINK_TIMEOUT_MS_MAX {
-        return Err(invalid(file, format!("sink `{}`: timeout_ms must be 1..={SINK_TIMEOUT_MS_MAX}", raw.name)));
-    }
-    let destination = match (raw.kind, raw.url, raw.path) {
-        (SinkKind::Webhook, Some(url), None) => {
-            if !url.starts_with("http://") && !url.starts_with("https://") {
-                return Err(invalid(file, format!("sink `{}`: url must start with http:// or https://", raw.name)));
-            }
-            url
-        }
-        (SinkKind::Jsonl, None, Some(path)) => {
-            let path = if path.is_absolute() { path } else { dir.join(path) };
-            path.display().to_string()
-        }
-        (SinkKind::Webhook, _, _) => {
-            return Err(invalid(file, format!("sink `{}`: a webhook sink takes `url` (and no `path`)", raw.name)));
-        }
-        (SinkKind::Jsonl, _, _) => {
-            return Err(invalid(file, format!("sink `{}`: a jsonl sink takes `path` (and no `url`)", raw.name)));
-        }
-    };
-    let (ca_file, ca_certificates) = match raw.ca_file {
-        None => (None, Vec::new()),
-        Some(_) if raw.kind != SinkKind::Webhook || !destination.starts_with("https://") => {
-            return Err(invalid(file, format!("sink `{}`: ca_file is for https:// webhooks only", raw.name)));
-        }
-        Some(path) => {
-            let path = if path.is_absolute() { path } else { dir.join(path) };
-            let certificates = crate::storage::trust::read_pem_certificates(&path)
-                .map_err(|why| invalid(file, format!("sink `{}`: ca_file {}: {why}", raw.name, path.display())))?;
-            (Some(path.display().to_string()), certificates)
-        }
-    };
-    Ok(SinkConfig { name: raw.name, kind: raw.kind, destination, timeout_ms, ca_file, ca_certificates })
-}
-
 impl PluginRecord {
     fn of(table: &str, loaded: &crate::plugin::LoadedPlugin) -> Self {
         PluginRecord {
@@ -594,103 +484,6 @@ impl PluginRecord {
             memory_limit_bytes: loaded.limits.memory_bytes,
         }
     }
-}
-
-/// The policy files of `dir` (`*.toml`, not in subfolders), sorted. Every one must be
-/// readable: a policy file that cannot be looked at (a dangling symbolic link, a file that
-/// fails to stat) is an error naming it and the OS error, never skipped, since skipping it
-/// would retire its tables and release its holds. Not policy files: folders, whatever their
-/// name, and Emacs lock files (`.#name.toml`, dangling links by design).
-pub fn policy_files(dir: &Path) -> Result<Vec<PathBuf>> {
-    let unreadable =
-        |e: std::io::Error| Error::InvalidInput(format!("cannot read the policy directory {}: {e}", dir.display()));
-    let mut files: Vec<PathBuf> = Vec::new();
-    for entry in std::fs::read_dir(dir).map_err(unreadable)? {
-        let path = entry.map_err(unreadable)?.path();
-        let lock_file = path.file_name().is_some_and(|n| n.as_encoded_bytes().starts_with(b".#"));
-        if path.extension().is_none_or(|e| e != "toml") || lock_file {
-            continue;
-        }
-        // Follows a symbolic link, as reading the file will.
-        match std::fs::metadata(&path) {
-            Ok(meta) if meta.is_dir() => {}
-            Ok(meta) if meta.is_file() => files.push(path),
-            Ok(_) => {
-                return Err(invalid(
-                    &path,
-                    "is not a regular file (a FIFO, socket or device): a policy file must be one; move it out of the policy directory",
-                ));
-            }
-            Err(e) => {
-                let link = std::fs::read_link(&path)
-                    .map(|to| format!(" (a symbolic link to {})", to.display()))
-                    .unwrap_or_default();
-                return Err(invalid(
-                    &path,
-                    format!(
-                        "cannot read this policy file{link}: {e}; restore or remove it (a policy file that cannot be \
-                         read is never skipped: its tables would retire and its holds be released)"
-                    ),
-                ));
-            }
-        }
-    }
-    files.sort();
-    Ok(files)
-}
-
-/// Refuses a policy directory without policy files unless it holds `EMPTY_MARKER` (an
-/// unmounted volume or a deploy that removed everything would otherwise retire every table and
-/// release every policy hold), and one that holds both the marker and policy files.
-fn check_emptiness(dir: &Path, files: &[PathBuf]) -> Result<()> {
-    let marker = dir.join(EMPTY_MARKER);
-    let marked = match std::fs::symlink_metadata(&marker) {
-        Ok(_) => true,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
-        Err(e) => return Err(invalid(&marker, format!("cannot read: {e}"))),
-    };
-    match (files.is_empty(), marked) {
-        (true, false) => Err(Error::InvalidInput(format!(
-            "the policy directory {} holds no policy files (*.toml): is it mounted, and was the deploy complete? \
-             Loading it would retire every table and release every hold declared in it. If it is meant to be \
-             empty, create the file {}",
-            dir.display(),
-            marker.display()
-        ))),
-        (false, true) => Err(Error::InvalidInput(format!(
-            "the policy directory {} holds policy files ({}) and the marker {}, which says it is meant to be \
-             empty: remove the marker (or the policy files)",
-            dir.display(),
-            files
-                .iter()
-                .map(|f| f.file_name().unwrap_or_default().to_string_lossy().into_owned())
-                .collect::<Vec<_>>()
-                .join(", "),
-            marker.display()
-        ))),
-        _ => Ok(()),
-    }
-}
-
-/// The policy holds among `stored` (the store's holds) that installing `set` releases:
-/// declared by the directory before, gone from it now. `Store::sync_policy_holds` releases
-/// exactly these; a reload reports them and logs them at warn.
-pub fn released_holds(stored: Vec<crate::store::schema::Hold>, set: &PolicySet) -> Vec<crate::store::schema::Hold> {
-    stored
-        .into_iter()
-        .filter(|h| h.source.starts_with("policy:") && !set.holds.iter().any(|kept| kept.id == h.id))
-        .collect()
-}
-
-/// SHA-256 of each policy file's content, by file name.
-pub fn hash_files(dir: &Path) -> Result<BTreeMap<String, String>> {
-    let mut out = BTreeMap::new();
-    for file in policy_files(dir)? {
-        let bytes = std::fs::read(&file).map_err(|e| invalid(&file, format!("cannot read: {e}")))?;
-        let name = file.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        out.insert(name, crate::format::manifest::sha256_hex(&bytes));
-    }
-    Ok(out)
 }
 
 impl RawTarget {
@@ -726,77 +519,6 @@ impl RawPlugin {
     }
 }
 
-/// A plugin loaded for a policy: the component, the config it is initialised with, how to
-/// load it again (`declaration`) and, for a file plugin, its bytes.
-struct PolicyPlugin {
-    loaded: Arc<crate::plugin::LoadedPlugin>,
-    config: String,
-    declaration: PluginDeclaration,
-    component: Option<PluginSource>,
-}
-
-fn load_plugin(
-    host: &PluginHost,
-    dir: &Path,
-    file: &Path,
-    raw: &RawPlugin,
-    role: Role,
-    context: &str,
-    eligible_before: Option<model::Micros>,
-) -> Result<PolicyPlugin> {
-    let mut config = raw.config.clone().unwrap_or_default();
-    // The process-wide cutoff applies to the built-in policy unless its config sets its own rule.
-    if raw.plugin == builtin::DEFAULT_RETENTION
-        && !config.contains_key("cutoff")
-        && !config.contains_key("archive_after")
-        && let Some(cutoff) = eligible_before
-    {
-        config.insert("cutoff".into(), toml::Value::String(model::time::format_rfc3339(cutoff)));
-    }
-    let config_json = if config.is_empty() {
-        String::new()
-    } else {
-        serde_json::to_string(&config).map_err(|e| invalid(file, format!("{context}: config: {e}")))?
-    };
-    let (source, config) = if raw.plugin.starts_with(builtin::BUILTIN_PREFIX) {
-        let b = builtin::find(&raw.plugin).ok_or_else(|| {
-            let names: Vec<String> = builtin::BUILTINS.iter().map(|b| format!("builtin:{}", b.name)).collect();
-            invalid(file, format!("{context}: unknown plugin `{}`; built-ins are {}", raw.plugin, names.join(", ")))
-        })?;
-        let config = b.effective_config(&config_json).map_err(|e| invalid(file, format!("{context}: {e}")))?;
-        (b.source(), config)
-    } else {
-        let path = dir.join(&raw.plugin);
-        (PluginSource::from_file(&path).map_err(|e| invalid(file, format!("{context}: {e}")))?, config_json)
-    };
-    if let Some(pin) = &raw.sha256 {
-        let actual = crate::format::manifest::sha256_hex(&source.bytes);
-        if !actual.eq_ignore_ascii_case(pin) {
-            return Err(invalid(
-                file,
-                format!("{context}: `{}` has SHA-256 {actual}, not the pinned {pin}", raw.plugin),
-            ));
-        }
-    }
-    let mut limits = PluginLimits::default();
-    if let Some(ms) = raw.time_limit_ms {
-        limits.call_ms = ms;
-    }
-    if let Some(mib) = raw.memory_limit_mib {
-        limits.memory_bytes = (mib as usize).saturating_mul(1024 * 1024);
-    }
-    let loaded = host.load(&source, role, limits).map_err(|e| invalid(file, format!("{context}: {e}")))?;
-    let declaration = PluginDeclaration {
-        plugin: raw.plugin.clone(),
-        sha256: loaded.hash.clone(),
-        config: config.clone(),
-        call_ms: limits.call_ms,
-        memory_bytes: limits.memory_bytes,
-    };
-    let component = (!raw.plugin.starts_with(builtin::BUILTIN_PREFIX)).then_some(source);
-    Ok(PolicyPlugin { loaded, config, declaration, component })
-}
-
 /// The result of the last reload attempt, shown in status.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ReloadOutcome {
@@ -809,49 +531,4 @@ pub struct ReloadOutcome {
     pub trigger: String,
     /// The policy holds an accepted reload released (their `[[hold]]` gone from the directory).
     pub released_holds: Vec<crate::store::schema::Hold>,
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn dir_with(files: &[&str]) -> tempfile::TempDir {
-        let dir = tempfile::tempdir().unwrap();
-        for file in files {
-            std::fs::write(dir.path().join(file), "").unwrap();
-        }
-        dir
-    }
-
-    #[test]
-    fn a_dangling_policy_file_is_an_error_naming_it_and_why() {
-        let dir = dir_with(&["tables.toml"]);
-        std::os::unix::fs::symlink(dir.path().join("gone.toml"), dir.path().join("holds.toml")).unwrap();
-        let error = policy_files(dir.path()).unwrap_err().to_string();
-        assert!(error.contains("holds.toml") && error.contains("symbolic link to"), "{error}");
-        assert!(error.contains("No such file or directory"), "{error}");
-    }
-
-    #[test]
-    fn folders_other_files_and_emacs_lock_files_are_not_policy_files() {
-        let dir = dir_with(&["b.toml", "a.toml", "notes.txt", "tables.toml~"]);
-        std::fs::create_dir(dir.path().join("plugins.toml")).unwrap();
-        // Emacs locks a file it edits with a dangling link.
-        std::os::unix::fs::symlink("root@host.42:1700000000", dir.path().join(".#a.toml")).unwrap();
-        let files = policy_files(dir.path()).unwrap();
-        assert_eq!(files, [dir.path().join("a.toml"), dir.path().join("b.toml")]);
-    }
-
-    #[test]
-    fn an_empty_directory_needs_the_marker_and_the_marker_needs_an_empty_directory() {
-        let dir = dir_with(&[]);
-        std::fs::create_dir(dir.path().join("sample")).unwrap();
-        let error = check_emptiness(dir.path(), &policy_files(dir.path()).unwrap()).unwrap_err().to_string();
-        assert!(error.contains("no policy files") && error.contains(EMPTY_MARKER), "{error}");
-        std::fs::write(dir.path().join(EMPTY_MARKER), "").unwrap();
-        check_emptiness(dir.path(), &policy_files(dir.path()).unwrap()).unwrap();
-        std::fs::write(dir.path().join("tables.toml"), "").unwrap();
-        let error = check_emptiness(dir.path(), &policy_files(dir.path()).unwrap()).unwrap_err().to_string();
-        assert!(error.contains("tables.toml") && error.contains(EMPTY_MARKER), "{error}");
-    }
 }

@@ -11,7 +11,8 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::{PolicyPlugin, PolicySet, TablePolicy, build_table};
+use super::plugins::PolicyPlugin;
+use super::{PolicySet, TablePolicy, build_table};
 use crate::error::{Error, Result};
 use crate::plugin::{PluginHost, PluginLimits, PluginSource, Role, builtin};
 use crate::store::Store;

@@ -21,7 +21,9 @@
 mod adopt;
 mod append;
 pub mod encoding;
+mod expiry;
 mod holds;
+mod keys;
 mod outbox;
 mod ownership;
 mod protocol;
@@ -33,9 +35,10 @@ mod writer;
 
 pub use self::adopt::{Adoption, VerifiedArchive};
 pub use self::append::{AppendBatch, AppendOutcome, PreparedRow};
+pub use self::expiry::TOMBSTONE_PURGE_RETRY_US;
 use self::holds::all_holds;
 pub use self::holds::{HoldPlacement, PolicyHoldSync};
-pub use self::protocol::{CleanupSlice, PlanOutcome, TOMBSTONE_PURGE_RETRY_US};
+pub use self::protocol::{CleanupSlice, PlanOutcome};
 pub use self::reads::Snapshot;
 pub use self::recovery::{RECOVERY_PROBE_BYTES, RECOVERY_WAIT_MS_MAX};
 use self::schema::{

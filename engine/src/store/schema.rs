@@ -1,6 +1,6 @@
 //! Every redb table frostline uses, its key layout, its value type and the schema version.
 //!
-//! Keys use the order-preserving encoding of `encoding`. Values are MessagePack (rmp-serde)
+//! Keys use the order-preserving encoding of `encoding`; `keys` builds and reads them. Values are MessagePack (rmp-serde)
 //! envelopes `{v: version, ...}`, so a later schema can read an older value and upgrade it.
 //!
 //! | table            | key                                              | value          |
@@ -10,8 +10,9 @@
 //! | `rows <bucket>`  | event_time ‖ sort_key (one table per bucket)     | `StoredRow`    |
 //! | `buckets`        | bucket id = table ‖ partition ‖ bucket_key       | `BucketMeta`   |
 //! | `buckets_by_time`| table ‖ partition ‖ start ‖ bucket_key            | ()             |
+//! | `buckets_by_end` | table ‖ end ‖ bucket id                          | ()             |
 //! | `due`            | due_at ‖ bucket id                               | ()             |
-//! | `unplanned`      | bucket id                                        | ()             |
+//! | `plan_queue`     | end ‖ bucket id                                  | ()             |
 //! | `manifests`      | bucket id ‖ generation                           | `Manifest`     |
 //! | `intents`        | bucket id ‖ generation                           | `UploadIntent` |
 //! | `outbox`         | sequence (u64)                                   | `OutboxEvent`  |
@@ -25,12 +26,17 @@
 //! small bucket's rows with the table instead of deleting them key by key (schema 2; schema 1
 //! kept every row in one `records` table keyed by bucket id ‖ event_time ‖ sort_key, and
 //! `Store::open` moves them, see `upgrade`). BENCHMARKS.md has the figures the layout was
-//! chosen by.
+//! chosen by. Schema 3 keeps the plan queue by bucket end (schema 2 kept it by bucket id as
+//! `unplanned`) and adds `buckets_by_end`.
 
 use redb::TableDefinition;
 use serde::{Deserialize, Serialize};
 
 use super::encoding::{self, Reader};
+pub use super::keys::{
+    RowsTable, by_end_key, by_time_key, decode_by_end_key, decode_by_time_key, decode_due_key, decode_plan_queue_key,
+    decode_row_key, due_key, generation_key, plan_queue_key, row_key, rows_table, rows_table_name,
+};
 use crate::error::{Error, Result};
 pub use crate::model::ArchiveTarget;
 use crate::model::lifecycle::{self, BucketView, ExpiryProgress, PlanBasis};
@@ -145,99 +151,6 @@ impl std::fmt::Display for BucketId {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(&self.display())
     }
-}
-
-/// The name of the table that holds one bucket's hot rows: `rows ` and the hex of the bucket's
-/// encoded id, so every bucket (any partition key or bucket key bytes) has its own name.
-pub fn rows_table_name(bucket: &BucketId) -> String {
-    format!("rows {}", hex::encode(bucket.encode()))
-}
-
-/// The definition of a bucket's rows table, named by `rows_table_name`.
-pub fn rows_table(name: &str) -> TableDefinition<'_, &'static [u8], &'static [u8]> {
-    TableDefinition::new(name)
-}
-
-/// A bucket's rows table, open in a write transaction.
-pub type RowsTable<'txn> = redb::Table<'txn, &'static [u8], &'static [u8]>;
-
-/// A row's key within its bucket's table: event_time ‖ sort_key, in clustering order.
-pub fn row_key(event_time: Micros, sort_key: &[u8]) -> Vec<u8> {
-    // The time takes 8 bytes; an escaped sort key at most twice its length and a terminator.
-    let mut out = Vec::with_capacity(8 + 2 * sort_key.len() + 2);
-    encoding::put_i64(&mut out, event_time);
-    encoding::put_bytes(&mut out, sort_key);
-    out
-}
-
-/// The event time and sort key of a row key (`row_key`).
-pub fn decode_row_key(key: &[u8]) -> Result<(Micros, Vec<u8>)> {
-    let mut r = Reader::new(key);
-    let event_time = r.i64()?;
-    let sort_key = r.bytes()?;
-    Ok((event_time, sort_key))
-}
-
-pub fn by_time_key(bucket: &BucketId, start: Micros) -> Vec<u8> {
-    let mut out = BucketId::table_prefix(&bucket.table, Some(&bucket.partition_key));
-    encoding::put_i64(&mut out, start);
-    encoding::put_bytes(&mut out, bucket.bucket_key.as_bytes());
-    out
-}
-
-pub fn decode_by_time_key(key: &[u8]) -> Result<(BucketId, Micros)> {
-    let mut r = Reader::new(key);
-    let table = String::from_utf8(r.bytes()?).map_err(|_| Error::Corruption("table id is not UTF-8".into()))?;
-    let partition_key = r.bytes()?;
-    let start = r.i64()?;
-    let bucket_key = String::from_utf8(r.bytes()?).map_err(|_| Error::Corruption("bucket key is not UTF-8".into()))?;
-    Ok((BucketId { table, partition_key, bucket_key }, start))
-}
-
-/// A bucket's key in `PLAN_QUEUE`: its end, then its id (the end never changes, so the key
-/// is known from the bucket alone).
-pub fn plan_queue_key(bucket: &BucketId, end: Micros) -> Vec<u8> {
-    due_key(end, bucket)
-}
-
-/// The bucket a `PLAN_QUEUE` key names.
-pub fn decode_plan_queue_key(key: &[u8]) -> Result<BucketId> {
-    decode_due_key(key).map(|(_, id)| id)
-}
-
-/// A bucket's key in `BUCKETS_BY_END`: its table, its end, then its id.
-pub fn by_end_key(bucket: &BucketId, end: Micros) -> Vec<u8> {
-    let mut out = BucketId::table_prefix(&bucket.table, None);
-    encoding::put_i64(&mut out, end);
-    out.extend_from_slice(&bucket.encode());
-    out
-}
-
-/// The bucket a `BUCKETS_BY_END` key names.
-pub fn decode_by_end_key(key: &[u8]) -> Result<BucketId> {
-    let mut r = Reader::new(key);
-    r.bytes()?;
-    r.i64()?;
-    BucketId::decode(&mut r)
-}
-
-pub fn due_key(due_at: Micros, bucket: &BucketId) -> Vec<u8> {
-    let mut out = Vec::new();
-    encoding::put_i64(&mut out, due_at);
-    out.extend_from_slice(&bucket.encode());
-    out
-}
-
-pub fn decode_due_key(key: &[u8]) -> Result<(Micros, BucketId)> {
-    let mut r = Reader::new(key);
-    let due_at = r.i64()?;
-    Ok((due_at, BucketId::decode(&mut r)?))
-}
-
-pub fn generation_key(bucket: &BucketId, generation: u64) -> Vec<u8> {
-    let mut out = bucket.encode();
-    encoding::put_u64(&mut out, generation);
-    out
 }
 
 /// A record as stored in the hot table (its identity lives in the key).

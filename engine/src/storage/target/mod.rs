@@ -9,14 +9,14 @@
 //! a log line, a manifest or the status.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::time::Duration;
 
-use object_store::ObjectStore;
 use serde::Deserialize;
 
-use super::ObjectStoreBackend;
-use crate::error::{Error, Result};
+mod build;
+mod secrets;
+
+pub use secrets::{Redactor, SECRET_FILE_BYTES_MAX, Secret};
+use secrets::{SECRET_ENV, read_secret};
 
 /// Objects larger than this are uploaded in parts (to a temporary key, then copied
 /// conditionally to their final key); smaller ones with one conditional put.
@@ -39,8 +39,6 @@ pub const REQUEST_TIMEOUT_MS_DEFAULT: u64 = 60_000;
 pub const REQUEST_TIMEOUT_MS_MIN: u64 = 100;
 pub const REQUEST_TIMEOUT_MS_MAX: u64 = 600_000;
 pub const CONNECT_TIMEOUT_MS: u64 = 5_000;
-/// A secret file larger than this is refused (a service account file is a few KiB).
-pub const SECRET_FILE_BYTES_MAX: u64 = 64 * 1024;
 
 /// Azurite's documented development account, used with `use_emulator = true`.
 pub const EMULATOR_ACCOUNT: &str = "devstoreaccount1";
@@ -48,22 +46,6 @@ pub const EMULATOR_ACCOUNT: &str = "devstoreaccount1";
 pub const EMULATOR_ACCOUNT_KEY: &str =
     "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==";
 pub const EMULATOR_ENDPOINT_DEFAULT: &str = "http://127.0.0.1:10000";
-
-/// Environment variables whose values are credentials: scrubbed from messages when set.
-const SECRET_ENV: &[&str] = &[
-    "AWS_ACCESS_KEY_ID",
-    "AWS_SECRET_ACCESS_KEY",
-    "AWS_SESSION_TOKEN",
-    "AZURE_STORAGE_ACCOUNT_KEY",
-    "AZURE_STORAGE_ACCESS_KEY",
-    "AZURE_STORAGE_MASTER_KEY",
-    "AZURE_STORAGE_SAS_KEY",
-    "AZURE_STORAGE_TOKEN",
-    "AZURE_CLIENT_SECRET",
-    "GOOGLE_SERVICE_ACCOUNT_KEY",
-];
-/// Secrets shorter than this are not scrubbed (they would mangle every message).
-const REDACT_BYTES_MIN: usize = 6;
 
 /// One `[[target]]` section as written.
 #[derive(Debug, Clone, Deserialize)]
@@ -118,55 +100,6 @@ impl Location {
             Location::Gcs { .. } => "gs",
             Location::Azure { .. } => "az",
         }
-    }
-}
-
-/// A credential read from a file: it never prints.
-#[derive(Clone, PartialEq, Eq)]
-pub struct Secret(String);
-
-impl Secret {
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl std::fmt::Debug for Secret {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Secret(***)")
-    }
-}
-
-/// Scrubs known secrets from text that may reach a log, a status or an API answer.
-#[derive(Clone, Default)]
-pub struct Redactor {
-    secrets: Arc<Vec<String>>,
-}
-
-impl std::fmt::Debug for Redactor {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Redactor({} secrets)", self.secrets.len())
-    }
-}
-
-impl Redactor {
-    pub fn new(secrets: impl IntoIterator<Item = String>) -> Self {
-        let mut secrets: Vec<String> = secrets.into_iter().filter(|s| s.len() >= REDACT_BYTES_MIN).collect();
-        // Longest first, so a secret containing another is scrubbed whole.
-        secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
-        secrets.dedup();
-        Redactor { secrets: Arc::new(secrets) }
-    }
-
-    pub fn scrub(&self, text: String) -> String {
-        if !self.secrets.iter().any(|s| text.contains(s.as_str())) {
-            return text;
-        }
-        let mut out = text;
-        for secret in self.secrets.iter() {
-            out = out.replace(secret.as_str(), "***");
-        }
-        out
     }
 }
 
@@ -418,36 +351,6 @@ fn check_endpoint(endpoint: &str) -> std::result::Result<(), String> {
     }
 }
 
-/// The configuration object_store's `from_env` would read: variables starting with `prefix`
-/// whose lower-cased name is a config key.
-fn env_config<K: std::str::FromStr>(prefix: &str) -> Vec<(K, String)> {
-    std::env::vars_os()
-        .filter_map(|(key, value)| Some((key.into_string().ok()?, value.into_string().ok()?)))
-        .filter(|(key, _)| key.starts_with(prefix))
-        .filter_map(|(key, value)| Some((key.to_ascii_lowercase().parse::<K>().ok()?, value)))
-        .collect()
-}
-
-fn read_secret(policy_dir: &Path, option: &str, path: &Path) -> std::result::Result<Secret, String> {
-    let path = if path.is_absolute() { path.to_path_buf() } else { policy_dir.join(path) };
-    let size =
-        std::fs::metadata(&path).map_err(|e| format!("option `{option}`: cannot read {}: {e}", path.display()))?;
-    if size.len() > SECRET_FILE_BYTES_MAX {
-        return Err(format!(
-            "option `{option}`: {} holds {} bytes, more than {SECRET_FILE_BYTES_MAX}",
-            path.display(),
-            size.len()
-        ));
-    }
-    let text = std::fs::read_to_string(&path)
-        .map_err(|e| format!("option `{option}`: cannot read {}: {e}", path.display()))?;
-    let text = text.trim();
-    if text.is_empty() {
-        return Err(format!("option `{option}`: {} is empty", path.display()));
-    }
-    Ok(Secret(text.to_string()))
-}
-
 impl TargetSpec {
     /// Every secret this target may use, from its files and from the environment.
     pub fn redactor(&self) -> Redactor {
@@ -460,11 +363,11 @@ impl TargetSpec {
         ]
         .into_iter()
         .flatten()
-        .map(|s| s.0.clone());
+        .map(|s| s.expose().to_string());
         let mut secrets: Vec<String> = files.collect();
         // A service account file's private key appears in it line by line.
         if let Some(account) = &self.service_account
-            && let Ok(json) = serde_json::from_str::<serde_json::Value>(&account.0)
+            && let Ok(json) = serde_json::from_str::<serde_json::Value>(account.expose())
         {
             for field in ["private_key", "private_key_id"] {
                 if let Some(value) = json.get(field).and_then(|v| v.as_str()) {
@@ -485,192 +388,6 @@ impl TargetSpec {
             }
             _ => self.endpoint.clone(),
         }
-    }
-
-    /// Builds the backend. Remote stores do their HTTP on the process's storage runtime
-    /// (`super::io_runtime`), so any caller's runtime may drive them.
-    pub fn build(&self) -> Result<ObjectStoreBackend> {
-        let redactor = self.redactor();
-        let failed = |e: object_store::Error| {
-            Error::InvalidInput(redactor.scrub(format!("target `{}`: cannot build its object store: {e}", self.name)))
-        };
-        // object_store's local store does not fsync what it writes; the backend does (below).
-        let mut local_fs = None;
-        let store: Arc<dyn ObjectStore> = match &self.location {
-            Location::Local { dir } => {
-                std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
-                // Deleting an object removes the folders it leaves empty (probe runs, expiries).
-                let local = object_store::local::LocalFileSystem::new_with_prefix(dir).map_err(failed)?;
-                let local = Arc::new(local.with_automatic_cleanup(true));
-                local_fs = Some(local.clone());
-                local
-            }
-            Location::Memory => Arc::new(object_store::memory::InMemory::new()),
-            Location::S3 { bucket } => Arc::new(self.s3(bucket)?.build().map_err(failed)?),
-            #[cfg(feature = "gcs")]
-            Location::Gcs { bucket } => Arc::new(self.gcs(bucket)?.build().map_err(failed)?),
-            #[cfg(feature = "azure")]
-            Location::Azure { container } => Arc::new(self.azure(container)?.build().map_err(failed)?),
-            #[cfg(not(all(feature = "gcs", feature = "azure")))]
-            #[allow(unreachable_patterns)]
-            Location::Gcs { .. } | Location::Azure { .. } => return Err(self.not_in_this_build()),
-        };
-        let store: Arc<dyn ObjectStore> = if self.prefix.is_empty() {
-            store
-        } else {
-            Arc::new(object_store::prefix::PrefixStore::new(store, self.prefix.as_str()))
-        };
-        let backend = ObjectStoreBackend::new(store, self.url.clone())
-            .with_multipart_threshold(self.multipart_threshold_bytes)
-            .with_redactor(redactor);
-        Ok(match local_fs {
-            Some(local) => backend.with_local_fsync(local),
-            None => backend,
-        })
-    }
-
-    fn retry(&self) -> object_store::RetryConfig {
-        object_store::RetryConfig {
-            max_retries: self.limits.max_retries,
-            retry_timeout: Duration::from_millis(self.limits.retry_timeout_ms),
-            ..Default::default()
-        }
-    }
-
-    fn timeouts(&self) -> [(object_store::ClientConfigKey, String); 2] {
-        use object_store::ClientConfigKey as K;
-        [
-            (K::Timeout, format!("{}ms", self.limits.request_timeout_ms)),
-            (K::ConnectTimeout, format!("{CONNECT_TIMEOUT_MS}ms")),
-        ]
-    }
-
-    fn connector() -> Result<object_store::client::SpawnedReqwestConnector> {
-        Ok(object_store::client::SpawnedReqwestConnector::new(super::io_runtime()?.handle().clone()))
-    }
-
-    fn s3(&self, bucket: &str) -> Result<object_store::aws::AmazonS3Builder> {
-        use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey, S3ConditionalPut, S3CopyIfNotExists};
-        let files = self.access_key_id.is_some();
-        // The AWS_* variables apply, except credentials when the target names credential files
-        // (a session token from the environment must not pair with keys from files).
-        let credential = [AmazonS3ConfigKey::AccessKeyId, AmazonS3ConfigKey::SecretAccessKey, AmazonS3ConfigKey::Token];
-        let mut builder = AmazonS3Builder::new();
-        for (key, value) in env_config::<AmazonS3ConfigKey>("AWS_") {
-            if !(files && credential.contains(&key)) {
-                builder = builder.with_config(key, value);
-            }
-        }
-        let mut builder = builder
-            .with_bucket_name(bucket)
-            // `If-None-Match: *` on puts, and a conditional CompleteMultipartUpload for copies:
-            // the two create-only writes the protocol relies on (the probe checks both).
-            .with_conditional_put(S3ConditionalPut::ETagMatch)
-            .with_copy_if_not_exists(S3CopyIfNotExists::Multipart)
-            .with_retry(self.retry())
-            .with_http_connector(Self::connector()?);
-        for (key, value) in self.timeouts() {
-            builder = builder.with_config(AmazonS3ConfigKey::Client(key), value);
-        }
-        if let Some(endpoint) = &self.endpoint {
-            builder = builder.with_endpoint(endpoint).with_virtual_hosted_style_request(false);
-        }
-        if let Some(region) = &self.region {
-            builder = builder.with_region(region);
-        }
-        if let Some(allow) = self.allow_http {
-            builder = builder.with_allow_http(allow);
-        }
-        if let (Some(id), Some(secret)) = (&self.access_key_id, &self.secret_access_key) {
-            builder = builder.with_access_key_id(id.expose()).with_secret_access_key(secret.expose());
-            if let Some(token) = &self.session_token {
-                builder = builder.with_token(token.expose());
-            }
-        }
-        Ok(builder)
-    }
-
-    /// A `gs://` or `az://` target in a build without that client (the lean edge build).
-    #[cfg(not(all(feature = "gcs", feature = "azure")))]
-    fn not_in_this_build(&self) -> Error {
-        let (scheme, feature) = match self.location {
-            Location::Gcs { .. } => ("gs", "gcs"),
-            _ => ("az", "azure"),
-        };
-        Error::InvalidInput(format!(
-            "target `{}`: this frostline was built without the `{feature}` feature (an edge build), so it cannot \
-             reach {scheme}:// targets; run the full build for this target, or archive through a WASM archiver plugin",
-            self.name
-        ))
-    }
-
-    #[cfg(feature = "gcs")]
-    fn gcs(&self, bucket: &str) -> Result<object_store::gcp::GoogleCloudStorageBuilder> {
-        use object_store::gcp::{GoogleCloudStorageBuilder, GoogleConfigKey};
-        // The GOOGLE_* variables apply, except credentials when the target names its file.
-        let files = self.service_account.is_some();
-        let credential = [
-            GoogleConfigKey::ServiceAccount,
-            GoogleConfigKey::ServiceAccountKey,
-            GoogleConfigKey::ApplicationCredentials,
-        ];
-        let mut builder = if files { GoogleCloudStorageBuilder::new() } else { GoogleCloudStorageBuilder::from_env() };
-        if files {
-            for (key, value) in env_config::<GoogleConfigKey>("GOOGLE_") {
-                if !credential.contains(&key) {
-                    builder = builder.with_config(key, value);
-                }
-            }
-        }
-        let mut builder =
-            builder.with_bucket_name(bucket).with_retry(self.retry()).with_http_connector(Self::connector()?);
-        for (key, value) in self.timeouts() {
-            builder = builder.with_config(GoogleConfigKey::Client(key), value);
-        }
-        if let Some(account) = &self.service_account {
-            // The file's content, read (and size-checked) at load.
-            builder = builder.with_service_account_key(account.expose());
-        }
-        Ok(builder)
-    }
-
-    #[cfg(feature = "azure")]
-    fn azure(&self, container: &str) -> Result<object_store::azure::MicrosoftAzureBuilder> {
-        use object_store::azure::{AzureConfigKey, MicrosoftAzureBuilder};
-        let mut builder = MicrosoftAzureBuilder::from_env()
-            .with_container_name(container)
-            .with_retry(self.retry())
-            .with_http_connector(Self::connector()?);
-        for (key, value) in self.timeouts() {
-            builder = builder.with_config(AzureConfigKey::Client(key), value);
-        }
-        if self.use_emulator {
-            // Azurite serves accounts by path (`<endpoint>/<account>/<container>`); with the
-            // account in the endpoint, object_store needs no process-wide emulator variable.
-            let account = self.account.clone().unwrap_or_else(|| EMULATOR_ACCOUNT.to_string());
-            let key = self.access_key.as_ref().map_or(EMULATOR_ACCOUNT_KEY, |k| k.expose());
-            let endpoint = self.endpoint.clone().unwrap_or_else(|| EMULATOR_ENDPOINT_DEFAULT.to_string());
-            builder = builder
-                .with_config(AzureConfigKey::UseEmulator, "false")
-                .with_account(&account)
-                .with_access_key(key)
-                .with_endpoint(format!("{endpoint}/{account}"))
-                .with_allow_http(self.allow_http.unwrap_or(true));
-        } else {
-            if let Some(account) = &self.account {
-                builder = builder.with_account(account);
-            }
-            if let Some(key) = &self.access_key {
-                builder = builder.with_access_key(key.expose());
-            }
-            if let Some(endpoint) = &self.endpoint {
-                builder = builder.with_endpoint(endpoint.clone());
-            }
-            if let Some(allow) = self.allow_http {
-                builder = builder.with_allow_http(allow);
-            }
-        }
-        Ok(builder)
     }
 }
 
