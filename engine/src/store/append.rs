@@ -10,9 +10,9 @@ use crate::error::{Error, Result};
 use crate::model::{BucketDescriptor, BucketState, Micros, Record, lifecycle};
 
 use super::schema::{
-    BUCKETS, BUCKETS_BY_END, BUCKETS_BY_TIME, BucketId, BucketMeta, PLAN_QUEUE, RowsTable, Shared, StoredRow,
-    by_end_key, by_time_key, decode_by_time_key, decode_value, encode_row, encode_value, plan_queue_key, row_key,
-    rows_table, rows_table_name,
+    BUCKETS, BUCKETS_BY_END, BUCKETS_BY_TIME, BucketId, BucketMeta, PLAN_QUEUE, PlanClass, RowsTable, Shared,
+    StoredRow, by_end_key, by_time_key, decode_by_time_key, decode_value, encode_row, encode_value, plan_queue_key,
+    row_key, rows_table, rows_table_name,
 };
 use super::writer::WriteRequest;
 use super::{Store, encoding};
@@ -199,11 +199,11 @@ pub(super) fn apply_batch(txn: &WriteTransaction, batch: &AppendBatch) -> Result
         if *is_new {
             by_time.insert(by_time_key(id, meta.descriptor.start).as_slice(), ())?;
             by_end.insert(by_end_key(id, meta.descriptor.end).as_slice(), ())?;
-            plan_queue.insert(plan_queue_key(id, meta.descriptor.end).as_slice(), ())?;
+            plan_queue.insert(plan_queue_key(PlanClass::of(meta.state), id, meta.descriptor.end).as_slice(), ())?;
         } else if meta.plan_basis.as_ref().is_some_and(|b| b.facts != lifecycle::facts_digest(&meta.facts())) {
             // The policy would now see other facts (a new kind or tenant joined, the size
             // crossed a class): the plan is stale and never acts before it is made again.
-            plan_queue.insert(plan_queue_key(id, meta.descriptor.end).as_slice(), ())?;
+            plan_queue.insert(plan_queue_key(PlanClass::of(meta.state), id, meta.descriptor.end).as_slice(), ())?;
         }
     }
     Ok(AppendOutcome { appended: inserted.len() as u64, duplicates, already_archived: 0 })

@@ -8,7 +8,7 @@ use redb::TableDefinition;
 use super::encoding::{self, Reader};
 use super::schema::BucketId;
 use crate::error::{Error, Result};
-use crate::model::Micros;
+use crate::model::{BucketState, Micros};
 
 /// The name of the table that holds one bucket's hot rows: `rows ` and the hex of the bucket's
 /// encoded id, so every bucket (any partition key or bucket key bytes) has its own name.
@@ -57,15 +57,39 @@ pub fn decode_by_time_key(key: &[u8]) -> Result<(BucketId, Micros)> {
     Ok((BucketId { table, partition_key, bucket_key }, start))
 }
 
-/// A bucket's key in `PLAN_QUEUE`: its end, then its id (the end never changes, so the key
-/// is known from the bucket alone).
-pub fn plan_queue_key(bucket: &BucketId, end: Micros) -> Vec<u8> {
-    due_key(end, bucket)
+/// Which decision a queued plan is for: when to archive a hot bucket, or when to expire an
+/// archived one. The plan queue keeps the two apart (the class is its key's first byte) and a
+/// pass takes from both (`Store::unplanned`), so after a policy change a large archive, whose
+/// buckets are the oldest, does not hold back the planning of the hot buckets behind it, and
+/// a stream of new hot buckets does not hold back expiry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PlanClass {
+    Archive = 0,
+    Expire = 1,
+}
+
+impl PlanClass {
+    pub const ALL: [PlanClass; 2] = [PlanClass::Archive, PlanClass::Expire];
+
+    /// The decision a bucket in `state` waits for.
+    pub fn of(state: BucketState) -> PlanClass {
+        if state == BucketState::Hot { PlanClass::Archive } else { PlanClass::Expire }
+    }
+}
+
+/// A bucket's key in `PLAN_QUEUE`: its class, its end, then its id (the end never changes, so
+/// the key is known from the bucket and its class alone). Within a class the oldest end comes
+/// first: the end is what every age-based rule counts from.
+pub fn plan_queue_key(class: PlanClass, bucket: &BucketId, end: Micros) -> Vec<u8> {
+    let mut out = vec![class as u8];
+    out.extend_from_slice(&due_key(end, bucket));
+    out
 }
 
 /// The bucket a `PLAN_QUEUE` key names.
 pub fn decode_plan_queue_key(key: &[u8]) -> Result<BucketId> {
-    decode_due_key(key).map(|(_, id)| id)
+    let rest = key.get(1..).ok_or_else(|| Error::Corruption("empty plan queue key".into()))?;
+    decode_due_key(rest).map(|(_, id)| id)
 }
 
 /// A bucket's key in `BUCKETS_BY_END`: its table, its end, then its id.

@@ -43,8 +43,8 @@ pub use self::reads::Snapshot;
 pub use self::recovery::{RECOVERY_PROBE_BYTES, RECOVERY_WAIT_MS_MAX};
 use self::schema::{
     BUCKETS, BUCKETS_BY_END, BUCKETS_BY_TIME, BucketId, BucketMeta, DELIVERIES, DUE, EPOCHS, HOLDS, INTENTS, MANIFESTS,
-    META, META_INSTALLATION_ID, META_SCHEMA_VERSION, OUTBOX, PLAN_QUEUE, RELEASED, SCHEMA_VERSION, TABLES, TOMBSTONES,
-    TableState, Tombstone, by_end_key, by_time_key, decode_value, due_key, encode_value, plan_queue_key,
+    META, META_INSTALLATION_ID, META_SCHEMA_VERSION, OUTBOX, PLAN_QUEUE, PlanClass, RELEASED, SCHEMA_VERSION, TABLES,
+    TOMBSTONES, TableState, Tombstone, by_end_key, by_time_key, decode_value, due_key, encode_value, plan_queue_key,
 };
 pub use self::writer::GROUP_COMMIT_REQUESTS_MAX;
 use self::writer::{Poison, TxnFn, WriteRequest, writer_loop};
@@ -356,15 +356,21 @@ fn index_new_bucket(txn: &WriteTransaction, meta: &BucketMeta) -> Result<()> {
     Ok(())
 }
 
-/// Queues the bucket for a (new) retention plan, in the order of its end (`PLAN_QUEUE`).
+/// Queues the bucket for a (new) retention plan, in its class by the order of its end
+/// (`PLAN_QUEUE`).
 fn queue_for_plan(txn: &WriteTransaction, meta: &BucketMeta) -> Result<()> {
-    txn.open_table(PLAN_QUEUE)?.insert(plan_queue_key(&meta.id, meta.descriptor.end).as_slice(), ())?;
+    let key = plan_queue_key(PlanClass::of(meta.state), &meta.id, meta.descriptor.end);
+    txn.open_table(PLAN_QUEUE)?.insert(key.as_slice(), ())?;
     Ok(())
 }
 
-/// Takes the bucket out of the plan queue (nothing when it is not queued).
+/// Takes the bucket out of the plan queue (nothing when it is not queued). Both classes: the
+/// bucket may have been archived since it was queued as hot.
 fn dequeue_plan(txn: &WriteTransaction, meta: &BucketMeta) -> Result<()> {
-    txn.open_table(PLAN_QUEUE)?.remove(plan_queue_key(&meta.id, meta.descriptor.end).as_slice())?;
+    let mut queue = txn.open_table(PLAN_QUEUE)?;
+    for class in PlanClass::ALL {
+        queue.remove(plan_queue_key(class, &meta.id, meta.descriptor.end).as_slice())?;
+    }
     Ok(())
 }
 
@@ -392,4 +398,74 @@ fn reconcile(txn: &WriteTransaction, meta: &mut BucketMeta, now: Micros) -> Resu
         None
     };
     schedule(txn, meta, due)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::append::{AppendBatch, new_bucket_meta};
+    use super::*;
+    use crate::model::BucketDescriptor;
+
+    const DAY: Micros = 86_400_000_000;
+
+    /// Saves a bucket of table `t` that ends at day `end_day`, in `state`, and queues it for a
+    /// plan, as a policy change does.
+    fn queued(store: &Store, key: &str, end_day: i64, state: BucketState) -> BucketId {
+        let id = BucketId { table: "t".into(), partition_key: b"site a/p%=\xc3\xa9".to_vec(), bucket_key: key.into() };
+        let descriptor = BucketDescriptor { key: key.into(), start: (end_day - 1) * DAY, end: end_day * DAY };
+        let batch = AppendBatch {
+            table: "t".into(),
+            strategy: "s".into(),
+            rows: Vec::new(),
+            writable_horizons: None,
+            writable_buckets: 0,
+            now: 0,
+        };
+        let mut meta = new_bucket_meta(id.clone(), &descriptor, &batch);
+        meta.state = state;
+        store
+            .write(move |txn| {
+                index_new_bucket(txn, &meta)?;
+                queue_for_plan(txn, &meta)?;
+                save_meta(txn, &meta)
+            })
+            .unwrap();
+        id
+    }
+
+    #[test]
+    fn a_large_archive_does_not_hold_back_the_plans_of_the_hot_buckets_behind_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("hot.redb")).unwrap();
+        let archived = BucketState::Archived { hot_deleted: true };
+        // After a policy change every bucket waits for a plan: 2,000 archived ones, each older
+        // than the 10 hot ones (archival takes the oldest first).
+        let old: Vec<BucketId> =
+            (0..2_000).map(|n| queued(&store, &format!("old {n:04}"), 100 + n, archived)).collect();
+        let hot: Vec<BucketId> =
+            (0..10).rev().map(|n| queued(&store, &format!("new {n}"), 5_000 + n, BucketState::Hot)).collect();
+        assert_eq!(store.unplanned_count().unwrap(), 2_010);
+
+        // The first batch a pass plans holds every hot bucket, oldest first, beside the oldest
+        // archived ones (ordered by end alone, it held 1,000 archived buckets and no hot one).
+        let batch = store.unplanned(1_000).unwrap();
+        assert_eq!(batch.len(), 1_000);
+        let planned_hot: Vec<&BucketId> = batch.iter().filter(|id| id.bucket_key.starts_with("new")).collect();
+        assert_eq!(planned_hot, hot.iter().rev().collect::<Vec<_>>());
+        let planned_old: Vec<&BucketId> = batch.iter().filter(|id| id.bucket_key.starts_with("old")).collect();
+        assert_eq!(planned_old, old[..990].iter().collect::<Vec<_>>());
+        // The two classes take turns: neither waits for the other.
+        assert!(batch[..20].iter().step_by(2).all(|id| id.bucket_key.starts_with("new")), "{:?}", &batch[..20]);
+
+        // A bucket queued as hot and archived before its plan leaves the queue all the same.
+        let first_hot = hot.last().unwrap().clone();
+        store
+            .write(move |txn| {
+                let mut meta = load_meta(txn, &first_hot)?;
+                meta.state = archived;
+                dequeue_plan(txn, &meta)
+            })
+            .unwrap();
+        assert_eq!(store.unplanned_count().unwrap(), 2_009);
+    }
 }

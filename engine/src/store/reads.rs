@@ -11,9 +11,9 @@ use crate::model::{ArchiveTarget, BucketState, Micros, Record, invariants};
 
 use super::protocol::push_published;
 use super::schema::{
-    BUCKETS, BucketId, BucketMeta, DUE, INTENTS, MANIFESTS, META, META_INSTALLATION_ID, PLAN_QUEUE, StoredRow, TABLES,
-    TOMBSTONES, TableState, Tombstone, UploadIntent, decode_due_key, decode_plan_queue_key, decode_row_key,
-    decode_row_ref, decode_value, row_key, rows_table, rows_table_name,
+    BUCKETS, BucketId, BucketMeta, DUE, INTENTS, MANIFESTS, META, META_INSTALLATION_ID, PLAN_QUEUE, PlanClass,
+    StoredRow, TABLES, TOMBSTONES, TableState, Tombstone, UploadIntent, decode_due_key, decode_plan_queue_key,
+    decode_row_key, decode_row_ref, decode_value, row_key, rows_table, rows_table_name,
 };
 use super::{Store, encoding};
 
@@ -118,15 +118,30 @@ impl Store {
         Ok(n)
     }
 
-    /// Buckets queued for a (new) retention plan, at most `limit`, oldest end first.
+    /// Buckets queued for a (new) retention plan, at most `limit`: hot buckets (to archive)
+    /// and archived ones (to expire) in turn, each class oldest end first, so any run of the
+    /// answer holds both decisions while both wait (`PlanClass`).
     pub fn unplanned(&self, limit: usize) -> Result<Vec<BucketId>> {
         let txn = self.read()?;
         let t = txn.open_table(PLAN_QUEUE)?;
-        let mut out = Vec::new();
-        for entry in t.iter()?.take(limit) {
-            let (k, _) = entry?;
-            out.push(decode_plan_queue_key(k.value())?);
+        let mut classes = Vec::with_capacity(PlanClass::ALL.len());
+        for class in PlanClass::ALL {
+            let (first, next) = ([class as u8], [class as u8 + 1]);
+            let mut ids = Vec::new();
+            for entry in t.range(first.as_slice()..next.as_slice())?.take(limit) {
+                ids.push(decode_plan_queue_key(entry?.0.value())?);
+            }
+            classes.push(ids.into_iter());
         }
+        let mut out = Vec::with_capacity(limit);
+        while out.len() < limit {
+            let before = out.len();
+            out.extend(classes.iter_mut().filter_map(Iterator::next));
+            if out.len() == before {
+                break;
+            }
+        }
+        out.truncate(limit);
         Ok(out)
     }
 

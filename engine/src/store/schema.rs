@@ -12,7 +12,7 @@
 //! | `buckets_by_time`| table ‖ partition ‖ start ‖ bucket_key            | ()             |
 //! | `buckets_by_end` | table ‖ end ‖ bucket id                          | ()             |
 //! | `due`            | due_at ‖ bucket id                               | ()             |
-//! | `plan_queue`     | end ‖ bucket id                                  | ()             |
+//! | `plan_queue`     | class ‖ end ‖ bucket id                          | ()             |
 //! | `manifests`      | bucket id ‖ generation                           | `Manifest`     |
 //! | `intents`        | bucket id ‖ generation                           | `UploadIntent` |
 //! | `outbox`         | sequence (u64)                                   | `OutboxEvent`  |
@@ -34,8 +34,9 @@ use serde::{Deserialize, Serialize};
 
 use super::encoding::{self, Reader};
 pub use super::keys::{
-    RowsTable, by_end_key, by_time_key, decode_by_end_key, decode_by_time_key, decode_due_key, decode_plan_queue_key,
-    decode_row_key, due_key, generation_key, plan_queue_key, row_key, rows_table, rows_table_name,
+    PlanClass, RowsTable, by_end_key, by_time_key, decode_by_end_key, decode_by_time_key, decode_due_key,
+    decode_plan_queue_key, decode_row_key, due_key, generation_key, plan_queue_key, row_key, rows_table,
+    rows_table_name,
 };
 use crate::error::{Error, Result};
 pub use crate::model::ArchiveTarget;
@@ -57,9 +58,10 @@ pub const DUE: TableDefinition<&[u8], ()> = TableDefinition::new("due");
 /// Schema 2's plan queue, in bucket key order; read only by the upgrade to schema 3, which
 /// moves it to `PLAN_QUEUE` and deletes it.
 pub const SCHEMA_2_UNPLANNED: TableDefinition<&[u8], ()> = TableDefinition::new("unplanned");
-/// Buckets queued for a (new) retention plan, oldest end first (`plan_queue_key`): the end of
-/// a bucket is what every age-based retention rule counts from, so the buckets whose due
-/// time has most likely come are planned first, whatever their table or partition.
+/// Buckets queued for a (new) retention plan, hot ones (to archive) apart from archived ones
+/// (to expire), each oldest end first (`plan_queue_key`, `PlanClass`): the end of a bucket is
+/// what every age-based retention rule counts from, so the buckets whose due time has most
+/// likely come are planned first, whatever their table or partition.
 pub const PLAN_QUEUE: TableDefinition<&[u8], ()> = TableDefinition::new("plan_queue");
 /// Every bucket of a table by its end (`by_end_key`): the order a reconciliation visits
 /// them in, so after a policy change the oldest buckets are queued for a plan first.

@@ -23,9 +23,9 @@ use crate::error::{Error, Result};
 
 use super::encoding;
 use super::schema::{
-    BUCKETS, BUCKETS_BY_END, BucketId, BucketMeta, META, META_SCHEMA_VERSION, PLAN_QUEUE, RowsTable, SCHEMA_1_RECORDS,
-    SCHEMA_2_UNPLANNED, TABLES, TableState, by_end_key, decode_value, encode_value, plan_queue_key, rows_table,
-    rows_table_name,
+    BUCKETS, BUCKETS_BY_END, BucketId, BucketMeta, META, META_SCHEMA_VERSION, PLAN_QUEUE, PlanClass, RowsTable,
+    SCHEMA_1_RECORDS, SCHEMA_2_UNPLANNED, TABLES, TableState, by_end_key, decode_value, encode_value, plan_queue_key,
+    rows_table, rows_table_name,
 };
 
 /// Rows moved per transaction: bounds the transaction's size on a database of any size.
@@ -91,7 +91,10 @@ fn index_buckets_by_end(db: &Database) -> Result<()> {
                 // A queued bucket that is not stored has nothing to plan.
                 if let Some(value) = buckets.get(key.value())? {
                     let meta: BucketMeta = decode_value(value.value())?;
-                    plan_queue.insert(plan_queue_key(&meta.id, meta.descriptor.end).as_slice(), ())?;
+                    plan_queue.insert(
+                        plan_queue_key(PlanClass::of(meta.state), &meta.id, meta.descriptor.end).as_slice(),
+                        (),
+                    )?;
                     queued += 1;
                 }
             }
