@@ -133,7 +133,8 @@ impl Store {
             }
             classes.push(ids.into_iter());
         }
-        let mut out = Vec::with_capacity(limit);
+        // `limit` may be `usize::MAX` (every queued bucket): size by what was read.
+        let mut out = Vec::with_capacity(classes.iter().map(ExactSizeIterator::len).sum());
         while out.len() < limit {
             let before = out.len();
             out.extend(classes.iter_mut().filter_map(Iterator::next));
