@@ -9,7 +9,8 @@ use redb::{ReadableTable, WriteTransaction};
 
 use crate::error::Result;
 use crate::format::manifest::Manifest;
-use crate::model::{ArchiveTarget, BucketState, Micros, Record, invariants};
+use crate::model::lifecycle::{self, Step};
+use crate::model::{ArchiveTarget, BucketState, Micros, Record};
 
 use super::outbox::push_outbox;
 use super::ownership::release_intents;
@@ -18,8 +19,7 @@ use super::schema::{
     encode_value, generation_key, rows_table, rows_table_name,
 };
 use super::{
-    Store, index_new_bucket, load_meta, load_tombstone, move_to, queue_for_plan, reconcile, save_meta, save_tombstone,
-    schedule,
+    LifecycleInputs, Store, index_new_bucket, load_meta, load_tombstone, record_step, save_meta, save_tombstone,
 };
 
 /// What adopting one archive did.
@@ -74,16 +74,11 @@ impl Store {
                         Err(why) => return Ok(Adoption::Conflict(why)),
                         Ok(count) => released = count,
                     }
-                    let next = BucketState::Archived { hot_deleted: true };
                     release_intents(txn, &id, &manifest, Some(&manifest_key), now)?;
                     let adopted = adopted_meta(&id, &manifest_key, &manifest, &rows, now);
                     let mut meta = meta;
-                    move_to(&mut meta, next, now)?;
                     // Later claims must not reuse a generation either copy has used.
                     meta.generation = meta.generation.max(manifest.generation);
-                    meta.lease_owner = None;
-                    meta.lease_expires_at = now;
-                    meta.next_retry_at = None;
                     meta.attempts = 0;
                     meta.last_error = None;
                     meta.manifest_key = adopted.manifest_key;
@@ -111,8 +106,7 @@ impl Store {
             txn.open_table(MANIFESTS)?
                 .insert(generation_key(&id, meta.generation).as_slice(), encode_value(&manifest)?.as_slice())?;
             // A stale plan never acts: the policy is asked again with the archive's facts.
-            queue_for_plan(txn, &meta)?;
-            reconcile(txn, &mut meta, now)?;
+            record_step(txn, &mut meta, Step::Adopt, now)?;
             save_meta(txn, &meta)?;
             push_outbox(
                 txn,
@@ -152,7 +146,7 @@ impl Store {
             }
             tombstone.deletes_started_at = Some(now);
             save_tombstone(txn, &tombstone)?;
-            schedule(txn, &mut meta, Some(now))?;
+            record_step(txn, &mut meta, Step::DeletingElsewhere, now)?;
             save_meta(txn, &meta)?;
             Ok(true)
         })
@@ -168,9 +162,10 @@ impl Store {
     ) -> Result<bool> {
         self.write(move |txn| {
             let mut meta = load_meta(txn, &id)?;
-            let next = BucketState::Expired;
+            let gone = Step::ArchiveGone { purge_at };
+            let inputs = LifecycleInputs::load(txn, &meta)?;
             if meta.manifest_key.as_deref() != Some(manifest_key.as_str())
-                || invariants::transition_is_allowed(meta.state, next).is_err()
+                || lifecycle::apply(&inputs.view(&meta, now), gone, now).is_err()
             {
                 return Ok(false);
             }
@@ -191,10 +186,7 @@ impl Store {
                     deletes_started_at: Some(now),
                 },
             )?;
-            move_to(&mut meta, next, now)?;
-            meta.lease_owner = None;
-            meta.lease_expires_at = now;
-            schedule(txn, &mut meta, Some(purge_at))?;
+            record_step(txn, &mut meta, gone, now)?;
             save_meta(txn, &meta)?;
             push_outbox(
                 txn,

@@ -3,14 +3,13 @@
 //! tombstone once its events are delivered.
 
 use crate::error::{Error, Result};
-use crate::model::{ArchiveTarget, BucketState, Micros, lifecycle};
+use crate::model::lifecycle::{self, Step};
+use crate::model::{ArchiveTarget, Micros};
 
 use super::holds::{call_off_expiry, park};
 use super::outbox::{expiry_events_pending, push_outbox};
 use super::schema::{BucketId, TOMBSTONES, Tombstone, encode_value};
-use super::{
-    Store, check_lease, covering_holds, load_meta, load_tombstone, move_to, save_meta, save_tombstone, schedule,
-};
+use super::{Store, check_lease, covering_holds, load_meta, load_tombstone, record_step, save_meta, save_tombstone};
 
 impl Store {
     /// Starts an archive's expiry under the bucket's fence. Re-checks every hold in the same
@@ -33,9 +32,7 @@ impl Store {
             let covering = covering_holds(txn, &meta)?;
             if lifecycle::expiry_allowed(&covering).is_err() {
                 // A legal hold beats every retention rule.
-                park(txn, &mut meta, covering, now)?;
-                meta.lease_owner = None;
-                meta.lease_expires_at = now;
+                park(txn, &mut meta, covering, now, true)?;
                 save_meta(txn, &meta)?;
                 return Ok(None);
             }
@@ -56,9 +53,7 @@ impl Store {
                 deletes_started_at: None,
             };
             save_tombstone(txn, &tombstone)?;
-            move_to(&mut meta, BucketState::Expired, now)?;
-            let lease_expires_at = meta.lease_expires_at;
-            schedule(txn, &mut meta, Some(lease_expires_at))?;
+            record_step(txn, &mut meta, Step::BeginExpiry, now)?;
             save_meta(txn, &meta)?;
             push_outbox(
                 txn,
@@ -114,9 +109,7 @@ impl Store {
             tombstone.completed_at = Some(now);
             tombstone.purge_at = Some(purge_at);
             txn.open_table(TOMBSTONES)?.insert(id.encode().as_slice(), encode_value(&tombstone)?.as_slice())?;
-            meta.lease_owner = None;
-            meta.lease_expires_at = now;
-            schedule(txn, &mut meta, Some(purge_at))?;
+            record_step(txn, &mut meta, Step::CompleteExpiry { purge_at }, now)?;
             save_meta(txn, &meta)?;
             push_outbox(txn, "archive_expired", Some(&meta), now, serde_json::json!({"objects": tombstone.keys.len()}))
         })
@@ -134,13 +127,13 @@ impl Store {
             if !lifecycle::tombstone_purgeable(meta.state, tombstone.progress(), pending, now) {
                 if pending && tombstone.purge_at.is_some_and(|at| at <= now) {
                     // Ask again once the sinks have had time to take the events.
-                    schedule(txn, &mut meta, Some(now + TOMBSTONE_PURGE_RETRY_US))?;
+                    record_step(txn, &mut meta, Step::PurgeWaits { retry_at: now + TOMBSTONE_PURGE_RETRY_US }, now)?;
                     save_meta(txn, &meta)?;
                 }
                 return Ok(false);
             }
             txn.open_table(TOMBSTONES)?.remove(id.encode().as_slice())?;
-            schedule(txn, &mut meta, None)?;
+            record_step(txn, &mut meta, Step::TombstonePurged, now)?;
             save_meta(txn, &meta)?;
             Ok(true)
         })

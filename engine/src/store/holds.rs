@@ -4,13 +4,13 @@
 use redb::{ReadableTable, WriteTransaction};
 
 use crate::error::{Error, Result};
-use crate::model::lifecycle::HoldEffect;
+use crate::model::lifecycle::{HoldEffect, Step};
 use crate::model::{BucketState, Micros, lifecycle};
 
 use super::outbox::push_outbox;
 use super::reads::table_buckets;
 use super::schema::{BucketMeta, HOLDS, Hold, TOMBSTONES, Tombstone, decode_value, encode_value};
-use super::{Store, covering_holds, load_tombstone, move_to, reconcile, save_meta, schedule};
+use super::{Store, covering_holds, load_tombstone, reconcile, record_step, save_meta};
 
 impl Store {
     /// Places a hold, and tells what it did to each bucket it covers now: parks its expiry,
@@ -131,12 +131,18 @@ pub struct PolicyHoldSync {
 }
 
 /// Parks a bucket's expiry behind the holds that cover it (an event tells when it is new).
-pub(super) fn park(txn: &WriteTransaction, meta: &mut BucketMeta, covering: Vec<String>, now: Micros) -> Result<()> {
+/// `release_lease`: the expiring worker found the holds and gives its lease up.
+pub(super) fn park(
+    txn: &WriteTransaction,
+    meta: &mut BucketMeta,
+    covering: Vec<String>,
+    now: Micros,
+    release_lease: bool,
+) -> Result<()> {
     if meta.held_by != covering {
         push_outbox(txn, "expiry_parked", Some(meta), now, serde_json::json!({"holds": covering}))?;
     }
-    meta.held_by = covering;
-    schedule(txn, meta, None)
+    record_step(txn, meta, Step::Park { release_lease }, now)
 }
 
 /// A hold placed after an expiry wrote its tombstone but before its first delete call: the
@@ -148,16 +154,9 @@ pub(super) fn call_off_expiry(
     covering: Vec<String>,
     now: Micros,
 ) -> Result<()> {
-    let archived = BucketState::Archived { hot_deleted: true };
     txn.open_table(TOMBSTONES)?.remove(meta.id.encode().as_slice())?;
-    move_to(meta, archived, now)?;
-    meta.generation += 1;
-    meta.lease_owner = None;
-    meta.lease_expires_at = now;
-    meta.next_retry_at = None;
+    record_step(txn, meta, Step::CallOffExpiry, now)?;
     push_outbox(txn, "expiry_called_off", Some(meta), now, serde_json::json!({"holds": covering}))?;
-    meta.held_by = covering;
-    schedule(txn, meta, None)?;
     save_meta(txn, meta)
 }
 
@@ -174,7 +173,7 @@ pub(super) fn apply_hold(txn: &WriteTransaction, hold: &Hold, now: Micros) -> Re
             HoldEffect::Parks => {
                 if meta.state == (BucketState::Archived { hot_deleted: true }) {
                     let covering = covering_holds(txn, &meta)?;
-                    park(txn, &mut meta, covering, now)?;
+                    park(txn, &mut meta, covering, now, false)?;
                     save_meta(txn, &meta)?;
                 }
             }

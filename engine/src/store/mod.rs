@@ -58,7 +58,7 @@ use redb::{Database, ReadableDatabase, ReadableTable, WriteTransaction};
 
 use crate::error::{Error, Result};
 use crate::model::invariants;
-use crate::model::lifecycle;
+use crate::model::lifecycle::{self, BucketView, Lease, Step};
 use crate::model::{BucketState, Micros};
 
 struct StoreInner {
@@ -284,21 +284,82 @@ fn save_meta(txn: &WriteTransaction, meta: &BucketMeta) -> Result<()> {
     Ok(())
 }
 
-/// Moves the bucket to `state` (nothing when it is there already), refusing a move the
-/// state machine does not have (`invariants::transition_is_allowed`): the one place a
-/// bucket's state changes, so no transition can skip the check. A refusal fails the
-/// transaction, which then changes nothing.
-fn move_to(meta: &mut BucketMeta, state: BucketState, now: Micros) -> Result<()> {
-    if state != meta.state {
-        invariants::transition_is_allowed(meta.state, state).map_err(Error::Internal)?;
-        meta.state = state;
+/// What the lifecycle needs to know of a bucket beyond its own row, read in the caller's
+/// transaction: the retention policy in force for its table, its expiry's tombstone and the
+/// holds that cover it.
+struct LifecycleInputs {
+    policy: Option<String>,
+    tombstone: Option<Tombstone>,
+    covering: Vec<String>,
+}
+
+impl LifecycleInputs {
+    fn load(txn: &WriteTransaction, meta: &BucketMeta) -> Result<Self> {
+        Ok(Self {
+            policy: table_policy(txn, &meta.id.table)?,
+            tombstone: load_tombstone(txn, &meta.id)?,
+            covering: covering_holds(txn, meta)?,
+        })
+    }
+
+    fn view<'a>(&'a self, meta: &'a BucketMeta, now: Micros) -> BucketView<'a> {
+        meta.view(self.policy.as_deref(), !self.covering.is_empty(), self.tombstone.as_ref(), now)
+    }
+}
+
+/// Records one lifecycle step of the bucket: `lifecycle::apply` decides what it does, and this
+/// writes the answer (state, lease, fencing generation, retry time, due-index entry, plan
+/// queue). The one place a bucket's lifecycle changes, so no change can skip the state
+/// machine's check; a refused step fails the transaction, which then changes nothing. The
+/// caller saves the bucket.
+fn record_step(txn: &WriteTransaction, meta: &mut BucketMeta, step: Step<'_>, now: Micros) -> Result<()> {
+    let inputs = LifecycleInputs::load(txn, meta)?;
+    record_step_with(txn, meta, &inputs, step, now)
+}
+
+/// `record_step` with the inputs the caller has already read in this transaction.
+fn record_step_with(
+    txn: &WriteTransaction,
+    meta: &mut BucketMeta,
+    inputs: &LifecycleInputs,
+    step: Step<'_>,
+    now: Micros,
+) -> Result<()> {
+    let transition = lifecycle::apply(&inputs.view(meta, now), step, now)
+        .map_err(|why| Error::Internal(format!("bucket {}: {step:?} refused: {why}", meta.id)))?;
+    if transition.state != meta.state {
+        meta.state = transition.state;
         meta.state_since = now;
+    }
+    match transition.lease {
+        Lease::Keep => {}
+        Lease::Take { owner, until } => {
+            meta.lease_owner = Some(owner.to_string());
+            meta.lease_expires_at = until;
+        }
+        Lease::Extend { until } => meta.lease_expires_at = until,
+        Lease::Release => {
+            meta.lease_owner = None;
+            meta.lease_expires_at = now;
+        }
+    }
+    if transition.fence {
+        meta.generation += 1;
+    }
+    meta.next_retry_at = transition.next_retry_at;
+    if meta.state == (BucketState::Archived { hot_deleted: true }) {
+        // What parks a cleaned archive's expiry: the holds that cover it now.
+        meta.held_by = inputs.covering.clone();
+    }
+    set_due(txn, meta, transition.due_at)?;
+    if transition.needs_plan {
+        queue_for_plan(txn, meta)?;
     }
     Ok(())
 }
 
-/// Moves the bucket's due-index entry to `due_at` (or removes it).
-fn schedule(txn: &WriteTransaction, meta: &mut BucketMeta, due_at: Option<Micros>) -> Result<()> {
+/// Moves the bucket's due-index entry to `due_at` (or removes it). Only `record_step` calls it.
+fn set_due(txn: &WriteTransaction, meta: &mut BucketMeta, due_at: Option<Micros>) -> Result<()> {
     let mut due = txn.open_table(DUE)?;
     if let Some(old) = meta.due_at {
         due.remove(due_key(old, &meta.id).as_slice())?;
@@ -374,30 +435,11 @@ fn dequeue_plan(txn: &WriteTransaction, meta: &BucketMeta) -> Result<()> {
     Ok(())
 }
 
-/// Sets the bucket's due entry to what the lifecycle model says under the policy in force,
-/// queues it for a plan when its plan is stale and the plan decides its next step, and keeps
-/// `held_by` equal to the holds that cover it. The caller saves the bucket.
+/// Decides the bucket's due entry again under the policy in force (`Step::Reconcile`): queued
+/// for a plan when its plan is stale and the plan decides its next step, parked while holds
+/// cover it. The caller saves the bucket.
 fn reconcile(txn: &WriteTransaction, meta: &mut BucketMeta, now: Micros) -> Result<()> {
-    let policy = table_policy(txn, &meta.id.table)?;
-    let tombstone = load_tombstone(txn, &meta.id)?;
-    let covering = covering_holds(txn, meta)?;
-    let current = meta.plan_is_current(policy.as_deref());
-    let refresh = !current || lifecycle::plan_refresh_due(meta.plan_basis.as_ref(), now);
-    if policy.is_some()
-        && refresh
-        && matches!(meta.state, BucketState::Hot | BucketState::Archived { hot_deleted: true })
-    {
-        queue_for_plan(txn, meta)?;
-    }
-    if meta.state == (BucketState::Archived { hot_deleted: true }) {
-        meta.held_by = covering.clone();
-    }
-    let due = if policy.is_some() {
-        lifecycle::next_due(&meta.view(current, !covering.is_empty(), tombstone.as_ref()), now)
-    } else {
-        None
-    };
-    schedule(txn, meta, due)
+    record_step(txn, meta, Step::Reconcile, now)
 }
 
 #[cfg(test)]

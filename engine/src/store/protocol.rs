@@ -5,7 +5,7 @@
 use redb::{ReadableTable, ReadableTableMetadata, WriteTransaction};
 
 use crate::error::{Error, Result};
-use crate::model::lifecycle::{NotClaimable, PlanBasis};
+use crate::model::lifecycle::{NotClaimable, PlanBasis, Step};
 use crate::model::{BucketState, Micros, RetentionPlan, lifecycle};
 
 use super::holds::park;
@@ -17,8 +17,8 @@ use super::schema::{
     decode_value, encode_value, generation_key, rows_table, rows_table_name,
 };
 use super::{
-    Store, check_lease, covering_holds, dequeue_plan, encoding, load_meta, load_table_state, load_tombstone, move_to,
-    reconcile, save_meta, save_table_state, schedule, table_policy,
+    LifecycleInputs, Store, check_lease, dequeue_plan, encoding, load_meta, load_table_state, reconcile, record_step,
+    record_step_with, save_meta, save_table_state,
 };
 
 impl Store {
@@ -194,43 +194,33 @@ impl Store {
         // under the claim that outlives the process.
         self.write_undoable(move |txn| {
             let mut meta = load_meta(txn, &id)?;
-            let Some(policy) = table_policy(txn, &id.table)? else {
+            let inputs = LifecycleInputs::load(txn, &meta)?;
+            if inputs.policy.is_none() {
                 // No definition: nothing can be planned, archived or expired until it returns.
                 if meta.due_at.is_some() {
                     meta.last_error = Some("the table is not in the policy directory; its buckets wait for it".into());
-                    schedule(txn, &mut meta, None)?;
+                    record_step_with(txn, &mut meta, &inputs, Step::Reconcile, now)?;
                     save_meta(txn, &meta)?;
                 }
                 return Ok(None);
-            };
-            let tombstone = load_tombstone(txn, &id)?;
-            let covering = covering_holds(txn, &meta)?;
-            let current = meta.plan_is_current(Some(&policy));
-            let view = meta.view(current, !covering.is_empty(), tombstone.as_ref());
-            match lifecycle::claimable(&view, now) {
+            }
+            match lifecycle::claimable(&inputs.view(&meta, now), now) {
                 Ok(_) => {}
                 Err(NotClaimable::Leased) => return Ok(None),
                 Err(NotClaimable::Held) => {
-                    park(txn, &mut meta, covering, now)?;
+                    park(txn, &mut meta, inputs.covering.clone(), now, false)?;
                     save_meta(txn, &meta)?;
                     return Ok(None);
                 }
                 Err(NotClaimable::NeedsPlan | NotClaimable::NotDue) => {
-                    reconcile(txn, &mut meta, now)?;
+                    record_step_with(txn, &mut meta, &inputs, Step::Reconcile, now)?;
                     save_meta(txn, &meta)?;
                     return Ok(None);
                 }
             }
-            if meta.state == BucketState::Hot {
-                move_to(&mut meta, BucketState::Archiving, now)?;
-            }
-            meta.generation += 1;
-            meta.lease_owner = Some(owner);
-            meta.lease_expires_at = now + lease_us;
-            meta.next_retry_at = None;
             // If this worker dies, the lease expiry is when another one takes over.
-            let lease_expires_at = meta.lease_expires_at;
-            schedule(txn, &mut meta, Some(lease_expires_at))?;
+            let claim = Step::Claim { owner: &owner, lease_until: now + lease_us };
+            record_step_with(txn, &mut meta, &inputs, claim, now)?;
             save_meta(txn, &meta)?;
             Ok(Some(meta))
         })
@@ -241,9 +231,7 @@ impl Store {
         self.write(move |txn| {
             let mut meta = load_meta(txn, &id)?;
             check_lease(&meta, &owner, generation, now)?;
-            meta.lease_expires_at = now + lease_us;
-            let lease_expires_at = meta.lease_expires_at;
-            schedule(txn, &mut meta, Some(lease_expires_at))?;
+            record_step(txn, &mut meta, Step::Renew { lease_until: now + lease_us }, now)?;
             save_meta(txn, &meta)?;
             Ok(meta.lease_expires_at)
         })
@@ -286,16 +274,13 @@ impl Store {
         self.write(move |txn| {
             let mut meta = load_meta(txn, &id)?;
             check_lease(&meta, &owner, generation, now)?;
-            let next = BucketState::Archived { hot_deleted: false };
             txn.open_table(MANIFESTS)?
                 .insert(generation_key(&id, generation).as_slice(), encode_value(&manifest)?.as_slice())?;
-            move_to(&mut meta, next, now)?;
             meta.manifest_key = Some(manifest_key.clone());
             meta.archived_at = Some(now);
             meta.attempts = 0;
             meta.last_error = None;
-            // Cleanup is due at once, and stays due if this worker dies.
-            schedule(txn, &mut meta, Some(now))?;
+            record_step(txn, &mut meta, Step::Publish, now)?;
             save_meta(txn, &meta)?;
             push_outbox(
                 txn,
@@ -327,10 +312,7 @@ impl Store {
             }
             meta.attempts += 1;
             meta.last_error = Some(error.clone());
-            meta.lease_owner = None;
-            meta.lease_expires_at = now;
-            meta.next_retry_at = Some(retry_at);
-            schedule(txn, &mut meta, Some(retry_at))?;
+            record_step(txn, &mut meta, Step::Defer { retry_at }, now)?;
             save_meta(txn, &meta)?;
             push_outbox(
                 txn,
@@ -408,17 +390,14 @@ impl Store {
             if finished {
                 crate::failpoints::hit("mid_cleanup")?;
                 txn.delete_table(rows_table(&name))?;
-                move_to(&mut meta, BucketState::Archived { hot_deleted: true }, now)?;
                 meta.hot_deleted_at = Some(now);
-                meta.lease_owner = None;
-                meta.lease_expires_at = now;
                 meta.cleanup_proven = None;
                 // What earlier attempts uploaded and the published archive does not use is
                 // this directory's to sweep; nothing else is.
                 release_intents(txn, &id, &published_manifest()?, meta.manifest_key.as_deref(), now)?;
                 // Next: the archive's expiry. Being archived is a fact the policy sees, so the
                 // model queues the bucket for a plan made with it before anything is scheduled.
-                reconcile(txn, &mut meta, now)?;
+                record_step(txn, &mut meta, Step::HotRowsDeleted, now)?;
                 push_outbox(txn, "hot_rows_deleted", Some(&meta), now, serde_json::json!({"rows": meta.row_count}))?;
             }
             save_meta(txn, &meta)?;

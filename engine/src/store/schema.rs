@@ -274,12 +274,21 @@ impl BucketMeta {
         })
     }
 
-    /// The lifecycle's view of this bucket.
-    pub fn view(&self, plan_current: bool, held: bool, expiry: Option<&Tombstone>) -> BucketView<'_> {
+    /// The lifecycle's view of this bucket under the retention policy in force (`None`: its
+    /// table has no definition), with the holds that cover it and its expiry's tombstone.
+    pub fn view<'a>(
+        &'a self,
+        policy: Option<&str>,
+        held: bool,
+        expiry: Option<&Tombstone>,
+        now: Micros,
+    ) -> BucketView<'a> {
         BucketView {
             state: self.state,
             plan: self.plan.as_ref(),
-            plan_current,
+            plan_current: self.plan_is_current(policy),
+            plan_refresh_due: lifecycle::plan_refresh_due(self.plan_basis.as_ref(), now),
+            managed: policy.is_some(),
             lease_owner: self.lease_owner.as_deref(),
             lease_expires_at: self.lease_expires_at,
             next_retry_at: self.next_retry_at,

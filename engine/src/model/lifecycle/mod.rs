@@ -16,6 +16,9 @@ use sha2::Digest as _;
 
 use super::{BucketFacts, BucketState, Micros, RetentionPlan};
 
+mod step;
+pub use self::step::{Lease, Step, Transition, apply};
+
 /// A plan older than this is made again even if nothing it depends on changed, so a policy
 /// whose answer depends on `now` is asked again within this period. (It is a refresh, not an
 /// invalidation: the old plan keeps acting until the new one is made.)
@@ -101,6 +104,11 @@ pub struct BucketView<'a> {
     pub plan: Option<&'a RetentionPlan>,
     /// `plan_is_current` for this bucket under the policy in force.
     pub plan_current: bool,
+    /// `plan_refresh_due`: the plan acts, but is made again.
+    pub plan_refresh_due: bool,
+    /// The bucket's table has a definition in the policy directory (nothing is planned or
+    /// scheduled while it has none).
+    pub managed: bool,
     pub lease_owner: Option<&'a str>,
     pub lease_expires_at: Micros,
     pub next_retry_at: Option<Micros>,
@@ -300,11 +308,14 @@ mod tests {
         RetentionPlan { archive_at, expire_at, reason: "test".into() }
     }
 
-    fn view(state: BucketState, plan: Option<&RetentionPlan>) -> BucketView<'_> {
+    /// A current plan's view of an unleased, unheld bucket of a managed table.
+    pub(super) fn view(state: BucketState, plan: Option<&RetentionPlan>) -> BucketView<'_> {
         BucketView {
             state,
             plan,
             plan_current: true,
+            plan_refresh_due: false,
+            managed: true,
             lease_owner: None,
             lease_expires_at: 0,
             next_retry_at: None,
@@ -462,6 +473,8 @@ mod tests {
                     state,
                     plan: plan.as_ref(),
                     plan_current,
+                    plan_refresh_due: false,
+                    managed: true,
                     lease_owner: leased.then_some("w"),
                     lease_expires_at,
                     next_retry_at,
