@@ -154,6 +154,19 @@ pub const STATUS_FILE: &str = "status.json";
 /// File in the data directory holding the running engine's process id (for `frostline reload`).
 pub const PID_FILE: &str = "frostline.pid";
 
+/// How often one batch is compared again with an archive that published its next generation
+/// meanwhile before the append gives up with `ArchiveChanged` (each retry follows a whole
+/// archival of the bucket, so more than one is rare).
+const APPEND_ARCHIVE_CHANGED_ATTEMPTS: u32 = 4;
+
+/// A batch split by `Engine::split_archived`.
+struct SplitRows {
+    /// What the store appends: rows of hot buckets and late records of archived ones.
+    rows: Vec<PreparedRow>,
+    already_archived: u64,
+    archives_checked: Vec<(BucketId, String)>,
+}
+
 impl Engine {
     /// Opens the data directory and loads the policy directory. Every table's strategy is
     /// registered (or checked against the one its buckets were made with).
@@ -385,32 +398,44 @@ impl Engine {
             .zip(descriptors)
             .map(|(record, descriptor)| PreparedRow { descriptor, record })
             .collect();
-        // Rows of buckets archived since (a re-run ingest) are compared with the archive
-        // before anything is written: the batch stays all or nothing.
-        let (rows, already_archived) = self.split_archived(policy, rows)?;
-        let mut outcome = if rows.is_empty() {
-            AppendOutcome::default()
-        } else {
-            self.store.append(AppendBatch {
-                table: policy.id.clone(),
-                strategy: policy.strategy.identity().fingerprint(),
-                rows,
-                writable_horizons,
-                writable_buckets: policy.writable_buckets.unwrap_or(0),
-                now: self.clock.now(),
-            })?
-        };
-        outcome.already_archived = already_archived;
-        Ok(outcome)
+        // A bucket that publishes its next generation between the comparison with its archive
+        // and the commit refuses the batch (`ArchiveChanged`): compare again with the new one.
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            // Rows of archived buckets are compared with the archive before anything is
+            // written: the batch stays all or nothing.
+            let split = self.split_archived(policy, rows.clone())?;
+            let mut outcome = if split.rows.is_empty() {
+                AppendOutcome::default()
+            } else {
+                match self.store.append(AppendBatch {
+                    table: policy.id.clone(),
+                    strategy: policy.strategy.identity().fingerprint(),
+                    rows: split.rows,
+                    writable_horizons: writable_horizons.clone(),
+                    writable_buckets: policy.writable_buckets.unwrap_or(0),
+                    now: self.clock.now(),
+                    archives_checked: split.archives_checked,
+                }) {
+                    Err(Error::ArchiveChanged { .. }) if attempts < APPEND_ARCHIVE_CHANGED_ATTEMPTS => continue,
+                    outcome => outcome?,
+                }
+            };
+            outcome.already_archived = split.already_archived;
+            return Ok(outcome);
+        }
     }
 
-    /// Takes out of `rows` those whose bucket is archived and checks each against the archive:
-    /// an identical record is counted (returned) as already archived; one with another body,
-    /// or one the archive does not hold (an archived bucket takes no new records), refuses the
-    /// batch, as does a row of an expired bucket. Buckets that are hot, being archived or new
-    /// are left to the store, which decides under its own transaction. One read of the bucket
-    /// states per batch: the common case (every bucket hot) costs nothing more.
-    fn split_archived(&self, policy: &TablePolicy, rows: Vec<PreparedRow>) -> Result<(Vec<PreparedRow>, u64)> {
+    /// Takes out of `rows` those identical to a record their bucket's published archive holds
+    /// (counted as already archived) and refuses the batch if one has the identity of an
+    /// archived record with another body, or is for a bucket whose archive expired or whose
+    /// cleanup is under way. Every other row goes to the store: a row for an archived bucket
+    /// that its archive does not hold is a late record, kept hot until the next generation
+    /// takes it in. The store refuses the batch if an archive changed since it was compared
+    /// (`archives_checked`). One read of the bucket states per batch: the common case (every
+    /// bucket hot) costs nothing more.
+    fn split_archived(&self, policy: &TablePolicy, rows: Vec<PreparedRow>) -> Result<SplitRows> {
         let mut buckets: Vec<BucketId> = Vec::new();
         for row in &rows {
             if !buckets
@@ -428,13 +453,13 @@ impl Engine {
         let mut closed: HashMap<BucketId, BucketMeta> = HashMap::new();
         for id in buckets {
             if let Some(meta) = snapshot.bucket(&id)?
-                && matches!(meta.state, BucketState::Archived { .. } | BucketState::Expired)
+                && (meta.state.has_archive() || meta.state == BucketState::Expired)
             {
                 closed.insert(id, meta);
             }
         }
         if closed.is_empty() {
-            return Ok((rows, 0));
+            return Ok(SplitRows { rows, already_archived: 0, archives_checked: Vec::new() });
         }
         let policies = self.policies();
         let (mut open, mut archived): (Vec<PreparedRow>, Vec<PreparedRow>) = (Vec::new(), Vec::new());
@@ -447,11 +472,11 @@ impl Engine {
             if closed.contains_key(&id) { archived.push(row) } else { open.push(row) }
         }
         let mut identical = 0;
+        let mut archives_checked = Vec::new();
         for (id, meta) in &closed {
-            let fenced =
-                || Error::BucketFenced { table: id.table.clone(), bucket: id.display(), state: meta.state.to_string() };
             if meta.state == BucketState::Expired {
-                return Err(fenced());
+                let reason = meta.plan.as_ref().map(|p| p.reason.clone()).unwrap_or_default();
+                return Err(Error::BucketExpired { table: id.table.clone(), bucket: id.display(), reason });
             }
             let manifest = snapshot
                 .latest_manifest(id)?
@@ -463,6 +488,7 @@ impl Engine {
                 crate::storage::block_on(crate::format::reader::read_archive(backend.as_ref(), &key, None, None))?;
             let stored: HashMap<(i64, &[u8]), &Record> =
                 stored.iter().map(|r| ((r.event_time, r.sort_key.as_slice()), r)).collect();
+            let mut late = false;
             for row in archived
                 .iter()
                 .filter(|r| r.record.partition_key == id.partition_key && r.descriptor.key == id.bucket_key)
@@ -477,11 +503,26 @@ impl Engine {
                             String::from_utf8_lossy(&row.record.sort_key)
                         )));
                     }
-                    None => return Err(fenced()),
+                    None => {
+                        // Published but its hot rows not yet deleted: the cleanup fences the
+                        // bucket for a moment (the answer says so, and a retry succeeds).
+                        if meta.state == (BucketState::Archived { hot_deleted: false }) {
+                            return Err(Error::BucketFenced {
+                                table: id.table.clone(),
+                                bucket: id.display(),
+                                state: meta.state.to_string(),
+                            });
+                        }
+                        open.push(row.clone());
+                        late = true;
+                    }
                 }
             }
+            if late {
+                archives_checked.push((id.clone(), key));
+            }
         }
-        Ok((open, identical))
+        Ok(SplitRows { rows: open, already_archived: identical, archives_checked })
     }
 
     /// For each bucket, the start of the bucket `n` strategy buckets later: once a partition

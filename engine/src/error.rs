@@ -44,6 +44,18 @@ pub enum Error {
     BucketFenced { table: String, bucket: String, state: String },
 
     #[error(
+        "bucket is closed: table=`{table}` bucket=`{bucket}`: its archive expired by retention ({reason}); a record for \
+         it is refused, since the retention policy decided this time range is no longer kept"
+    )]
+    BucketExpired { table: String, bucket: String, reason: String },
+
+    #[error(
+        "bucket `{bucket}` published another archive generation while this batch was compared with the last one; \
+         nothing in this batch was applied: send it again"
+    )]
+    ArchiveChanged { bucket: String },
+
+    #[error(
         "bucket is too old to write: table=`{table}` bucket=`{bucket}`; only the {writable_buckets} newest buckets of a partition accept appends (writable_buckets)"
     )]
     BucketNotWritable { table: String, bucket: String, writable_buckets: u32 },
@@ -102,6 +114,8 @@ impl Error {
             Error::InvalidInput(_) | Error::PluginConfig { .. } | Error::PluginLoad { .. } => ErrorKind::InvalidInput,
             Error::Conflict(_)
             | Error::BucketFenced { .. }
+            | Error::BucketExpired { .. }
+            | Error::ArchiveChanged { .. }
             | Error::BucketNotWritable { .. }
             | Error::LeaseLost { .. }
             | Error::AlreadyOpen { .. } => ErrorKind::Conflict,

@@ -139,8 +139,11 @@ pub async fn query(ctx: &Arc<Context>, request: QueryRequest) -> Result<QueryPag
                 break;
             }
         }
-        let rows = match bucket.state {
-            BucketState::Archived { .. } => {
+        // A bucket with rows waiting for its next generation (late records) reads both: the
+        // published archive and the hot rows, which never share an identity.
+        let pending = bucket.has_published_archive() && !matches!(bucket.state, BucketState::Archived { .. });
+        let mut rows = match bucket.state {
+            _ if bucket.has_published_archive() => {
                 match read_published(&policies, &table, &snapshot, &bucket, lower, &filter, want).await {
                     Ok(rows) => rows,
                     Err(e) => {
@@ -162,6 +165,12 @@ pub async fn query(ctx: &Arc<Context>, request: QueryRequest) -> Result<QueryPag
                 blocking(move || hot_rows(&snapshot, &id, lower, &filter, want)).await?
             }
         };
+        if pending {
+            let (snapshot, id, filter) = (snapshot.clone(), bucket.id.clone(), filter.clone());
+            let hot = blocking(move || hot_rows(&snapshot, &id, lower, &filter, want)).await?;
+            rows.extend(hot);
+            rows.sort_by(|a, b| order_key(a).cmp(&order_key(b)));
+        }
         // A bucket's rows come in clustering order: at most `want` of them can be on the page.
         let before = collected.len();
         collected.extend(rows.into_iter().filter(|r| filter.keeps(r)).take(want));

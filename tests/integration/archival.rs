@@ -41,6 +41,7 @@ fn manifest_of(
         bytes: 0,
         segments: vec![],
         created_at: 0,
+        amends: None,
     }
 }
 

@@ -750,7 +750,7 @@ fn crash_harness_loses_nothing_across_repeated_kills() {
         let status = std::fs::read_to_string(data.join("status.json")).unwrap_or_default();
         let status: serde_json::Value = serde_json::from_str(&status).unwrap_or_default();
         let states = &status["tables"][0]["states"];
-        let pending = ["hot", "archiving", "archived_cleanup_pending"]
+        let pending = ["hot", "archiving", "archived_cleanup_pending", "archived_pending_rows"]
             .iter()
             .map(|s| states[s]["buckets"].as_u64().unwrap_or(0))
             .sum::<u64>();

@@ -953,3 +953,46 @@ fn a_log_with_doubly_encoded_paths_is_repaired_by_the_next_sync() {
     let again = runtime().block_on(sync(&e.engine.context(), &table)).unwrap();
     assert_eq!((again.repaired, again.added, again.removed), (0, 0, 0), "{again:?}");
 }
+
+/// A late record for an archived bucket (issue: archives that can change): the next
+/// generation's file replaces the last one's in one commit (`UPDATE`, a remove and an add), so
+/// delta-rs and polars read the bucket's rows before it or after it, never without them.
+#[test]
+fn a_late_record_replaces_its_buckets_file_in_one_delta_commit() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = format!("[[target]]\nname = \"cold\"\nurl = \"file://{}\"\n", dir.path().display());
+    let table_dir = dir.path().join("delta/events");
+    let fleet = Fleet::open(policy(&target), table_dir.display().to_string(), Vec::new(), None);
+    for (n, e) in fleet.engines.iter().enumerate() {
+        e.engine.append("events", engine_records(n)).unwrap();
+    }
+    fleet.passes();
+    fleet.set_clock("2024-03-10T00:00:00Z");
+    fleet.passes();
+    let before = live_files(&table_dir);
+    assert_eq!(before.len(), ENGINES * 9);
+    let e = &fleet.engines[0];
+    let mut late = engine_records(0)[0].clone();
+    late.sort_key = "late".into();
+    late.event_time += 1;
+    assert_eq!(e.engine.append("events", vec![late]).unwrap().appended, 1);
+    let report = e.pass();
+    assert_eq!(report.archived, 1, "{report:?}");
+    assert!(report.errors.is_empty(), "{report:?}");
+    let version = versions(&fleet);
+    let commit = std::fs::read_to_string(table_dir.join(format!("_delta_log/{version:020}.json"))).unwrap();
+    let actions: Vec<serde_json::Value> = commit.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(actions[0]["commitInfo"]["operation"], "UPDATE", "{commit}");
+    let removed: Vec<&str> =
+        actions.iter().filter_map(|a| a.get("remove")).map(|r| r["path"].as_str().unwrap()).collect();
+    let added: Vec<&str> = actions.iter().filter_map(|a| a.get("add")).map(|a| a["path"].as_str().unwrap()).collect();
+    assert_eq!((removed.len(), added.len()), (1, 1), "{commit}");
+    assert!(before.contains_key(removed[0]) && !before.contains_key(added[0]), "{commit}");
+    let after = live_files(&table_dir);
+    assert_eq!(after.len(), ENGINES * 9, "one file replaced, none added beside it");
+    let expected = fleet.expected();
+    assert_eq!(expected.len(), ENGINES * 36 + 1);
+    for reader in ["deltalake", "polars"] {
+        assert_eq!(fleet.records(reader, None), expected, "{reader} reads the late record with the others");
+    }
+}

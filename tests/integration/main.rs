@@ -11,6 +11,7 @@ mod delta;
 mod disk;
 mod e2e;
 mod formats;
+mod generations;
 mod layers;
 mod lifecycle;
 mod object_stores;

@@ -117,7 +117,8 @@ fn appended(
             assert!(conflict_expected, "seed {seed} op {op}: unexpected conflict: {err}");
             false
         }
-        Err(Error::BucketFenced { .. }) => false,
+        // Archival or cleanup under way (for a moment), or an archive expired on purpose.
+        Err(Error::BucketFenced { .. } | Error::BucketExpired { .. }) => false,
         // Records of an archived bucket are compared with its archive: through a faulty store
         // that read fails, loudly, and nothing of the batch is written.
         Err(err) if faults_active && matches!(err.kind(), ErrorKind::Unavailable | ErrorKind::DataCorruption) => false,
@@ -367,7 +368,10 @@ struct ModelBucket {
 /// ever appended under (an invoice, kept 12 days) where the archive holds the second (debug, 3
 /// days), and called the engine's correct expiry a loss (the model now takes the kind the archive
 /// stores, if the record was ever appended under it).
-const LIFECYCLE_PINNED_SEEDS: &[u64] = &[10271305771009615499, 8543358860644630439, 12338334240218253441];
+/// 11932800194936507379 and 4688320624041329399 failed in the 10,000-seed run at 950fbcc (before
+/// late records were accepted; docs/RELIABILITY.md says what each was).
+const LIFECYCLE_PINNED_SEEDS: &[u64] =
+    &[10271305771009615499, 8543358860644630439, 12338334240218253441, 11932800194936507379, 4688320624041329399];
 
 #[test]
 fn lifecycle_simulation_matches_the_reference_model() {
@@ -766,6 +770,16 @@ fn run_lifecycle_seed(seed: u64, ops: usize) -> LifecycleCounts {
                         (key, (m.state, m.id.display(), m.manifest_key))
                     })
                     .collect();
+                // Rows waiting hot beside an archive (late records) are lost with the database
+                // like any hot row; the archive's own must come back.
+                let mut hot_beside_archive: std::collections::BTreeSet<Identity> = Default::default();
+                for meta in e.engine.store().buckets("r", None).unwrap() {
+                    if meta.has_published_archive() && meta.state != (BucketState::Archived { hot_deleted: false }) {
+                        for r in e.engine.store().rows(&meta.id, None, usize::MAX).unwrap() {
+                            hot_beside_archive.insert((r.partition_key, r.event_time, r.sort_key));
+                        }
+                    }
+                }
                 // Every installation lost so far: the new one answers for all their archives.
                 lost_installations.push(e.engine.installation_id().to_string());
                 e = e.rebuild().unwrap_or_else(|err| panic!("seed {seed} op {op}: rebuild refused: {err}"));
@@ -795,7 +809,8 @@ fn run_lifecycle_seed(seed: u64, ops: usize) -> LifecycleCounts {
                             kept_elsewhere.entry(key).or_default().insert(id.clone(), body.clone());
                         }
                         None => assert!(
-                            matches!(state, BucketState::Hot | BucketState::Archiving | BucketState::Expired),
+                            matches!(state, BucketState::Hot | BucketState::Archiving | BucketState::Expired)
+                                || hot_beside_archive.contains(id),
                             "seed {seed} op {op}: {id:?} of an archived bucket not adopted: {report:?}"
                         ),
                     }

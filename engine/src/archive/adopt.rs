@@ -90,7 +90,13 @@ pub async fn adopt(ctx: &Arc<Context>, dry_run: bool, from_installations: &[Stri
             for (folder, mut manifests) in folders {
                 report.folders += 1;
                 let writers: BTreeSet<&str> = manifests.iter().map(|(writer, _, _)| writer.as_str()).collect();
-                if writers.len() > 1 {
+                // An installation writes a bucket's next generation (late records) in the
+                // folder of an archive it adopted: when every writer is this installation or a
+                // named one, the folder holds one chain of generations, not two live writers.
+                let one_chain = writers.iter().all(|w| {
+                    !w.is_empty() && (*w == ctx.installation_id || from_installations.iter().any(|named| named == w))
+                });
+                if writers.len() > 1 && !one_chain {
                     report.conflicts.push(format!(
                         "{} `{folder}` holds manifests of {} installations ({}): two writers of one table; \
                          left alone",
@@ -100,13 +106,17 @@ pub async fn adopt(ctx: &Arc<Context>, dry_run: bool, from_installations: &[Stri
                     ));
                     continue;
                 }
-                if let Some(writer) = writers.first().map(|w| w.to_string())
-                    && !writer.is_empty()
-                    && writer != ctx.installation_id
-                {
+                let foreign: Vec<String> = writers
+                    .iter()
+                    .filter(|w| !w.is_empty() && **w != ctx.installation_id)
+                    .map(|w| w.to_string())
+                    .collect();
+                let mut refused = false;
+                for writer in foreign {
                     if !from_installations.contains(&writer) {
                         report.other_installations.insert(writer);
-                        continue;
+                        refused = true;
+                        break;
                     }
                     let claim = (backend.target().to_string(), writer.clone());
                     if !claims.contains_key(&claim) {
@@ -116,8 +126,12 @@ pub async fn adopt(ctx: &Arc<Context>, dry_run: bool, from_installations: &[Stri
                     }
                     if let Some(Err(why)) = claims.get(&claim) {
                         report.conflicts.push(format!("{} `{folder}`: {why}", backend.target()));
-                        continue;
+                        refused = true;
+                        break;
                     }
+                }
+                if refused {
+                    continue;
                 }
                 manifests.sort_by_key(|(_, order, _)| std::cmp::Reverse(*order));
                 // The manifest that stands for the bucket once this folder is done: the newest
@@ -130,7 +144,10 @@ pub async fn adopt(ctx: &Arc<Context>, dry_run: bool, from_installations: &[Stri
                         break;
                     }
                     let archive = match read_verified(ctx, table_id, backend, &folder, key).await {
-                        Ok(archive) => archive,
+                        Ok(archive) => {
+                            let recorded_gone = recorded_archive_gone(ctx, table_id, &archive).await;
+                            VerifiedArchive { recorded_gone, ..archive }
+                        }
                         Err(e) => {
                             report.failures.push(format!("{}: `{key}`: {e}", backend.target()));
                             continue;
@@ -245,6 +262,14 @@ async fn record_gone_archives(
         let Ok(backend) = policies.archive_backend(table, &target) else { continue };
         let Some((_, keys)) = listed.iter().find(|(listed, _)| listed.target() == backend.target()) else { continue };
         if keys.contains(&key) {
+            continue;
+        }
+        if meta.state == BucketState::ArchivedPending {
+            report.gone.push(format!("{}: `{key}` on {target} (the rows appended beside it are kept)", meta.id));
+            if !dry_run {
+                let (store, now) = (ctx.store.clone(), ctx.clock.now());
+                changed |= blocking(move || store.record_base_gone_keep_pending(meta.id, key, now)).await?;
+            }
             continue;
         }
         if meta.state != (BucketState::Archived { hot_deleted: true }) {
@@ -393,6 +418,31 @@ async fn manifests_by_folder(
 
 /// Reads a manifest and every row of its segments back, verifying each, and checks that the
 /// archive belongs where it was found.
+/// Whether the archive the database records for the bucket of `archive` (when it records a
+/// cleaned one) is gone from the target it was written to: then an archive that amends it can
+/// only be a next generation of it, published by the other copy that deleted it.
+async fn recorded_archive_gone(ctx: &Arc<Context>, table: &str, archive: &VerifiedArchive) -> bool {
+    let (store, id) = (ctx.store.clone(), archive.id.clone());
+    let Ok(Some((meta, manifest))) = blocking(move || {
+        let snapshot = store.snapshot()?;
+        Ok(snapshot.bucket(&id)?.zip(snapshot.latest_manifest(&id)?))
+    })
+    .await
+    else {
+        return false;
+    };
+    let cleaned = matches!(meta.state, BucketState::Archived { hot_deleted: true } | BucketState::ArchivedPending);
+    let (Some(key), true) = (meta.manifest_key, cleaned) else {
+        return false;
+    };
+    let policies = ctx.policies.clone();
+    let Ok(backend) = policies.table(table).and_then(|t| policies.archive_backend(t, &manifest.archive_target()))
+    else {
+        return false;
+    };
+    matches!(backend.get(&key).await, Ok(None))
+}
+
 async fn read_verified(
     ctx: &Arc<Context>,
     table: &str,
@@ -445,5 +495,5 @@ async fn read_verified(
             "the manifest describes bucket {id}, which does not live in `{folder}`"
         )));
     }
-    Ok(VerifiedArchive { id, manifest_key: key.to_string(), manifest, rows })
+    Ok(VerifiedArchive { id, manifest_key: key.to_string(), manifest, rows, recorded_gone: false })
 }

@@ -13,7 +13,7 @@ use super::{blocking, expiry, pipeline};
 
 use crate::engine::Context;
 use crate::error::{Error, Result};
-use crate::format::manifest::{MANIFEST_VERSION, Manifest, SegmentInfo, sha256_hex};
+use crate::format::manifest::{Amendment, MANIFEST_VERSION, Manifest, SegmentInfo, sha256_hex};
 use crate::model::{BucketState, Micros};
 use crate::policy::TablePolicy;
 use crate::storage::{ArchiveBackend, PutOutcome, keys};
@@ -229,8 +229,14 @@ async fn upload_and_publish(
 ) -> Result<(u64, u64)> {
     let id = meta.id.clone();
     let generation = meta.generation;
-    let (receiver, reader) = pipeline::start(ctx.clone(), id.clone(), owner.to_string(), generation, table.format);
-    let uploaded = upload_segments(ctx, table, owner, meta, heartbeat, seconds, receiver).await;
+    let (base, base_rows) = match published_base(ctx, table, meta).await? {
+        Some((base, rows)) => (Some(base), rows),
+        None => (None, Vec::new()),
+    };
+    let (receiver, reader) =
+        pipeline::start(ctx.clone(), id.clone(), owner.to_string(), generation, table.format, base_rows);
+    let claimed = Claimed { owner, meta, base: base.as_ref() };
+    let uploaded = upload_segments(ctx, table, claimed, heartbeat, seconds, receiver).await;
     // The receiver is gone: a reader still running stops at its next segment.
     let read = reader.await.map_err(|e| Error::Internal(format!("the reader of bucket {id} failed: {e}")))?;
     let (segments, prepared) = uploaded?;
@@ -242,7 +248,7 @@ async fn upload_and_publish(
         Some(prepared) => prepared,
         None => {
             // No segment carried the summary: the bucket had no rows.
-            let prepared = prepare_manifest(ctx, table, meta, segments, read.summary)?;
+            let prepared = prepare_manifest(ctx, table, meta, base.as_ref(), segments, read.summaries)?;
             record_intent(ctx, &id, generation, table, owner, vec![prepared.2.clone()]).await?;
             prepared
         }
@@ -284,12 +290,12 @@ type PreparedManifest = (Manifest, Bytes, String);
 async fn upload_segments(
     ctx: &Arc<Context>,
     table: &Arc<TablePolicy>,
-    owner: &str,
-    meta: &BucketMeta,
+    claimed: Claimed<'_>,
     heartbeat: &Heartbeat,
     seconds: &mut PhaseSeconds,
     mut receiver: tokio::sync::mpsc::Receiver<pipeline::Encoded>,
 ) -> Result<(Vec<SegmentInfo>, Option<PreparedManifest>)> {
+    let Claimed { owner, meta, base } = claimed;
     let id = &meta.id;
     let prefix =
         keys::bucket_folder(table.layout(), &id.table, &ctx.installation_id, &id.bucket_key, &id.partition_key);
@@ -312,8 +318,8 @@ async fn upload_segments(
         };
         segments.push(info.clone());
         let mut intent_keys = vec![key];
-        if let Some(summary) = last {
-            let manifest = prepare_manifest(ctx, table, meta, segments.clone(), summary)?;
+        if let Some(summaries) = last {
+            let manifest = prepare_manifest(ctx, table, meta, base, segments.clone(), summaries)?;
             intent_keys.push(manifest.2.clone());
             prepared = Some(manifest);
         }
@@ -333,14 +339,63 @@ async fn upload_segments(
     Ok((segments, prepared))
 }
 
-/// The bucket's manifest over `segments` and the `summary` of all its rows.
+/// A bucket claimed for archival: by whom, as claimed, and the archive it starts from.
+#[derive(Clone, Copy)]
+struct Claimed<'a> {
+    owner: &'a str,
+    meta: &'a BucketMeta,
+    base: Option<&'a Base>,
+}
+
+/// The published archive a next generation starts from: its generation and manifest key.
+struct Base {
+    generation: u64,
+    manifest_key: String,
+}
+
+/// When the claimed bucket has a published archive (rows were appended after it, and this
+/// archival makes the next generation), that archive and its rows, read from the target its
+/// manifest names with every hash checked.
+async fn published_base(
+    ctx: &Arc<Context>,
+    table: &Arc<TablePolicy>,
+    meta: &BucketMeta,
+) -> Result<Option<(Base, Vec<crate::model::Record>)>> {
+    let Some(key) = meta.manifest_key.clone() else { return Ok(None) };
+    let (store, id) = (ctx.store.clone(), meta.id.clone());
+    let manifest = blocking(move || store.snapshot()?.latest_manifest(&id)).await?.ok_or_else(|| {
+        Error::Internal(format!("bucket {} names archive `{key}` but has no recorded manifest", meta.id))
+    })?;
+    let generation = manifest.generation;
+    let backend = ctx.policies.archive_backend(table, &manifest.archive_target())?;
+    let rows = crate::format::reader::read_archive(backend.as_ref(), &key, None, None).await?;
+    if rows.len() as u64 != manifest.summary.rows {
+        return Err(Error::Corruption(format!(
+            "archive `{key}` of bucket {} read back {} rows where its manifest says {}",
+            meta.id,
+            rows.len(),
+            manifest.summary.rows
+        )));
+    }
+    Ok(Some((Base { generation, manifest_key: key }, rows)))
+}
+
+/// The bucket's manifest over `segments` and the summaries of its rows; over `base`, it
+/// records the generation it replaces and the hot rows it added.
 fn prepare_manifest(
     ctx: &Arc<Context>,
     table: &Arc<TablePolicy>,
     meta: &BucketMeta,
+    base: Option<&Base>,
     segments: Vec<SegmentInfo>,
-    summary: crate::model::rows::RowSummary,
+    summaries: pipeline::Summaries,
 ) -> Result<PreparedManifest> {
+    let amends = base.map(|base| Amendment {
+        generation: base.generation,
+        manifest_key: base.manifest_key.clone(),
+        hot_rows: summaries.hot.clone(),
+    });
+    let summary = summaries.all;
     let id = &meta.id;
     let manifest = Manifest {
         version: MANIFEST_VERSION,
@@ -358,6 +413,7 @@ fn prepare_manifest(
         bytes: segments.iter().map(|s| s.bytes).sum(),
         segments,
         created_at: ctx.clock.now(),
+        amends,
     };
     manifest.check_consistent()?;
     let bytes = Bytes::from(manifest.to_bytes());

@@ -139,7 +139,11 @@ async fn sync_serialized(ctx: &Arc<Context>, table: &Arc<TablePolicy>) -> Result
     })?;
     let root = keys::delta_table_root(&table.id);
     let (wanted, known) = published_files(ctx, table, &root).await?;
-    let known_misencoded: BTreeSet<String> = known.iter().map(|path| doubly_encoded(path)).collect();
+    let known_misencoded: BTreeSet<String> = known.keys().map(|path| doubly_encoded(path)).collect();
+    // The buckets that have a published file: a file of theirs that the log lists and that is
+    // no longer wanted belongs to a generation a newer one replaced (late records).
+    let published_buckets: BTreeSet<(&str, &str)> =
+        wanted.values().map(|f| (f.partition_key.as_str(), f.bucket_key.as_str())).collect();
     let log_store = log_store(store, table.backend.local_dir(), &root)?;
     let created = create_if_absent(&log_store, &table.id, ctx.clock.now()).await?;
     let mut report = DeltaSync { table: table.id.clone(), created, ..Default::default() };
@@ -157,7 +161,7 @@ async fn sync_serialized(ctx: &Arc<Context>, table: &Arc<TablePolicy>) -> Result
             // Only files this database published or adopted (under the paths earlier builds
             // wrote too): another installation's, or another copy's of this one, are never its
             // to remove, whatever folder they lie in.
-            .filter(|(path, _)| known.contains(path) || known_misencoded.contains(path))
+            .filter(|(path, _)| known.contains_key(path) || known_misencoded.contains(path))
             .collect();
         let now_ms = ctx.clock.now().div_euclid(1_000);
         // Published files the log lists only under the path earlier builds wrote: each entry
@@ -178,17 +182,38 @@ async fn sync_serialized(ctx: &Arc<Context>, table: &Arc<TablePolicy>) -> Result
                 ]
             })
             .collect();
-        let removes: Vec<Action> = present
-            .iter()
-            .filter(|(path, _)| !wanted.contains_key(*path) && !replaced.contains(path.as_str()))
-            .map(|(path, size)| Action::Remove(remove_action(path, *size, now_ms, true)))
-            .collect();
-        let adds: Vec<Action> = wanted
-            .iter()
-            .filter(|(path, _)| !present.contains_key(*path) && !misencoded.contains_key(path.as_str()))
-            .map(|(path, file)| Action::Add(add_action(path, file, true)))
-            .collect();
-        if repairs.is_empty() && removes.is_empty() && adds.is_empty() {
+        // A file of a generation that a newer one replaced is removed in the commit that adds
+        // the newer one's files (a reader sees the bucket's rows before or after, never
+        // without them); the files of expired archives in a delete of their own.
+        let rewritten = |path: &str| {
+            known.get(path).is_some_and(|(partition, bucket)| published_buckets.contains(&(partition, bucket)))
+        };
+        let (mut rewrites, mut removes): (Vec<Action>, Vec<Action>) = (Vec::new(), Vec::new());
+        let mut rewritten_buckets: BTreeSet<(&str, &str)> = BTreeSet::new();
+        for (path, size) in
+            present.iter().filter(|(path, _)| !wanted.contains_key(*path) && !replaced.contains(path.as_str()))
+        {
+            let action = Action::Remove(remove_action(path, *size, now_ms, true));
+            if rewritten(path) {
+                let (partition, bucket) = &known[path];
+                rewritten_buckets.insert((partition.as_str(), bucket.as_str()));
+                rewrites.push(action);
+            } else {
+                removes.push(action);
+            }
+        }
+        let mut adds: Vec<Action> = Vec::new();
+        for (path, file) in
+            wanted.iter().filter(|(path, _)| !present.contains_key(*path) && !misencoded.contains_key(path.as_str()))
+        {
+            let action = Action::Add(add_action(path, file, true));
+            if rewritten_buckets.contains(&(file.partition_key.as_str(), file.bucket_key.as_str())) {
+                rewrites.push(action);
+            } else {
+                adds.push(action);
+            }
+        }
+        if repairs.is_empty() && removes.is_empty() && adds.is_empty() && rewrites.is_empty() {
             report.version = delta.version().unwrap_or(0);
             return Ok(report);
         }
@@ -197,14 +222,15 @@ async fn sync_serialized(ctx: &Arc<Context>, table: &Arc<TablePolicy>) -> Result
             .await
             .map_err(|e| unavailable(&table.id, "cannot read its Delta log", e))?
             .unwrap_or(0);
-        // Repairs, removes and adds in separate commits, each the operation a reader expects
-        // of it (a repair of the log, a delete, an append); each carries the next application
-        // transaction version.
+        // Repairs, removes, rewrites and adds in separate commits, each the operation a reader
+        // expects of it (a repair of the log, a delete, an update that replaces files, an
+        // append); each carries the next application transaction version.
         let mut outcome = Ok(());
         let mut version = last;
         for (actions, operation) in [
             (repairs, DeltaOperation::FileSystemCheck {}),
             (removes, DeltaOperation::Delete { predicate: None }),
+            (rewrites, DeltaOperation::Update { predicate: None }),
             (adds, DeltaOperation::Write { mode: SaveMode::Append, partition_by: None, predicate: None }),
         ] {
             if actions.is_empty() {
@@ -214,6 +240,10 @@ async fn sync_serialized(ctx: &Arc<Context>, table: &Arc<TablePolicy>) -> Result
             let (added, removed, repaired) = match operation {
                 DeltaOperation::FileSystemCheck {} => (0, 0, actions.len() / 2),
                 DeltaOperation::Delete { .. } => (0, actions.len(), 0),
+                DeltaOperation::Update { .. } => {
+                    let removed = actions.iter().filter(|a| matches!(a, Action::Remove(_))).count();
+                    (actions.len() - removed, removed, 0)
+                }
                 _ => (actions.len(), 0, 0),
             };
             version += 1;
@@ -269,6 +299,10 @@ struct PublishedFile {
     created_at: Micros,
 }
 
+/// Every file this installation answers for in a table's log, by path relative to the Delta
+/// root: the partition key and bucket key it holds rows of.
+type KnownFiles = BTreeMap<String, (String, String)>;
+
 /// The published segments of `table` below the Delta root on the table's current target, by
 /// path relative to the root; and every file this installation answers for in the log: the
 /// segments of every manifest its database ever recorded there (published, adopted from a
@@ -279,16 +313,16 @@ async fn published_files(
     ctx: &Arc<Context>,
     table: &Arc<TablePolicy>,
     root: &str,
-) -> Result<(BTreeMap<String, PublishedFile>, BTreeSet<String>)> {
+) -> Result<(BTreeMap<String, PublishedFile>, KnownFiles)> {
     let (store, id, target) = (ctx.store.clone(), table.id.clone(), table.backend.target().to_string());
     let root = root.to_string();
     blocking(move || {
-        let mut known = BTreeSet::new();
+        let mut known = BTreeMap::new();
         store.snapshot()?.visit_manifests(|manifest| {
             if manifest.table == id && manifest.target == target {
-                known.extend(
-                    manifest.segments.iter().filter_map(|s| s.key.strip_prefix(root.as_str())).map(str::to_string),
-                );
+                for path in manifest.segments.iter().filter_map(|s| s.key.strip_prefix(root.as_str())) {
+                    known.insert(path.to_string(), (manifest.partition_key.clone(), manifest.bucket.key.clone()));
+                }
             }
             Ok(())
         })?;

@@ -74,11 +74,30 @@ async fn references(ctx: &Arc<Context>) -> Result<References> {
         let mut keys = HashSet::new();
         let mut targets = BTreeSet::new();
         let mut generations = HashMap::new();
+        // A generation that a newer recorded one replaced (late records) references nothing:
+        // its objects were released when the newer one's hot rows were deleted, and only
+        // released objects are ever deleted.
+        let mut recorded: Vec<crate::format::manifest::Manifest> = Vec::new();
+        let mut replaced: HashSet<(String, String, String, u64)> = HashSet::new();
         snapshot.visit_manifests(|manifest| {
             targets.insert((manifest.table.clone(), manifest.archive_target()));
-            keys.extend(manifest.segments.into_iter().map(|s| s.key));
+            if let Some(amends) = &manifest.amends {
+                replaced.insert((
+                    manifest.table.clone(),
+                    manifest.partition_key.clone(),
+                    manifest.bucket.key.clone(),
+                    amends.generation,
+                ));
+            }
+            recorded.push(manifest);
             Ok(())
         })?;
+        for manifest in recorded {
+            let identity = (manifest.table, manifest.partition_key, manifest.bucket.key, manifest.generation);
+            if !replaced.contains(&identity) {
+                keys.extend(manifest.segments.into_iter().map(|s| s.key));
+            }
+        }
         snapshot.visit_buckets(|meta| {
             for layout in [keys::Layout::Hive, keys::Layout::Delta] {
                 let (id, installation) = (&meta.id, &engine_installation);

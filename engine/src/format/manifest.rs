@@ -48,6 +48,29 @@ pub struct Manifest {
     pub bytes: u64,
     pub segments: Vec<SegmentInfo>,
     pub created_at: Micros,
+    /// Present on a generation that took in rows appended after an earlier generation was
+    /// published (late records, a backfill): which archive it replaces, and the summary of the
+    /// hot rows it added, which the cleanup proves before deleting them (invariant 9).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub amends: Option<Amendment>,
+}
+
+/// What a generation that replaces an earlier one took from where.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Amendment {
+    /// The generation it replaces and that generation's manifest key.
+    pub generation: u64,
+    pub manifest_key: String,
+    /// The hot rows merged into the replaced generation's rows (count, key range, checksum).
+    pub hot_rows: RowSummary,
+}
+
+impl Manifest {
+    /// The rows the hot store held for this archive: all of them for a first generation, the
+    /// rows merged in for a later one.
+    pub fn hot_rows(&self) -> &RowSummary {
+        self.amends.as_ref().map_or(&self.summary, |a| &a.hot_rows)
+    }
 }
 
 impl Manifest {
@@ -80,6 +103,14 @@ impl Manifest {
             return Err(Error::Corruption(format!(
                 "manifest totals rows={} bytes={} differ from its segments rows={rows} bytes={bytes}",
                 self.summary.rows, self.bytes
+            )));
+        }
+        if let Some(amends) = &self.amends
+            && (amends.hot_rows.rows > self.summary.rows || amends.generation >= self.generation)
+        {
+            return Err(Error::Corruption(format!(
+                "manifest of generation {} amends generation {} with {} hot rows of {} in all",
+                self.generation, amends.generation, amends.hot_rows.rows, self.summary.rows
             )));
         }
         Ok(())

@@ -241,23 +241,33 @@ pub mod serde_bytes_string {
 ///
 /// Hot, Archiving --adopt--> Archived{hot_deleted:true}   (`frostline adopt`: a verified archive
 ///                      another copy of the data directory published holds every hot row)
+///
+/// Archived{hot_deleted:true} --late record--> ArchivedPending --claim--> Archiving (the next
+///                      generation: the published archive and the pending rows, merged)
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum BucketState {
     Hot,
     Archiving,
-    Archived { hot_deleted: bool },
+    Archived {
+        hot_deleted: bool,
+    },
+    /// Archived, with rows appended after its archive was published (late records, a
+    /// backfill) waiting in the hot store: reads merge the two, and the next archival publishes
+    /// a generation that holds both.
+    ArchivedPending,
     Expired,
 }
 
 impl BucketState {
     /// Every state, in the order of the diagram.
-    pub const ALL: [BucketState; 5] = [
+    pub const ALL: [BucketState; 6] = [
         BucketState::Hot,
         BucketState::Archiving,
         BucketState::Archived { hot_deleted: false },
         BucketState::Archived { hot_deleted: true },
+        BucketState::ArchivedPending,
         BucketState::Expired,
     ];
 
@@ -276,6 +286,15 @@ impl BucketState {
             // Adoption of an archive another copy of the data directory published, once every
             // hot row is proven to be in it (`store::adopt`).
             (Hot | Archiving, Archived { hot_deleted: true }) => true,
+            // A record appended after the archive was published, and the archival of the
+            // generation that takes it in.
+            (Archived { hot_deleted: true }, ArchivedPending) => true,
+            (ArchivedPending, Archiving) => true,
+            // Adoption of the next generation another copy published, holding the pending rows.
+            (ArchivedPending, Archived { hot_deleted: true }) => true,
+            // Its archive is gone (another copy expired it): the rows appended beside it are
+            // kept, as a hot bucket of their own.
+            (ArchivedPending, Hot) => true,
             _ => false,
         }
     }
@@ -286,13 +305,22 @@ impl BucketState {
             BucketState::Archiving => "archiving",
             BucketState::Archived { hot_deleted: false } => "archived_cleanup_pending",
             BucketState::Archived { hot_deleted: true } => "archived",
+            BucketState::ArchivedPending => "archived_pending_rows",
             BucketState::Expired => "expired",
         }
     }
 
-    /// Appends are accepted only while a bucket is hot.
+    /// Appends are accepted while a bucket is hot, and by an archived bucket whose hot rows are
+    /// gone (a late record: it waits beside the archive for the next generation). A bucket
+    /// being archived or cleaned up is fenced for the moment; an expired one is closed.
     pub fn accepts_appends(self) -> bool {
-        matches!(self, BucketState::Hot)
+        matches!(self, BucketState::Hot | BucketState::Archived { hot_deleted: true } | BucketState::ArchivedPending)
+    }
+
+    /// Whether the bucket has a published archive that reads must include (beside any hot rows
+    /// waiting for the next generation).
+    pub fn has_archive(self) -> bool {
+        matches!(self, BucketState::Archived { .. } | BucketState::ArchivedPending)
     }
 }
 

@@ -82,7 +82,7 @@ fn to_wit(facts: &BucketFacts) -> wit_types::BucketFacts {
         state: match facts.state {
             BucketState::Hot => wit_types::BucketState::Hot,
             BucketState::Archiving => wit_types::BucketState::Archiving,
-            BucketState::Archived { .. } => wit_types::BucketState::Archived,
+            BucketState::Archived { .. } | BucketState::ArchivedPending => wit_types::BucketState::Archived,
             BucketState::Expired => wit_types::BucketState::Expired,
         },
         archived_at: facts.archived_at,

@@ -42,6 +42,9 @@ pub struct VerifiedArchive {
     pub manifest_key: String,
     pub manifest: Manifest,
     pub rows: Vec<Record>,
+    /// The cleaned archive the database records for the bucket is gone from its target (read
+    /// just before): an archive that amends it can then only be its next generation.
+    pub recorded_gone: bool,
 }
 
 impl Store {
@@ -51,9 +54,13 @@ impl Store {
     /// changes nothing. Adopted buckets are queued for a retention plan made with their facts.
     pub fn adopt(&self, archive: VerifiedArchive, now: Micros) -> Result<Adoption> {
         self.write(move |txn| {
-            let VerifiedArchive { id, manifest_key, manifest, rows } = archive;
+            let VerifiedArchive { id, manifest_key, manifest, rows, recorded_gone } = archive;
             let existing: Option<BucketMeta> =
                 txn.open_table(BUCKETS)?.get(id.encode().as_slice())?.map(|v| decode_value(v.value())).transpose()?;
+            let recorded = match &existing {
+                Some(_) => latest_recorded(txn, &id)?,
+                None => None,
+            };
             let mut released = 0;
             let mut meta = match existing {
                 None => {
@@ -63,16 +70,25 @@ impl Store {
                     meta
                 }
                 Some(meta) if meta.manifest_key.as_deref() == Some(manifest_key.as_str()) => return Ok(Adoption::Known),
-                Some(meta) if matches!(meta.state, BucketState::Hot | BucketState::Archiving) => {
+                // A hot or fenced bucket whose every hot row is in the archive; or a next
+                // generation of the archive this database records, published by another copy
+                // of it (late records), holding every row of the one it replaces and those
+                // added since (rows waiting beside the replaced one must all be in it too).
+                Some(meta)
+                    if matches!(meta.state, BucketState::Hot | BucketState::Archiving)
+                        || succeeds(&meta, recorded.as_ref(), &manifest, recorded_gone) =>
+                {
                     if meta.descriptor != manifest.bucket {
                         return Ok(Adoption::Conflict(format!(
                             "bucket {id} is recorded as [{}, {}) but the archive covers [{}, {})",
                             meta.descriptor.start, meta.descriptor.end, manifest.bucket.start, manifest.bucket.end
                         )));
                     }
-                    match release_hot_rows_held_by(txn, &id, &rows)? {
-                        Err(why) => return Ok(Adoption::Conflict(why)),
-                        Ok(count) => released = count,
+                    if meta.state != (BucketState::Archived { hot_deleted: true }) {
+                        match release_hot_rows_held_by(txn, &id, &rows)? {
+                            Err(why) => return Ok(Adoption::Conflict(why)),
+                            Ok(count) => released = count,
+                        }
                     }
                     release_intents(txn, &id, &manifest, Some(&manifest_key), now)?;
                     let adopted = adopted_meta(&id, &manifest_key, &manifest, &rows, now);
@@ -152,6 +168,57 @@ impl Store {
         })
     }
 
+    /// A restored data directory records an archive with rows appended beside it (late
+    /// records), and another copy of it expired that archive since: the archive's rows are gone
+    /// by retention, but the rows waiting beside it were acknowledged here and are kept. The
+    /// bucket becomes hot again with those rows alone (its facts counted from them), to be
+    /// planned and archived as a first generation. False when the bucket changed meanwhile.
+    pub fn record_base_gone_keep_pending(&self, id: BucketId, manifest_key: String, now: Micros) -> Result<bool> {
+        self.write(move |txn| {
+            let mut meta = load_meta(txn, &id)?;
+            if meta.state != BucketState::ArchivedPending || meta.manifest_key.as_deref() != Some(manifest_key.as_str())
+            {
+                return Ok(false);
+            }
+            let (mut tenant, mut kind, mut rows, mut bytes) = (Shared::Unset, Shared::Unset, 0u64, 0u64);
+            {
+                let table = txn.open_table(rows_table(&rows_table_name(&id)))?;
+                for entry in table.iter()? {
+                    let (_, value) = entry?;
+                    let row = decode_row_ref(value.value())?;
+                    tenant.observe(row.tenant, rows);
+                    kind.observe(row.kind, rows);
+                    rows += 1;
+                    bytes += row.body.len() as u64;
+                }
+            }
+            meta.manifest_key = None;
+            meta.archived_at = None;
+            meta.hot_deleted_at = None;
+            meta.cleanup_proven = None;
+            meta.row_count = rows;
+            meta.byte_count = bytes;
+            meta.tenant = tenant;
+            meta.kind = kind;
+            meta.plan = None;
+            meta.plan_basis = None;
+            meta.last_error = Some(format!(
+                "its archive `{manifest_key}` is gone (another copy of this data directory expired it); the {rows} \
+                 rows appended beside it are kept and archived anew"
+            ));
+            record_step(txn, &mut meta, Step::BaseGone, now)?;
+            save_meta(txn, &meta)?;
+            push_outbox(
+                txn,
+                "archive_gone_rows_kept",
+                Some(&meta),
+                now,
+                serde_json::json!({"manifest_key": manifest_key, "rows_kept": rows}),
+            )?;
+            Ok(true)
+        })
+    }
+
     pub fn record_archive_gone(
         &self,
         id: BucketId,
@@ -201,6 +268,29 @@ impl Store {
 }
 
 /// The bucket an archive describes, archived and queued for a plan.
+/// Whether `manifest` is a next generation of the cleaned archive `meta` records (`recorded`),
+/// so that adopting it loses nothing: it amends that archive directly, or it amends a generation
+/// at least as new and the recorded archive is gone from its target (only a copy whose chain of
+/// generations ran through it releases and deletes it; a copy that forked after a backup never
+/// recorded it, so never deletes it).
+fn succeeds(meta: &BucketMeta, recorded: Option<&Manifest>, manifest: &Manifest, recorded_gone: bool) -> bool {
+    let (Some(amends), Some(recorded_key), Some(recorded)) = (&manifest.amends, &meta.manifest_key, recorded) else {
+        return false;
+    };
+    matches!(meta.state, BucketState::Archived { hot_deleted: true } | BucketState::ArchivedPending)
+        && manifest.generation > recorded.generation
+        && (amends.manifest_key == *recorded_key || (recorded_gone && amends.generation >= recorded.generation))
+}
+
+/// The newest manifest the database records for the bucket.
+fn latest_recorded(txn: &WriteTransaction, id: &BucketId) -> Result<Option<Manifest>> {
+    let manifests = txn.open_table(MANIFESTS)?;
+    let prefix = id.encode();
+    let end = super::encoding::prefix_end(&prefix);
+    let last = manifests.range(prefix.as_slice()..end.as_slice())?.next_back();
+    last.map(|entry| entry.map_err(Into::into).and_then(|(_, v)| decode_value(v.value()))).transpose()
+}
+
 fn adopted_meta(id: &BucketId, manifest_key: &str, manifest: &Manifest, rows: &[Record], now: Micros) -> BucketMeta {
     let mut tenant = Shared::Unset;
     let mut kind = Shared::Unset;

@@ -48,6 +48,11 @@ pub struct AppendBatch {
     pub writable_horizons: Option<HashMap<String, Micros>>,
     pub writable_buckets: u32,
     pub now: Micros,
+    /// For each bucket of the batch that has a published archive, the key of the manifest its
+    /// rows were compared with (`Engine::split_archived`): the batch is refused with
+    /// `ArchiveChanged` if the bucket has published another generation since, so a late record
+    /// can never stand beside an archived record of the same identity.
+    pub archives_checked: Vec<(BucketId, String)>,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
@@ -64,8 +69,8 @@ pub struct AppendOutcome {
 /// leaves no trace: its buckets are checked before any row is written, and a row that
 /// conflicts with a stored one undoes the rows written before it.
 pub(super) fn apply_batch(txn: &WriteTransaction, batch: &AppendBatch) -> Result<AppendOutcome> {
-    let mut buckets = txn.open_table(BUCKETS)?;
-    let mut by_time = txn.open_table(BUCKETS_BY_TIME)?;
+    let buckets = txn.open_table(BUCKETS)?;
+    let by_time = txn.open_table(BUCKETS_BY_TIME)?;
 
     // Phase 1: check the buckets (state, bounds, the ingest guard), touching nothing. Each
     // row's key and stored value are encoded once, and rows refer to their bucket by index:
@@ -99,12 +104,22 @@ pub(super) fn apply_batch(txn: &WriteTransaction, batch: &AppendBatch) -> Result
             buckets.get(prefix.as_slice())?.map(|v| decode_value(v.value())).transpose()?;
         let is_new = existing.is_none();
         let meta = existing.unwrap_or_else(|| new_bucket_meta(id.clone(), &first_row.descriptor, batch));
+        if meta.state == BucketState::Expired {
+            let reason = meta.plan.as_ref().map(|p| p.reason.clone()).unwrap_or_default();
+            return Err(Error::BucketExpired { table: id.table.clone(), bucket: id.display(), reason });
+        }
         if !meta.state.accepts_appends() {
             return Err(Error::BucketFenced {
                 table: id.table.clone(),
                 bucket: id.display(),
                 state: meta.state.to_string(),
             });
+        }
+        if meta.state.has_archive() {
+            let checked = batch.archives_checked.iter().find(|(checked, _)| checked == id).map(|(_, key)| key);
+            if checked != meta.manifest_key.as_ref() {
+                return Err(Error::ArchiveChanged { bucket: id.display() });
+            }
         }
         metas.push((meta, is_new));
     }
@@ -173,9 +188,10 @@ pub(super) fn apply_batch(txn: &WriteTransaction, batch: &AppendBatch) -> Result
                 tables[*index].remove(key.as_slice())?;
             }
             drop(tables);
-            // A new bucket's table was made by this batch alone: it goes with it.
-            for (name, (_, is_new)) in names.iter().zip(&metas) {
-                if *is_new {
+            // A new bucket's table, or a cleaned archive's, was made by this batch alone: it
+            // goes with it.
+            for (name, (meta, is_new)) in names.iter().zip(&metas) {
+                if *is_new || meta.state == (BucketState::Archived { hot_deleted: true }) {
                     txn.delete_table(rows_table(name))?;
                 }
             }
@@ -183,14 +199,26 @@ pub(super) fn apply_batch(txn: &WriteTransaction, batch: &AppendBatch) -> Result
         }
     };
     drop(tables);
+    drop(buckets);
+    drop(by_time);
+    let mut grew = vec![false; metas.len()];
     for &i in &inserted {
         let (index, _, _, row) = &rows[i];
+        grew[*index] = true;
         let (meta, _) = &mut metas[*index];
         meta.tenant.observe(row.record.tenant.as_deref(), meta.row_count);
         meta.kind.observe(row.record.kind.as_deref(), meta.row_count);
         meta.row_count += 1;
         meta.byte_count += row.record.body.len() as u64;
     }
+    // A late record reopens a cleaned archive: its next generation is due at once.
+    for ((meta, _), grew) in metas.iter_mut().zip(grew) {
+        if grew && meta.state == (BucketState::Archived { hot_deleted: true }) {
+            super::record_step(txn, meta, lifecycle::Step::LateRecord, batch.now)?;
+        }
+    }
+    let mut buckets = txn.open_table(BUCKETS)?;
+    let mut by_time = txn.open_table(BUCKETS_BY_TIME)?;
     // The indexes every bucket is in (`store::index_new_bucket`, inlined: `by_time` is open).
     let mut by_end = txn.open_table(BUCKETS_BY_END)?;
     let mut plan_queue = txn.open_table(PLAN_QUEUE)?;

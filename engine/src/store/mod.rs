@@ -462,6 +462,7 @@ mod tests {
             writable_horizons: None,
             writable_buckets: 0,
             now: 0,
+            archives_checked: Vec::new(),
         };
         let mut meta = new_bucket_meta(id.clone(), &descriptor, &batch);
         meta.state = state;

@@ -19,8 +19,8 @@ use crate::model::Micros;
 use super::outbox::push_outbox;
 use super::reads::Snapshot;
 use super::schema::{
-    BucketId, EPOCHS, INTENTS, META, META_SWEEP_STOPPED, RELEASED, ReleasedKey, SweepStop, UploadIntent, decode_value,
-    encode_value,
+    BucketId, EPOCHS, INTENTS, MANIFESTS, META, META_SWEEP_STOPPED, RELEASED, ReleasedKey, SweepStop, UploadIntent,
+    decode_value, encode_value,
 };
 use super::{Store, encoding};
 
@@ -121,5 +121,46 @@ pub(super) fn release_intents(
         }
     }
     intents.retain_in(prefix.as_slice()..end.as_slice(), |_, _| false)?;
+    Ok(())
+}
+
+/// Releases what the archive a next generation replaced (`amends`) used and the new one
+/// (`manifest`, at `manifest_key`) does not: its manifest and segments, on the target it was
+/// written to. They were this directory's published (or adopted) archive until the new one was
+/// published and its hot rows deleted; only then are they released.
+pub(super) fn release_replaced(
+    txn: &WriteTransaction,
+    id: &BucketId,
+    amends: &crate::format::manifest::Amendment,
+    manifest: &crate::format::manifest::Manifest,
+    manifest_key: Option<&str>,
+    now: Micros,
+) -> Result<()> {
+    // The replaced archive is the one recorded before the newest (recorded generations are
+    // this directory's fencing generations, which an adopted manifest's own need not be).
+    let prefix = id.encode();
+    let end = encoding::prefix_end(&prefix);
+    let replaced: Option<crate::format::manifest::Manifest> = {
+        let manifests = txn.open_table(MANIFESTS)?;
+        let mut newest_first = manifests.range(prefix.as_slice()..end.as_slice())?.rev();
+        let _newest = newest_first.next().transpose()?;
+        newest_first.next().transpose()?.map(|(_, v)| decode_value(v.value())).transpose()?
+    };
+    let mut kept: HashSet<&str> = manifest.segments.iter().map(|s| s.key.as_str()).collect();
+    kept.extend(manifest_key);
+    let mut released = txn.open_table(RELEASED)?;
+    // Anything but the archive the new one names as replaced is kept: an object left behind
+    // costs storage, one deleted wrongly costs records.
+    let Some(old) = replaced.filter(|old| old.generation == amends.generation) else {
+        tracing::warn!(bucket = %id, replaced = %amends.manifest_key, "the replaced archive is not the one recorded; its objects are kept");
+        return Ok(());
+    };
+    let target = old.target.clone();
+    let mut keys: Vec<String> = old.segments.iter().map(|s| s.key.clone()).collect();
+    keys.push(amends.manifest_key.clone());
+    for key in keys.into_iter().filter(|key| !kept.contains(key.as_str())) {
+        let record = ReleasedKey { table: id.table.clone(), target: target.clone(), key, released_at: now };
+        released.insert(record.store_key().as_slice(), encode_value(&record)?.as_slice())?;
+    }
     Ok(())
 }

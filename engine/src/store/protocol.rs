@@ -10,7 +10,7 @@ use crate::model::{BucketState, Micros, RetentionPlan, lifecycle};
 
 use super::holds::park;
 use super::outbox::push_outbox;
-use super::ownership::release_intents;
+use super::ownership::{release_intents, release_replaced};
 use super::reads::rows_match_manifest;
 use super::schema::{
     BUCKETS_BY_END, BucketId, BucketMeta, INTENTS, MANIFESTS, TABLES, TableState, UploadIntent, decode_by_end_key,
@@ -370,7 +370,7 @@ impl Store {
             };
             if meta.cleanup_proven != Some(published) {
                 let manifest = published_manifest()?;
-                rows_match_manifest(&records, &id, &manifest.summary)?
+                rows_match_manifest(&records, &id, manifest.hot_rows())?
                     .map_err(|why| Error::Corruption(format!("refusing to delete the hot rows of {id}: {why}")))?;
                 meta.cleanup_proven = Some(published);
             }
@@ -394,7 +394,14 @@ impl Store {
                 meta.cleanup_proven = None;
                 // What earlier attempts uploaded and the published archive does not use is
                 // this directory's to sweep; nothing else is.
-                release_intents(txn, &id, &published_manifest()?, meta.manifest_key.as_deref(), now)?;
+                let manifest = published_manifest()?;
+                release_intents(txn, &id, &manifest, meta.manifest_key.as_deref(), now)?;
+                // A next generation replaced an archive: what that one used and this one does
+                // not is released to the sweep, which deletes it after its grace period (a
+                // query that read the old manifest a moment ago still finds its segments).
+                if let Some(amends) = &manifest.amends {
+                    release_replaced(txn, &id, amends, &manifest, meta.manifest_key.as_deref(), now)?;
+                }
                 // Next: the archive's expiry. Being archived is a fact the policy sees, so the
                 // model queues the bucket for a plan made with it before anything is scheduled.
                 record_step(txn, &mut meta, Step::HotRowsDeleted, now)?;
@@ -406,7 +413,8 @@ impl Store {
     }
 }
 
-/// Adds a bucket and its newest manifest to `out` when the bucket is published (not expired).
+/// Adds a bucket and its newest manifest to `out` when the bucket has a published archive (not
+/// expired; rows appended since may wait for its next generation).
 pub(super) fn push_published(
     buckets: &impl ReadableTable<&'static [u8], &'static [u8]>,
     id: BucketId,
@@ -415,7 +423,7 @@ pub(super) fn push_published(
 ) -> Result<()> {
     let Some(meta) = buckets.get(id.encode().as_slice())? else { return Ok(()) };
     let meta: BucketMeta = decode_value(meta.value())?;
-    if matches!(meta.state, BucketState::Archived { .. }) && meta.manifest_key.is_some() {
+    if meta.has_published_archive() {
         out.push((meta, decode_value(manifest)?));
     }
     Ok(())

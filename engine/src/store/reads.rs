@@ -7,7 +7,7 @@ use redb::{ReadableTable, ReadableTableMetadata, WriteTransaction};
 
 use crate::error::{Error, Result};
 use crate::model::rows::{RowExtent, RowFields, RowSummary, RowSummer};
-use crate::model::{ArchiveTarget, BucketState, Micros, Record, invariants};
+use crate::model::{ArchiveTarget, Micros, Record, invariants};
 
 use super::protocol::push_published;
 use super::schema::{
@@ -416,7 +416,7 @@ impl Snapshot {
         let open_expiries: std::collections::HashSet<BucketId> =
             self.tombstones()?.into_iter().filter(|t| t.completed_at.is_none()).map(|t| t.bucket).collect();
         self.visit_buckets(|meta| {
-            if matches!(meta.state, BucketState::Archived { .. }) || open_expiries.contains(&meta.id) {
+            if meta.has_published_archive() || open_expiries.contains(&meta.id) {
                 archived.push(meta.id);
             }
             Ok(())

@@ -274,6 +274,13 @@ impl BucketMeta {
         })
     }
 
+    /// Whether the bucket has an archive that reads, the Delta log and the catalog include: it
+    /// is archived, or rows appended since wait for its next generation (`ArchivedPending`, or
+    /// `Archiving` that generation while the last one is still the published archive).
+    pub fn has_published_archive(&self) -> bool {
+        self.manifest_key.is_some() && (self.state.has_archive() || self.state == crate::model::BucketState::Archiving)
+    }
+
     /// The lifecycle's view of this bucket under the retention policy in force (`None`: its
     /// table has no definition), with the holds that cover it and its expiry's tombstone.
     pub fn view<'a>(

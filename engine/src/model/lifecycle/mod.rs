@@ -49,7 +49,8 @@ pub fn policy_identity(plugin_hash: &str, config: &str) -> String {
 /// crosses a class (1, 2, 4, ... rows), not at every append. The state enters as hot or
 /// archived: a claim or a cleanup does not by itself make a plan stale, an archival does.
 pub fn facts_digest(facts: &BucketFacts) -> String {
-    let archived = matches!(facts.state, BucketState::Archived { .. } | BucketState::Expired);
+    let archived =
+        matches!(facts.state, BucketState::Archived { .. } | BucketState::ArchivedPending | BucketState::Expired);
     let mut hasher = sha2::Sha256::new();
     for part in [
         facts.table.as_bytes(),
@@ -173,6 +174,11 @@ pub fn claimable(view: &BucketView<'_>, now: Micros) -> Result<Action, NotClaima
         Archiving if !view.lease_free(now) => Err(NotClaimable::Leased),
         Archiving if view.retry_due(now) => Ok(Action::Archive),
         Archiving => Err(NotClaimable::NotDue),
+        // Rows wait beside a published archive: the next generation is work under way (its
+        // plan already said archive), so it never waits for a plan.
+        ArchivedPending if !view.lease_free(now) => Err(NotClaimable::Leased),
+        ArchivedPending if view.retry_due(now) => Ok(Action::Archive),
+        ArchivedPending => Err(NotClaimable::NotDue),
         Archived { hot_deleted: false } if !view.lease_free(now) => Err(NotClaimable::Leased),
         Archived { hot_deleted: false } if view.retry_due(now) => Ok(Action::Cleanup),
         Archived { hot_deleted: false } => Err(NotClaimable::NotDue),
@@ -218,7 +224,7 @@ pub fn next_due(view: &BucketView<'_>, now: Micros) -> Option<Micros> {
     match view.state {
         Hot if view.plan_current => view.plan.and_then(|p| p.archive_at),
         Hot => None,
-        Archiving | Archived { hot_deleted: false } => lease_or_retry(),
+        Archiving | Archived { hot_deleted: false } | ArchivedPending => lease_or_retry(),
         Archived { hot_deleted: true } if view.held || !view.plan_current => None,
         Archived { hot_deleted: true } => {
             let expire_at = view.plan.and_then(|p| p.expire_at)?;
@@ -242,7 +248,7 @@ pub fn next_step(state: BucketState, plan: Option<&RetentionPlan>, held: bool) -
         Hot if plan.is_none() => "plan",
         Hot if plan.is_some_and(|p| p.archive_at.is_some()) => "archive",
         Hot => "none",
-        Archiving => "archive",
+        Archiving | ArchivedPending => "archive",
         Archived { hot_deleted: false } => "delete_hot",
         Archived { hot_deleted: true } => match plan.and_then(|p| p.expire_at) {
             Some(_) if held => "held",
@@ -354,7 +360,9 @@ mod tests {
 
     #[test]
     fn work_under_way_never_waits_for_a_plan() {
-        for state in [BucketState::Archiving, BucketState::Archived { hot_deleted: false }] {
+        for state in
+            [BucketState::Archiving, BucketState::Archived { hot_deleted: false }, BucketState::ArchivedPending]
+        {
             let mut v = view(state, None);
             v.plan_current = false;
             assert!(claimable(&v, NOW).is_ok(), "{state}");

@@ -16,6 +16,13 @@ pub enum Step<'a> {
     Claim { owner: &'a str, lease_until: Micros },
     /// The lease holder extends its lease.
     Renew { lease_until: Micros },
+    /// A record is appended to a cleaned archive (a late record, a backfill): it waits in the
+    /// hot store beside the archive, and the next archival, due at once, publishes a
+    /// generation that holds both.
+    LateRecord,
+    /// The archive a bucket's pending rows wait beside is gone (another copy of the data
+    /// directory expired it): the rows are kept as a hot bucket, planned anew.
+    BaseGone,
     /// The read cut-over: `Archiving` becomes `Archived{hot_deleted:false}`. The cleanup is due
     /// at once, and stays due if the worker dies.
     Publish,
@@ -61,8 +68,10 @@ impl Step<'_> {
             // A publication retried under the same lease finds it done.
             Step::Publish => matches!(state, Archiving | Archived { hot_deleted: false }),
             Step::HotRowsDeleted => state == Archived { hot_deleted: false },
+            Step::LateRecord => state == Archived { hot_deleted: true },
+            Step::BaseGone => state == ArchivedPending,
             // An unknown bucket is recorded as the archive it adopts.
-            Step::Adopt => matches!(state, Hot | Archiving | Archived { hot_deleted: true }),
+            Step::Adopt => matches!(state, Hot | Archiving | Archived { hot_deleted: true } | ArchivedPending),
             Step::BeginExpiry | Step::ArchiveGone { .. } | Step::Park { .. } => state == Archived { hot_deleted: true },
             Step::CompleteExpiry { .. }
             | Step::DeletingElsewhere
@@ -115,7 +124,7 @@ pub fn apply<'a>(view: &BucketView<'_>, step: Step<'a>, now: Micros) -> Result<T
     let transition = match step {
         Step::Claim { owner, lease_until } => {
             claimable(view, now).map_err(|why| format!("a {} bucket cannot be claimed now ({why:?})", view.state))?;
-            let state = if view.state == Hot { Archiving } else { view.state };
+            let state = if matches!(view.state, Hot | ArchivedPending) { Archiving } else { view.state };
             Transition {
                 lease: Lease::Take { owner, until: lease_until },
                 fence: true,
@@ -126,6 +135,13 @@ pub fn apply<'a>(view: &BucketView<'_>, step: Step<'a>, now: Micros) -> Result<T
         Step::Renew { lease_until } => {
             Transition { lease: Lease::Extend { until: lease_until }, ..at(view.state, Some(lease_until)) }
         }
+        Step::LateRecord => settle(
+            view,
+            // Fenced: an expiry claimed before the record came can no longer begin.
+            Transition { lease: Lease::Release, fence: true, next_retry_at: None, ..at(ArchivedPending, None) },
+            now,
+        ),
+        Step::BaseGone => settle(view, Transition { lease: Lease::Release, next_retry_at: None, ..at(Hot, None) }, now),
         Step::Publish => at(Archived { hot_deleted: false }, Some(now)),
         Step::Defer { retry_at } => {
             Transition { lease: Lease::Release, next_retry_at: Some(retry_at), ..at(view.state, Some(retry_at)) }
@@ -224,6 +240,27 @@ mod tests {
         let done = apply(&expired, Step::CompleteExpiry { purge_at: due + 100 }, due).unwrap();
         assert_eq!((done.lease, done.due_at), (Lease::Release, Some(due + 100)));
         assert_eq!(apply(&expired, Step::TombstonePurged, due + 100).unwrap().due_at, None);
+    }
+
+    #[test]
+    fn a_late_record_reopens_an_archive_for_its_next_generation_and_fences_an_expiry_out() {
+        let plan = RetentionPlan { archive_at: Some(NOW - 10), expire_at: Some(NOW - 1), reason: "t".into() };
+        let expiring = BucketView {
+            lease_owner: Some("expirer"),
+            lease_expires_at: NOW + 5,
+            ..view(BucketState::Archived { hot_deleted: true }, Some(&plan))
+        };
+        let late = apply(&expiring, Step::LateRecord, NOW).unwrap();
+        assert_eq!((late.state, late.lease, late.fence), (BucketState::ArchivedPending, Lease::Release, true));
+        assert_eq!((late.due_at, late.needs_plan), (Some(NOW), false), "the next generation is due at once");
+        let pending = BucketView { state: BucketState::ArchivedPending, lease_owner: None, ..expiring };
+        assert!(apply(&pending, Step::BeginExpiry, NOW).is_err(), "pending rows are archived before any expiry");
+        let stale = BucketView { plan_current: false, ..pending };
+        let claim = apply(&stale, Step::Claim { owner: "w", lease_until: NOW + 5 }, NOW).unwrap();
+        assert_eq!(claim.state, BucketState::Archiving, "a next generation never waits for a plan");
+        for closed in [BucketState::Hot, BucketState::Archiving, BucketState::Expired, BucketState::ArchivedPending] {
+            assert!(apply(&view(closed, Some(&plan)), Step::LateRecord, NOW).is_err(), "{closed}");
+        }
     }
 
     #[test]

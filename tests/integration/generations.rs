@@ -1,0 +1,135 @@
+//! Archives that change: a record that arrives after its bucket was archived (a device that was
+//! offline, a backfill) is accepted, read at once beside the archive, and archived by the next
+//! pass as the bucket's next generation: a manifest that holds the union, verified and
+//! published like the first, after which the late rows are cleaned up with the same proof and
+//! the replaced generation's objects are released to the orphan sweep. A bucket whose archive
+//! expired stays closed, and says why.
+
+use frostline::Error;
+use frostline::clock::Clock;
+use frostline::model::{BucketState, Record};
+
+use crate::replan::expiring_policy;
+use crate::support::*;
+
+const DAY_US: i64 = 86_400_000_000;
+
+/// A partition key as users have them: a slash, a percent sign, an equals sign, a space and
+/// non-ASCII text.
+const PARTITION: &str = "site a/%20=ü";
+
+fn record(time: &str, sort_key: &str, body: &str) -> Record {
+    Record {
+        partition_key: PARTITION.as_bytes().to_vec(),
+        event_time: t(time),
+        sort_key: sort_key.as_bytes().to_vec(),
+        tenant: Some("acme".into()),
+        kind: None,
+        body: body.into(),
+    }
+}
+
+fn objects(e: &TestEngine) -> Vec<String> {
+    runtime().block_on(e.backend("r").list("")).unwrap().into_iter().map(|o| o.key).collect()
+}
+
+#[test]
+fn a_late_record_for_an_archived_bucket_is_read_at_once_and_archived_as_the_next_generation() {
+    let e = TestEngine::new(&expiring_policy("3650d"), "2024-03-01T12:00:00Z");
+    let first = vec![
+        record("2024-03-01T01:00:00Z", "a", r#"{"n":1}"#),
+        record("2024-03-01T03:00:00Z", "c", r#"{"n":3}"#),
+        record("2024-03-01T05:00:00Z", "e", &format!("\"{}\"", "x".repeat(100_000))),
+    ];
+    e.engine.append("r", first.clone()).unwrap();
+    e.pass(); // plan
+    e.clock.set(t("2024-03-03T00:00:00Z"));
+    assert_eq!(e.pass().archived, 1);
+    let store = e.engine.store().clone();
+    let id = store.buckets("r", None).unwrap()[0].id.clone();
+    let archived = store.bucket(&id).unwrap().unwrap();
+    assert_eq!(archived.state, BucketState::Archived { hot_deleted: true });
+    let first_manifest = store.latest_manifest(&id).unwrap().unwrap();
+    let first_key = archived.manifest_key.clone().unwrap();
+    let mut first_objects: Vec<String> = first_manifest.segments.iter().map(|s| s.key.clone()).collect();
+    first_objects.push(first_key.clone());
+    let listed = objects(&e);
+    assert!(first_objects.iter().all(|k| listed.contains(k)), "{listed:?}");
+
+    // A month later, two late records arrive with one the archive already holds.
+    e.clock.set(t("2024-04-01T00:00:00Z"));
+    let late = vec![record("2024-03-01T02:00:00Z", "b", r#"{"n":2}"#), record("2024-03-01T06:00:00Z", "f", "{}")];
+    let mut batch = late.clone();
+    batch.push(first[1].clone());
+    let outcome = e.engine.append("r", batch).unwrap();
+    assert_eq!((outcome.appended, outcome.duplicates, outcome.already_archived), (2, 0, 1), "{outcome:?}");
+    assert_eq!(store.bucket(&id).unwrap().unwrap().state, BucketState::ArchivedPending);
+    // The same late record again is a duplicate; another body under an archived identity, or
+    // under a pending one, is a conflict, and nothing of that batch is written.
+    let again = e.engine.append("r", vec![late[0].clone()]).unwrap();
+    assert_eq!((again.appended, again.duplicates), (0, 1), "{again:?}");
+    for changed in [record("2024-03-01T01:00:00Z", "a", r#"{"n":9}"#), record("2024-03-01T02:00:00Z", "b", "{}")] {
+        let err = e.engine.append("r", vec![record("2024-03-01T07:00:00Z", "g", "{}"), changed]).unwrap_err();
+        assert!(matches!(err, Error::Conflict(_)), "{err}");
+    }
+    let mut expected = sorted(first.iter().chain(&late).cloned().collect());
+    assert_eq!(e.query_all("r"), expected, "queries read the archive and the pending rows, in order, once");
+
+    // The next pass publishes generation 2: the union, verified, then the late rows cleaned.
+    let report = e.pass();
+    assert_eq!(report.archived, 1, "{report:?}");
+    assert!(report.errors.is_empty(), "{report:?}");
+    let meta = store.bucket(&id).unwrap().unwrap();
+    assert_eq!(meta.state, BucketState::Archived { hot_deleted: true });
+    assert_ne!(meta.manifest_key.as_ref(), Some(&first_key));
+    let manifest = store.latest_manifest(&id).unwrap().unwrap();
+    assert!(manifest.generation > first_manifest.generation);
+    assert_eq!(manifest.summary.rows, 5);
+    let amends = manifest.amends.clone().expect("the next generation names what it replaces");
+    assert_eq!((amends.generation, amends.manifest_key.as_str()), (first_manifest.generation, first_key.as_str()));
+    assert_eq!(amends.hot_rows.rows, 2);
+    assert!(store.rows(&id, None, usize::MAX).unwrap().is_empty(), "the late rows were cleaned up");
+    assert_eq!(e.query_all("r"), expected);
+    let read = runtime()
+        .block_on(frostline::format::reader::read_archive(
+            e.backend("r").as_ref(),
+            meta.manifest_key.as_ref().unwrap(),
+            None,
+            None,
+        ))
+        .unwrap();
+    assert_eq!(read, expected, "the archive alone holds every record");
+
+    // The replaced generation's objects are released, and the sweep deletes them after its
+    // grace period; the new generation's stay.
+    e.clock.set(frostline::clock::SystemClock.now() + 2 * DAY_US);
+    let swept = runtime().block_on(frostline::archive::sweep::sweep(&e.engine.context(), false)).unwrap();
+    assert_eq!(swept.deleted as usize, first_objects.len(), "{swept:?}");
+    let left = objects(&e);
+    assert!(first_objects.iter().all(|k| !left.contains(k)), "{left:?}");
+    assert_eq!(e.query_all("r"), expected);
+
+    // A third generation works the same way.
+    let third = record("2024-03-01T00:00:00Z", "0", "{}");
+    e.engine.append("r", vec![third.clone()]).unwrap();
+    assert_eq!(e.pass().archived, 1);
+    expected.insert(0, third);
+    assert_eq!(e.query_all("r"), expected);
+    assert_eq!(store.latest_manifest(&id).unwrap().unwrap().summary.rows, 6);
+}
+
+#[test]
+fn a_record_for_a_bucket_whose_archive_expired_is_refused_and_says_why() {
+    let e = TestEngine::new(&expiring_policy("3d"), "2024-03-01T12:00:00Z");
+    e.engine.append("r", vec![record("2024-03-01T01:00:00Z", "a", "{}")]).unwrap();
+    e.pass();
+    e.clock.set(t("2024-03-03T00:00:00Z"));
+    assert_eq!(e.pass().archived, 1);
+    e.clock.set(t("2024-03-10T00:00:00Z"));
+    let expired: u64 = (0..3).map(|_| e.pass().expired).sum();
+    assert_eq!(expired, 1);
+    let err = e.engine.append("r", vec![record("2024-03-01T02:00:00Z", "b", "{}")]).unwrap_err();
+    assert!(matches!(err, Error::BucketExpired { .. }), "{err}");
+    assert!(err.to_string().contains("expired by retention"), "{err}");
+    assert_eq!(e.query_all("r"), Vec::new());
+}
