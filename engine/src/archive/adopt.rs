@@ -264,15 +264,11 @@ async fn record_gone_archives(
         if keys.contains(&key) {
             continue;
         }
-        if meta.state == BucketState::ArchivedPending {
-            report.gone.push(format!("{}: `{key}` on {target} (the rows appended beside it are kept)", meta.id));
-            if !dry_run {
-                let (store, now) = (ctx.store.clone(), ctx.clock.now());
-                changed |= blocking(move || store.record_base_gone_keep_pending(meta.id, key, now)).await?;
-            }
-            continue;
-        }
-        if meta.state != (BucketState::Archived { hot_deleted: true }) {
+        // Rows beside the gone archive, waiting for its next generation (or being archived
+        // into it, which cannot finish without it), go with it (`Store::record_archive_gone`).
+        let pending = meta.state == BucketState::ArchivedPending
+            || (meta.state == BucketState::Archiving && meta.lease_expires_at <= ctx.clock.now());
+        if meta.state != (BucketState::Archived { hot_deleted: true }) && !pending {
             report.conflicts.push(format!(
                 "bucket {}: its archive `{key}` is gone from {target}, but its hot rows are not yet deleted; left as \
                  it is",

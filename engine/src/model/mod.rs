@@ -292,9 +292,9 @@ impl BucketState {
             (ArchivedPending, Archiving) => true,
             // Adoption of the next generation another copy published, holding the pending rows.
             (ArchivedPending, Archived { hot_deleted: true }) => true,
-            // Its archive is gone (another copy expired it): the rows appended beside it are
-            // kept, as a hot bucket of their own.
-            (ArchivedPending, Hot) => true,
+            // Its archive is gone (another copy of the data directory expired it): the rows
+            // appended beside it go with it.
+            (ArchivedPending | Archiving, Expired) => true,
             _ => false,
         }
     }

@@ -168,57 +168,10 @@ impl Store {
         })
     }
 
-    /// A restored data directory records an archive with rows appended beside it (late
-    /// records), and another copy of it expired that archive since: the archive's rows are gone
-    /// by retention, but the rows waiting beside it were acknowledged here and are kept. The
-    /// bucket becomes hot again with those rows alone (its facts counted from them), to be
-    /// planned and archived as a first generation. False when the bucket changed meanwhile.
-    pub fn record_base_gone_keep_pending(&self, id: BucketId, manifest_key: String, now: Micros) -> Result<bool> {
-        self.write(move |txn| {
-            let mut meta = load_meta(txn, &id)?;
-            if meta.state != BucketState::ArchivedPending || meta.manifest_key.as_deref() != Some(manifest_key.as_str())
-            {
-                return Ok(false);
-            }
-            let (mut tenant, mut kind, mut rows, mut bytes) = (Shared::Unset, Shared::Unset, 0u64, 0u64);
-            {
-                let table = txn.open_table(rows_table(&rows_table_name(&id)))?;
-                for entry in table.iter()? {
-                    let (_, value) = entry?;
-                    let row = decode_row_ref(value.value())?;
-                    tenant.observe(row.tenant, rows);
-                    kind.observe(row.kind, rows);
-                    rows += 1;
-                    bytes += row.body.len() as u64;
-                }
-            }
-            meta.manifest_key = None;
-            meta.archived_at = None;
-            meta.hot_deleted_at = None;
-            meta.cleanup_proven = None;
-            meta.row_count = rows;
-            meta.byte_count = bytes;
-            meta.tenant = tenant;
-            meta.kind = kind;
-            meta.plan = None;
-            meta.plan_basis = None;
-            meta.last_error = Some(format!(
-                "its archive `{manifest_key}` is gone (another copy of this data directory expired it); the {rows} \
-                 rows appended beside it are kept and archived anew"
-            ));
-            record_step(txn, &mut meta, Step::BaseGone, now)?;
-            save_meta(txn, &meta)?;
-            push_outbox(
-                txn,
-                "archive_gone_rows_kept",
-                Some(&meta),
-                now,
-                serde_json::json!({"manifest_key": manifest_key, "rows_kept": rows}),
-            )?;
-            Ok(true)
-        })
-    }
-
+    /// Records an archive another copy of this data directory expired as expired here (a
+    /// completed tombstone that says why). Rows appended beside it since (late records, or a
+    /// next generation that cannot be made without it) go with it: retention had expired their
+    /// range, as the other copy decided, and a record for it is refused from now on.
     pub fn record_archive_gone(
         &self,
         id: BucketId,
@@ -238,6 +191,9 @@ impl Store {
             }
             let reason =
                 "the archive is gone from its target: another copy of this data directory expired it".to_string();
+            if meta.state != (BucketState::Archived { hot_deleted: true }) {
+                txn.delete_table(rows_table(&rows_table_name(&id)))?;
+            }
             save_tombstone(
                 txn,
                 &Tombstone {

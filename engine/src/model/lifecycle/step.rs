@@ -20,9 +20,6 @@ pub enum Step<'a> {
     /// hot store beside the archive, and the next archival, due at once, publishes a
     /// generation that holds both.
     LateRecord,
-    /// The archive a bucket's pending rows wait beside is gone (another copy of the data
-    /// directory expired it): the rows are kept as a hot bucket, planned anew.
-    BaseGone,
     /// The read cut-over: `Archiving` becomes `Archived{hot_deleted:false}`. The cleanup is due
     /// at once, and stays due if the worker dies.
     Publish,
@@ -39,7 +36,8 @@ pub enum Step<'a> {
     BeginExpiry,
     /// Every object of the expired archive is proved absent; the tombstone is purged from then.
     CompleteExpiry { purge_at: Micros },
-    /// Another copy of the data directory expired the archive: recorded as an expiry completed.
+    /// Another copy of the data directory expired the archive: recorded as an expiry completed
+    /// (rows appended beside it since go with it).
     ArchiveGone { purge_at: Micros },
     /// Another copy started deleting the archive this copy began to expire: finish it now.
     DeletingElsewhere,
@@ -69,10 +67,12 @@ impl Step<'_> {
             Step::Publish => matches!(state, Archiving | Archived { hot_deleted: false }),
             Step::HotRowsDeleted => state == Archived { hot_deleted: false },
             Step::LateRecord => state == Archived { hot_deleted: true },
-            Step::BaseGone => state == ArchivedPending,
             // An unknown bucket is recorded as the archive it adopts.
             Step::Adopt => matches!(state, Hot | Archiving | Archived { hot_deleted: true } | ArchivedPending),
-            Step::BeginExpiry | Step::ArchiveGone { .. } | Step::Park { .. } => state == Archived { hot_deleted: true },
+            Step::BeginExpiry | Step::Park { .. } => state == Archived { hot_deleted: true },
+            // Also with rows beside the archive, or a next generation that cannot be made
+            // without it.
+            Step::ArchiveGone { .. } => matches!(state, Archived { hot_deleted: true } | ArchivedPending | Archiving),
             Step::CompleteExpiry { .. }
             | Step::DeletingElsewhere
             | Step::PurgeWaits { .. }
@@ -141,7 +141,6 @@ pub fn apply<'a>(view: &BucketView<'_>, step: Step<'a>, now: Micros) -> Result<T
             Transition { lease: Lease::Release, fence: true, next_retry_at: None, ..at(ArchivedPending, None) },
             now,
         ),
-        Step::BaseGone => settle(view, Transition { lease: Lease::Release, next_retry_at: None, ..at(Hot, None) }, now),
         Step::Publish => at(Archived { hot_deleted: false }, Some(now)),
         Step::Defer { retry_at } => {
             Transition { lease: Lease::Release, next_retry_at: Some(retry_at), ..at(view.state, Some(retry_at)) }
