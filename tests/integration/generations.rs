@@ -133,3 +133,68 @@ fn a_record_for_a_bucket_whose_archive_expired_is_refused_and_says_why() {
     assert!(err.to_string().contains("expired by retention"), "{err}");
     assert_eq!(e.query_all("r"), Vec::new());
 }
+
+/// The manifests in the folder of the only bucket of table `r` on the default target.
+fn manifests(e: &TestEngine) -> Vec<String> {
+    objects(e).into_iter().filter(|k| k.contains("/manifest-")).collect()
+}
+
+/// Regression (lifecycle simulation, seed 3 × 1,000 operations): adoption took an archive for
+/// the next generation of the one a restored copy records when it amended a generation at least
+/// as new and the recorded archive was gone. Generation numbers prove nothing across copies: a
+/// copy restored from an older backup forks the same numbers. Here the copy restored from the
+/// newer backup recorded generation 2, which the copy that went on expired; a fork made from the
+/// older backup (generations 2 and 3 over generation 1, without record `b`) was adopted in its
+/// place, so `b` was gone while its range read as archived. Now an archive succeeds a recorded
+/// one only when its lineage names that archive's key: the fork is a conflict left on the
+/// target, and the expiry is recorded.
+#[test]
+fn a_restored_copy_never_adopts_a_fork_for_the_next_generation_of_its_archive() {
+    let backups = tempfile::tempdir().unwrap();
+    let (older, newer) = (backups.path().join("older"), backups.path().join("newer"));
+    let mut e = TestEngine::new(&expiring_policy("10d"), "2024-03-01T12:00:00Z");
+    let a = record("2024-03-01T01:00:00Z", "a", "{}");
+    e.engine.append("r", vec![a.clone()]).unwrap();
+    e.pass();
+    e.clock.set(t("2024-03-03T00:00:00Z"));
+    assert_eq!(e.pass().archived, 1);
+    e = e.backup(&older).unwrap();
+    // A late record: generation 2 amends generation 1, and the newer backup records it.
+    e.engine.append("r", vec![record("2024-03-01T02:00:00Z", "b", "{}")]).unwrap();
+    assert_eq!(e.pass().archived, 1);
+    e = e.backup(&newer).unwrap();
+    let recorded = e.engine.store().buckets("r", None).unwrap()[0].manifest_key.clone().unwrap();
+
+    // A copy restored from the older backup makes a fork of its own: generations 2 and 3 over
+    // generation 1, with late records `c` and `d` and without `b`.
+    e = e.restore(&older).unwrap();
+    for late in [record("2024-03-01T03:00:00Z", "c", "{}"), record("2024-03-01T04:00:00Z", "d", "{}")] {
+        e.engine.append("r", vec![late]).unwrap();
+        assert_eq!(e.pass().archived, 1);
+    }
+    let fork: Vec<String> = manifests(&e).into_iter().filter(|k| *k != recorded).collect();
+    assert_eq!(fork.len(), 3, "generation 1 and the fork's two: {fork:?}");
+
+    // The copy that went on from the newer backup expires the bucket, its generation 2 with it.
+    e = e.restore(&newer).unwrap();
+    e.clock.set(t("2024-03-20T00:00:00Z"));
+    let expired: u64 = (0..3).map(|_| e.pass().expired).sum();
+    assert_eq!(expired, 1);
+    assert!(!manifests(&e).contains(&recorded), "the expiry deleted generation 2");
+
+    // Restored from the newer backup again, the copy records generation 2, which is gone.
+    e = e.restore(&newer).unwrap();
+    let report = runtime().block_on(frostline::archive::adopt::adopt(&e.engine.context(), false, &[])).unwrap();
+    assert_eq!(report.adopted, 0, "no archive in the folder follows generation 2: {report:?}");
+    assert_eq!(report.gone.len(), 1, "{report:?}");
+    assert!(report.failures.is_empty(), "{report:?}");
+    let meta = &e.engine.store().buckets("r", None).unwrap()[0];
+    assert_eq!(meta.state, BucketState::Expired, "the expiry the other copy made is recorded");
+    let request = frostline::query::QueryRequest { table: "r".into(), ..Default::default() };
+    let page = runtime().block_on(frostline::query::query(&e.engine.context(), request)).unwrap();
+    assert!(page.records.is_empty(), "{page:?}");
+    assert_eq!(page.expired.len(), 1, "the range reads as expired, not as the fork's records: {page:?}");
+    for key in &fork {
+        assert!(manifests(&e).contains(key), "the fork's `{key}` stays on the target");
+    }
+}

@@ -539,7 +539,11 @@ fn run_lifecycle_seed(seed: u64, ops: usize) -> LifecycleCounts {
     for op in 0..ops {
         let draw = rng.random_range(0..100);
         if trace {
-            eprintln!("op {op}: draw {draw}, now {}", e.engine.clock().now());
+            eprintln!(
+                "op {op}: draw {draw}, now {}, installation {}",
+                e.engine.clock().now(),
+                e.engine.installation_id()
+            );
         }
         match draw {
             0..35 => {
@@ -867,7 +871,7 @@ fn run_lifecycle_seed(seed: u64, ops: usize) -> LifecycleCounts {
                             .unwrap_or_else(|err| panic!("seed {seed} op {op}: restore refused: {err}"));
                         counts.restores += 1;
                         if trace {
-                            eprintln!("op {op}: restored; later archives {later:?}");
+                            eprintln!("op {op}: restored {}; later archives {later:?}", e.engine.installation_id());
                         }
                         // The restored copy holds what the backup held. The archives the copy
                         // that went on published since are the only copy of their records:

@@ -144,10 +144,7 @@ pub async fn adopt(ctx: &Arc<Context>, dry_run: bool, from_installations: &[Stri
                         break;
                     }
                     let archive = match read_verified(ctx, table_id, backend, &folder, key).await {
-                        Ok(archive) => {
-                            let recorded_gone = recorded_archive_gone(ctx, table_id, &archive).await;
-                            VerifiedArchive { recorded_gone, ..archive }
-                        }
+                        Ok(archive) => archive,
                         Err(e) => {
                             report.failures.push(format!("{}: `{key}`: {e}", backend.target()));
                             continue;
@@ -169,9 +166,12 @@ pub async fn adopt(ctx: &Arc<Context>, dry_run: bool, from_installations: &[Stri
                             chosen = Some(i);
                             break;
                         }
+                        // A newer archive of another fork (a stale generation adopted and
+                        // amended elsewhere) does not hide an older one that does follow
+                        // what this database records.
                         Adoption::Conflict(why) => {
                             report.conflicts.push(why);
-                            break;
+                            continue;
                         }
                     }
                     tracing::info!(key = %key, rows, "archive adopted");
@@ -414,31 +414,6 @@ async fn manifests_by_folder(
 
 /// Reads a manifest and every row of its segments back, verifying each, and checks that the
 /// archive belongs where it was found.
-/// Whether the archive the database records for the bucket of `archive` (when it records a
-/// cleaned one) is gone from the target it was written to: then an archive that amends it can
-/// only be a next generation of it, published by the other copy that deleted it.
-async fn recorded_archive_gone(ctx: &Arc<Context>, table: &str, archive: &VerifiedArchive) -> bool {
-    let (store, id) = (ctx.store.clone(), archive.id.clone());
-    let Ok(Some((meta, manifest))) = blocking(move || {
-        let snapshot = store.snapshot()?;
-        Ok(snapshot.bucket(&id)?.zip(snapshot.latest_manifest(&id)?))
-    })
-    .await
-    else {
-        return false;
-    };
-    let cleaned = matches!(meta.state, BucketState::Archived { hot_deleted: true } | BucketState::ArchivedPending);
-    let (Some(key), true) = (meta.manifest_key, cleaned) else {
-        return false;
-    };
-    let policies = ctx.policies.clone();
-    let Ok(backend) = policies.table(table).and_then(|t| policies.archive_backend(t, &manifest.archive_target()))
-    else {
-        return false;
-    };
-    matches!(backend.get(&key).await, Ok(None))
-}
-
 async fn read_verified(
     ctx: &Arc<Context>,
     table: &str,
@@ -491,5 +466,5 @@ async fn read_verified(
             "the manifest describes bucket {id}, which does not live in `{folder}`"
         )));
     }
-    Ok(VerifiedArchive { id, manifest_key: key.to_string(), manifest, rows, recorded_gone: false })
+    Ok(VerifiedArchive { id, manifest_key: key.to_string(), manifest, rows })
 }

@@ -351,6 +351,8 @@ struct Claimed<'a> {
 struct Base {
     generation: u64,
     manifest_key: String,
+    /// The keys of the generations it replaced, oldest first.
+    lineage: Vec<String>,
 }
 
 /// When the claimed bucket has a published archive (rows were appended after it, and this
@@ -367,6 +369,7 @@ async fn published_base(
         Error::Internal(format!("bucket {} names archive `{key}` but has no recorded manifest", meta.id))
     })?;
     let generation = manifest.generation;
+    let lineage = manifest.amends.as_ref().map(|a| a.lineage.clone()).unwrap_or_default();
     let backend = ctx.policies.archive_backend(table, &manifest.archive_target())?;
     let rows = crate::format::reader::read_archive(backend.as_ref(), &key, None, None).await?;
     if rows.len() as u64 != manifest.summary.rows {
@@ -377,7 +380,7 @@ async fn published_base(
             manifest.summary.rows
         )));
     }
-    Ok(Some((Base { generation, manifest_key: key }, rows)))
+    Ok(Some((Base { generation, manifest_key: key, lineage }, rows)))
 }
 
 /// The bucket's manifest over `segments` and the summaries of its rows; over `base`, it
@@ -393,6 +396,7 @@ fn prepare_manifest(
     let amends = base.map(|base| Amendment {
         generation: base.generation,
         manifest_key: base.manifest_key.clone(),
+        lineage: base.lineage.iter().chain([&base.manifest_key]).cloned().collect(),
         hot_rows: summaries.hot.clone(),
     });
     let summary = summaries.all;

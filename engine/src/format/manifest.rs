@@ -61,11 +61,23 @@ pub struct Amendment {
     /// The generation it replaces and that generation's manifest key.
     pub generation: u64,
     pub manifest_key: String,
+    /// The manifest keys of every earlier generation of this chain, oldest first, ending with
+    /// `manifest_key`: a copy of the data directory that recorded any of them can tell this
+    /// archive is its successor by key, not by generation number (a copy restored from a backup,
+    /// or another installation that adopted a stale generation, reaches the same numbers on a
+    /// fork of its own).
+    #[serde(default)]
+    pub lineage: Vec<String>,
     /// The hot rows merged into the replaced generation's rows (count, key range, checksum).
     pub hot_rows: RowSummary,
 }
 
 impl Manifest {
+    /// Whether this archive is a later generation of the chain that went through `key`.
+    pub fn descends_from(&self, key: &str) -> bool {
+        self.amends.as_ref().is_some_and(|a| a.manifest_key == key || a.lineage.iter().any(|k| k == key))
+    }
+
     /// The rows the hot store held for this archive: all of them for a first generation, the
     /// rows merged in for a later one.
     pub fn hot_rows(&self) -> &RowSummary {

@@ -42,9 +42,6 @@ pub struct VerifiedArchive {
     pub manifest_key: String,
     pub manifest: Manifest,
     pub rows: Vec<Record>,
-    /// The cleaned archive the database records for the bucket is gone from its target (read
-    /// just before): an archive that amends it can then only be its next generation.
-    pub recorded_gone: bool,
 }
 
 impl Store {
@@ -54,7 +51,7 @@ impl Store {
     /// changes nothing. Adopted buckets are queued for a retention plan made with their facts.
     pub fn adopt(&self, archive: VerifiedArchive, now: Micros) -> Result<Adoption> {
         self.write(move |txn| {
-            let VerifiedArchive { id, manifest_key, manifest, rows, recorded_gone } = archive;
+            let VerifiedArchive { id, manifest_key, manifest, rows } = archive;
             let existing: Option<BucketMeta> =
                 txn.open_table(BUCKETS)?.get(id.encode().as_slice())?.map(|v| decode_value(v.value())).transpose()?;
             let recorded = match &existing {
@@ -76,7 +73,7 @@ impl Store {
                 // added since (rows waiting beside the replaced one must all be in it too).
                 Some(meta)
                     if matches!(meta.state, BucketState::Hot | BucketState::Archiving)
-                        || succeeds(&meta, recorded.as_ref(), &manifest, recorded_gone) =>
+                        || succeeds(&meta, recorded.as_ref(), &manifest) =>
                 {
                     if meta.descriptor != manifest.bucket {
                         return Ok(Adoption::Conflict(format!(
@@ -224,18 +221,18 @@ impl Store {
 }
 
 /// The bucket an archive describes, archived and queued for a plan.
-/// Whether `manifest` is a next generation of the cleaned archive `meta` records (`recorded`),
-/// so that adopting it loses nothing: it amends that archive directly, or it amends a generation
-/// at least as new and the recorded archive is gone from its target (only a copy whose chain of
-/// generations ran through it releases and deletes it; a copy that forked after a backup never
-/// recorded it, so never deletes it).
-fn succeeds(meta: &BucketMeta, recorded: Option<&Manifest>, manifest: &Manifest, recorded_gone: bool) -> bool {
-    let (Some(amends), Some(recorded_key), Some(recorded)) = (&manifest.amends, &meta.manifest_key, recorded) else {
+/// Whether `manifest` is a later generation of the cleaned archive `meta` records (`recorded`),
+/// so that adopting it loses nothing: its lineage names the recorded archive's key. Generation
+/// numbers alone prove nothing: a copy restored from a backup, or an installation that adopted
+/// a stale generation of a lost one, reaches the same numbers on a fork of its own, whose
+/// archive lacks the rows of the recorded one.
+fn succeeds(meta: &BucketMeta, recorded: Option<&Manifest>, manifest: &Manifest) -> bool {
+    let (Some(recorded_key), Some(recorded)) = (&meta.manifest_key, recorded) else {
         return false;
     };
     matches!(meta.state, BucketState::Archived { hot_deleted: true } | BucketState::ArchivedPending)
         && manifest.generation > recorded.generation
-        && (amends.manifest_key == *recorded_key || (recorded_gone && amends.generation >= recorded.generation))
+        && manifest.descends_from(recorded_key)
 }
 
 /// The newest manifest the database records for the bucket.
