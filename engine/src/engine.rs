@@ -484,15 +484,21 @@ impl Engine {
             let key =
                 meta.manifest_key.clone().ok_or_else(|| Error::Internal(format!("bucket {id} names no manifest")))?;
             let backend = policies.archive_backend(policy, &manifest.archive_target())?;
+            let in_bucket = || {
+                archived
+                    .iter()
+                    .filter(|r| r.record.partition_key == id.partition_key && r.descriptor.key == id.bucket_key)
+            };
+            // Only the segments whose event times cover a row can hold its identity: a late
+            // record reads one segment (or none, past the archive's ends), not the bucket.
+            let from = in_bucket().map(|r| r.record.event_time).min();
+            let to = in_bucket().map(|r| r.record.event_time).max().and_then(|t| t.checked_add(1));
             let stored =
-                crate::storage::block_on(crate::format::reader::read_archive(backend.as_ref(), &key, None, None))?;
+                crate::storage::block_on(crate::format::reader::read_archive(backend.as_ref(), &key, from, to))?;
             let stored: HashMap<(i64, &[u8]), &Record> =
                 stored.iter().map(|r| ((r.event_time, r.sort_key.as_slice()), r)).collect();
             let mut late = false;
-            for row in archived
-                .iter()
-                .filter(|r| r.record.partition_key == id.partition_key && r.descriptor.key == id.bucket_key)
-            {
+            for row in in_bucket() {
                 match stored.get(&(row.record.event_time, row.record.sort_key.as_slice())) {
                     Some(found) if **found == row.record => identical += 1,
                     Some(_) => {

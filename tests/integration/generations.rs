@@ -198,3 +198,35 @@ fn a_restored_copy_never_adopts_a_fork_for_the_next_generation_of_its_archive() 
         assert!(manifests(&e).contains(key), "the fork's `{key}` stays on the target");
     }
 }
+
+/// A late record is compared with the segments whose event times cover it, not the whole
+/// archive (the late scenario of BENCHMARKS.md measured a 100,000-row bucket read whole for
+/// each late append): an archive of three segments still finds the identical record in its
+/// last segment and the changed body in its middle one, and takes the late record.
+#[test]
+fn a_late_record_is_compared_with_the_segments_that_cover_it() {
+    let e = TestEngine::new(&expiring_policy("3650d"), "2024-03-01T12:00:00Z");
+    let rows = 2 * frostline::format::SEGMENT_ROWS_MAX + 500;
+    let at = |n: usize| {
+        let time = t("2024-03-01T00:00:00Z") + n as i64 * 2_000_000;
+        Record { event_time: time, ..record("2024-03-01T00:00:00Z", &format!("k{n:06}"), &format!("{{\"n\":{n}}}")) }
+    };
+    let archived: Vec<Record> = (0..rows).map(|n| at(2 * n)).collect();
+    for chunk in archived.chunks(5_000) {
+        e.engine.append("r", chunk.to_vec()).unwrap();
+    }
+    e.pass();
+    e.clock.set(t("2024-03-03T00:00:00Z"));
+    assert_eq!(e.pass().archived, 1);
+    let id = e.engine.store().buckets("r", None).unwrap()[0].id.clone();
+    assert_eq!(e.engine.store().latest_manifest(&id).unwrap().unwrap().segments.len(), 3);
+
+    let last = archived[rows - 1].clone();
+    let mut changed = archived[frostline::format::SEGMENT_ROWS_MAX + 7].clone();
+    changed.body = "{\"changed\":true}".into();
+    let err = e.engine.append("r", vec![at(1), changed]).unwrap_err();
+    assert!(matches!(err, Error::Conflict(_)), "a changed body in the middle segment: {err}");
+    let outcome = e.engine.append("r", vec![at(2 * rows - 3), last]).unwrap();
+    assert_eq!((outcome.appended, outcome.already_archived), (1, 1), "{outcome:?}");
+    assert_eq!(e.engine.store().bucket(&id).unwrap().unwrap().state, BucketState::ArchivedPending);
+}

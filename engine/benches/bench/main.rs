@@ -37,6 +37,7 @@ mod edge;
 mod footprint;
 mod formats;
 mod harness;
+mod late;
 mod layout;
 mod native;
 mod plugins;
@@ -90,6 +91,11 @@ const SCENARIOS: &[Scenario] = &[
         name: "archive-large",
         about: "the archive scenario's pass against the floor and restic with 2,000,000 rows in the same 32 buckets (at most 3 rounds)",
         run: archive::archive_large,
+    },
+    Scenario {
+        name: "late",
+        about: "a late record into an archived 100,000-row bucket: the pass that publishes its next generation (1 and 1,000 late records) and the bytes it rewrites, against the first archival of the same bucket; the append of a late record against one to a hot bucket",
+        run: late::late,
     },
     Scenario {
         name: "hot-layout",
