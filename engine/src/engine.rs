@@ -417,6 +417,7 @@ impl Engine {
                     writable_buckets: policy.writable_buckets.unwrap_or(0),
                     now: self.clock.now(),
                     archives_checked: split.archives_checked,
+                    late_grace_us: self.settings.late_grace_us,
                 }) {
                     Err(Error::ArchiveChanged { .. }) if attempts < APPEND_ARCHIVE_CHANGED_ATTEMPTS => continue,
                     outcome => outcome?,

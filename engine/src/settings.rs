@@ -15,6 +15,13 @@ pub const ORPHAN_GRACE_SECONDS_DEFAULT: u64 = 86_400;
 /// The orphan sweep never deletes an object younger than this.
 pub const ORPHAN_GRACE_SECONDS_MIN: u64 = 3_600;
 pub const SWEEP_INTERVAL_SECONDS_DEFAULT: u64 = 3_600;
+/// How long a bucket that took a late record waits before its next generation is published.
+/// A next generation rewrites the whole bucket (about the cost of its first archival, see
+/// BENCHMARKS.md, scenario `late`), so late records that trickle in are gathered into one
+/// generation per interval; reads see them at once either way.
+pub const LATE_GRACE_SECONDS_DEFAULT: u64 = 300;
+/// A week: longer would keep late rows hot past what an operator means by "late".
+pub const LATE_GRACE_SECONDS_MAX: u64 = 7 * 86_400;
 /// redb's page cache. redb's own default is 1 GiB, which an engine on an edge host would fill
 /// with pages of rows it has long archived; 64 MiB holds the interior pages of a store of
 /// millions of rows (see BENCHMARKS.md, footprint and append).
@@ -71,6 +78,11 @@ pub struct ArchiverArgs {
     /// Seconds between orphan sweeps inside `run`.
     #[arg(long, env = "ARCHIVER_SWEEP_INTERVAL_SECONDS", default_value_t = SWEEP_INTERVAL_SECONDS_DEFAULT)]
     pub sweep_interval_seconds: u64,
+    /// Seconds a bucket that took a late record (or a backfill) waits before its next generation
+    /// is published (0 to 604800; 0: the next pass). Records arriving meanwhile join the same
+    /// generation; queries read them at once either way.
+    #[arg(long, env = "ARCHIVER_LATE_GRACE_SECONDS", default_value_t = LATE_GRACE_SECONDS_DEFAULT)]
+    pub late_grace_seconds: u64,
     /// Memory for the hot store's page cache, in MiB (4 to 65536).
     #[arg(long, env = "FROSTLINE_STORE_CACHE_MIB", default_value_t = STORE_CACHE_MIB_DEFAULT)]
     pub store_cache_mib: u64,
@@ -106,6 +118,7 @@ impl Default for ArchiverArgs {
             tombstone_retention_seconds: TOMBSTONE_RETENTION_SECONDS_DEFAULT,
             orphan_grace_seconds: ORPHAN_GRACE_SECONDS_DEFAULT,
             sweep_interval_seconds: SWEEP_INTERVAL_SECONDS_DEFAULT,
+            late_grace_seconds: LATE_GRACE_SECONDS_DEFAULT,
             store_cache_mib: STORE_CACHE_MIB_DEFAULT,
             cleanup_slice_rows: CLEANUP_SLICE_ROWS_DEFAULT,
             concurrency: None,
@@ -127,6 +140,8 @@ pub struct Settings {
     pub tombstone_retention_us: Micros,
     pub orphan_grace_us: Micros,
     pub sweep_interval_us: Micros,
+    /// How long a bucket with late records waits before its next generation (0: at once).
+    pub late_grace_us: Micros,
     pub store_cache_bytes: usize,
     pub cleanup_slice_rows: usize,
     pub archive_concurrency: usize,
@@ -202,6 +217,12 @@ impl ArchiverArgs {
                  never look like an orphan"
             )));
         }
+        if self.late_grace_seconds > LATE_GRACE_SECONDS_MAX {
+            return Err(Error::InvalidInput(format!(
+                "ARCHIVER_LATE_GRACE_SECONDS must be 0 to {LATE_GRACE_SECONDS_MAX} (seconds), not {}",
+                self.late_grace_seconds
+            )));
+        }
         if !(STORE_CACHE_MIB_MIN..=STORE_CACHE_MIB_MAX).contains(&self.store_cache_mib) {
             return Err(Error::InvalidInput(format!(
                 "FROSTLINE_STORE_CACHE_MIB must be {STORE_CACHE_MIB_MIN} to {STORE_CACHE_MIB_MAX} (MiB), not {}",
@@ -233,6 +254,7 @@ impl ArchiverArgs {
             tombstone_retention_us: positive("ARCHIVER_TOMBSTONE_RETENTION_SECONDS", self.tombstone_retention_seconds)?,
             orphan_grace_us: orphan_grace_seconds.unwrap_or(self.orphan_grace_seconds) as i64 * MICROS_PER_SECOND,
             sweep_interval_us: positive("ARCHIVER_SWEEP_INTERVAL_SECONDS", self.sweep_interval_seconds)?,
+            late_grace_us: self.late_grace_seconds as i64 * MICROS_PER_SECOND,
             eligible_before,
             interval_us: positive("ARCHIVER_INTERVAL_SECONDS", self.interval_seconds)?,
             lease_us,
@@ -258,6 +280,17 @@ mod tests {
             let error = args.validate_with(|_| None).unwrap_err().to_string();
             assert!(error.contains("FROSTLINE_STORE_CACHE_MIB must be 4 to 65536"), "{error}");
         }
+    }
+
+    #[test]
+    fn the_late_grace_is_bounded_and_zero_means_at_once() {
+        for seconds in [0, LATE_GRACE_SECONDS_DEFAULT, LATE_GRACE_SECONDS_MAX] {
+            let args = ArchiverArgs { late_grace_seconds: seconds, ..Default::default() };
+            assert_eq!(args.validate_with(|_| None).unwrap().late_grace_us, seconds as i64 * MICROS_PER_SECOND);
+        }
+        let args = ArchiverArgs { late_grace_seconds: LATE_GRACE_SECONDS_MAX + 1, ..Default::default() };
+        let error = args.validate_with(|_| None).unwrap_err().to_string();
+        assert!(error.contains("ARCHIVER_LATE_GRACE_SECONDS must be 0 to 604800"), "{error}");
     }
 
     #[test]

@@ -976,6 +976,8 @@ fn a_late_record_replaces_its_buckets_file_in_one_delta_commit() {
     late.sort_key = "late".into();
     late.event_time += 1;
     assert_eq!(e.engine.append("events", vec![late]).unwrap().appended, 1);
+    assert_eq!(e.pass().archived, 0, "the next generation waits for the late grace");
+    fleet.set_clock("2024-03-10T00:10:00Z");
     let report = e.pass();
     assert_eq!(report.archived, 1, "{report:?}");
     assert!(report.errors.is_empty(), "{report:?}");

@@ -13,6 +13,8 @@ use crate::replan::expiring_policy;
 use crate::support::*;
 
 const DAY_US: i64 = 86_400_000_000;
+/// The default ARCHIVER_LATE_GRACE_SECONDS, in microseconds.
+const LATE_GRACE_US: i64 = frostline::settings::LATE_GRACE_SECONDS_DEFAULT as i64 * 1_000_000;
 
 /// A partition key as users have them: a slash, a percent sign, an equals sign, a space and
 /// non-ASCII text.
@@ -75,7 +77,10 @@ fn a_late_record_for_an_archived_bucket_is_read_at_once_and_archived_as_the_next
     let mut expected = sorted(first.iter().chain(&late).cloned().collect());
     assert_eq!(e.query_all("r"), expected, "queries read the archive and the pending rows, in order, once");
 
-    // The next pass publishes generation 2: the union, verified, then the late rows cleaned.
+    // The next generation waits for the late grace; then a pass publishes it: the union,
+    // verified, then the late rows cleaned.
+    assert_eq!(e.pass().archived, 0, "published before the late grace ran out");
+    e.clock.advance(LATE_GRACE_US);
     let report = e.pass();
     assert_eq!(report.archived, 1, "{report:?}");
     assert!(report.errors.is_empty(), "{report:?}");
@@ -112,6 +117,7 @@ fn a_late_record_for_an_archived_bucket_is_read_at_once_and_archived_as_the_next
     // A third generation works the same way.
     let third = record("2024-03-01T00:00:00Z", "0", "{}");
     e.engine.append("r", vec![third.clone()]).unwrap();
+    e.clock.advance(LATE_GRACE_US);
     assert_eq!(e.pass().archived, 1);
     expected.insert(0, third);
     assert_eq!(e.query_all("r"), expected);
@@ -161,6 +167,7 @@ fn a_restored_copy_never_adopts_a_fork_for_the_next_generation_of_its_archive() 
     e = e.backup(&older).unwrap();
     // A late record: generation 2 amends generation 1, and the newer backup records it.
     e.engine.append("r", vec![record("2024-03-01T02:00:00Z", "b", "{}")]).unwrap();
+    e.clock.advance(LATE_GRACE_US);
     assert_eq!(e.pass().archived, 1);
     e = e.backup(&newer).unwrap();
     let recorded = e.engine.store().buckets("r", None).unwrap()[0].manifest_key.clone().unwrap();
@@ -170,6 +177,7 @@ fn a_restored_copy_never_adopts_a_fork_for_the_next_generation_of_its_archive() 
     e = e.restore(&older).unwrap();
     for late in [record("2024-03-01T03:00:00Z", "c", "{}"), record("2024-03-01T04:00:00Z", "d", "{}")] {
         e.engine.append("r", vec![late]).unwrap();
+        e.clock.advance(LATE_GRACE_US);
         assert_eq!(e.pass().archived, 1);
     }
     let fork: Vec<String> = manifests(&e).into_iter().filter(|k| *k != recorded).collect();
@@ -229,4 +237,49 @@ fn a_late_record_is_compared_with_the_segments_that_cover_it() {
     let outcome = e.engine.append("r", vec![at(2 * rows - 3), last]).unwrap();
     assert_eq!((outcome.appended, outcome.already_archived), (1, 1), "{outcome:?}");
     assert_eq!(e.engine.store().bucket(&id).unwrap().unwrap().state, BucketState::ArchivedPending);
+}
+
+/// Late records that trickle in are gathered into one generation per late grace
+/// (ARCHIVER_LATE_GRACE_SECONDS, counted from the first): a next generation rewrites the
+/// whole bucket, so one per record would rewrite it once per pass. Reads see each record at
+/// once. With a grace of 0 the next pass publishes.
+#[test]
+fn late_records_within_the_grace_make_one_generation() {
+    let e = TestEngine::new(&expiring_policy("3650d"), "2024-03-01T12:00:00Z");
+    e.engine.append("r", vec![record("2024-03-01T01:00:00Z", "a", "{}")]).unwrap();
+    e.pass();
+    e.clock.set(t("2024-03-03T00:00:00Z"));
+    assert_eq!(e.pass().archived, 1);
+    let store = e.engine.store().clone();
+    let id = store.buckets("r", None).unwrap()[0].id.clone();
+    let first = store.bucket(&id).unwrap().unwrap().manifest_key.unwrap();
+
+    e.engine.append("r", vec![record("2024-03-01T02:00:00Z", "b", "{}")]).unwrap();
+    assert_eq!(e.pass().archived, 0);
+    e.clock.advance(LATE_GRACE_US - 1_000_000);
+    e.engine.append("r", vec![record("2024-03-01T03:00:00Z", "c", "{}")]).unwrap();
+    assert_eq!(e.pass().archived, 0, "a later record does not start the grace again, nor end it");
+    assert_eq!(e.query_all("r").len(), 3, "reads see the late records while they wait");
+    e.clock.advance(1_000_000);
+    assert_eq!(e.pass().archived, 1, "due when the grace of the first late record ran out");
+    let manifest = store.latest_manifest(&id).unwrap().unwrap();
+    let amends = manifest.amends.expect("a next generation");
+    assert_eq!((amends.manifest_key.as_str(), amends.hot_rows.rows), (first.as_str(), 2), "one generation for both");
+    assert_eq!(amends.lineage, vec![first]);
+
+    let settings = frostline::settings::Settings { late_grace_us: 0, ..Default::default() };
+    let at_once = TestEngine::open_with_settings(
+        &expiring_policy("3650d"),
+        "2024-03-01T12:00:00Z",
+        &[],
+        Default::default(),
+        settings,
+    )
+    .unwrap();
+    at_once.engine.append("r", vec![record("2024-03-01T01:00:00Z", "a", "{}")]).unwrap();
+    at_once.pass();
+    at_once.clock.set(t("2024-03-03T00:00:00Z"));
+    assert_eq!(at_once.pass().archived, 1);
+    at_once.engine.append("r", vec![record("2024-03-01T02:00:00Z", "b", "{}")]).unwrap();
+    assert_eq!(at_once.pass().archived, 1, "a grace of 0 publishes at the next pass");
 }

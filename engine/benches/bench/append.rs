@@ -417,6 +417,7 @@ fn append_phases(records: &[Record], policy: &str) -> Result<AppendPhases> {
             writable_buckets: 0,
             now: engine.clock().now(),
             archives_checked: Vec::new(),
+            late_grace_us: 0,
         })?;
         lap(&mut seconds[2], &mut mark);
         ensure!(outcome.appended == chunk.len() as u64, "the store appended {outcome:?} of {}", chunk.len());

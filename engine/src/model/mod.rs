@@ -396,7 +396,8 @@ mod tests {
     #[test]
     fn state_machine_allows_only_the_protocol_edges() {
         use BucketState::*;
-        let all = [Hot, Archiving, Archived { hot_deleted: false }, Archived { hot_deleted: true }, Expired];
+        let all =
+            [Hot, Archiving, Archived { hot_deleted: false }, Archived { hot_deleted: true }, ArchivedPending, Expired];
         let allowed: Vec<(BucketState, BucketState)> = all
             .iter()
             .flat_map(|a| all.iter().map(move |b| (*a, *b)))
@@ -410,8 +411,13 @@ mod tests {
                 (Archiving, Archiving),
                 (Archiving, Archived { hot_deleted: false }),
                 (Archiving, Archived { hot_deleted: true }),
+                (Archiving, Expired),
                 (Archived { hot_deleted: false }, Archived { hot_deleted: true }),
+                (Archived { hot_deleted: true }, ArchivedPending),
                 (Archived { hot_deleted: true }, Expired),
+                (ArchivedPending, Archiving),
+                (ArchivedPending, Archived { hot_deleted: true }),
+                (ArchivedPending, Expired),
                 (Expired, Archived { hot_deleted: true }),
             ]
         );

@@ -53,6 +53,9 @@ pub struct AppendBatch {
     /// `ArchiveChanged` if the bucket has published another generation since, so a late record
     /// can never stand beside an archived record of the same identity.
     pub archives_checked: Vec<(BucketId, String)>,
+    /// How long a bucket that takes its first late record waits before its next generation is
+    /// due (`Settings::late_grace_us`).
+    pub late_grace_us: Micros,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
@@ -211,10 +214,12 @@ pub(super) fn apply_batch(txn: &WriteTransaction, batch: &AppendBatch) -> Result
         meta.row_count += 1;
         meta.byte_count += row.record.body.len() as u64;
     }
-    // A late record reopens a cleaned archive: its next generation is due at once.
+    // A late record reopens a cleaned archive: its next generation is due after the grace,
+    // counted from the first late record (those that follow join the same generation).
+    let republish_at = batch.now.saturating_add(batch.late_grace_us);
     for ((meta, _), grew) in metas.iter_mut().zip(grew) {
         if grew && meta.state == (BucketState::Archived { hot_deleted: true }) {
-            super::record_step(txn, meta, lifecycle::Step::LateRecord, batch.now)?;
+            super::record_step(txn, meta, lifecycle::Step::LateRecord { republish_at }, batch.now)?;
         }
     }
     let mut buckets = txn.open_table(BUCKETS)?;

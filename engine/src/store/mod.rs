@@ -463,6 +463,7 @@ mod tests {
             writable_buckets: 0,
             now: 0,
             archives_checked: Vec::new(),
+            late_grace_us: 0,
         };
         let mut meta = new_bucket_meta(id.clone(), &descriptor, &batch);
         meta.state = state;

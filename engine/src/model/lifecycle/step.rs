@@ -17,9 +17,10 @@ pub enum Step<'a> {
     /// The lease holder extends its lease.
     Renew { lease_until: Micros },
     /// A record is appended to a cleaned archive (a late record, a backfill): it waits in the
-    /// hot store beside the archive, and the next archival, due at once, publishes a
-    /// generation that holds both.
-    LateRecord,
+    /// hot store beside the archive, and the next archival, due at `republish_at` (the late
+    /// grace after the first such record: those that follow join it), publishes a generation
+    /// that holds both.
+    LateRecord { republish_at: Micros },
     /// The read cut-over: `Archiving` becomes `Archived{hot_deleted:false}`. The cleanup is due
     /// at once, and stays due if the worker dies.
     Publish,
@@ -66,7 +67,7 @@ impl Step<'_> {
             // A publication retried under the same lease finds it done.
             Step::Publish => matches!(state, Archiving | Archived { hot_deleted: false }),
             Step::HotRowsDeleted => state == Archived { hot_deleted: false },
-            Step::LateRecord => state == Archived { hot_deleted: true },
+            Step::LateRecord { .. } => state == Archived { hot_deleted: true },
             // An unknown bucket is recorded as the archive it adopts.
             Step::Adopt => matches!(state, Hot | Archiving | Archived { hot_deleted: true } | ArchivedPending),
             Step::BeginExpiry | Step::Park { .. } => state == Archived { hot_deleted: true },
@@ -135,10 +136,15 @@ pub fn apply<'a>(view: &BucketView<'_>, step: Step<'a>, now: Micros) -> Result<T
         Step::Renew { lease_until } => {
             Transition { lease: Lease::Extend { until: lease_until }, ..at(view.state, Some(lease_until)) }
         }
-        Step::LateRecord => settle(
+        Step::LateRecord { republish_at } => settle(
             view,
             // Fenced: an expiry claimed before the record came can no longer begin.
-            Transition { lease: Lease::Release, fence: true, next_retry_at: None, ..at(ArchivedPending, None) },
+            Transition {
+                lease: Lease::Release,
+                fence: true,
+                next_retry_at: (republish_at > now).then_some(republish_at),
+                ..at(ArchivedPending, None)
+            },
             now,
         ),
         Step::Publish => at(Archived { hot_deleted: false }, Some(now)),
@@ -249,16 +255,28 @@ mod tests {
             lease_expires_at: NOW + 5,
             ..view(BucketState::Archived { hot_deleted: true }, Some(&plan))
         };
-        let late = apply(&expiring, Step::LateRecord, NOW).unwrap();
+        let late = apply(&expiring, Step::LateRecord { republish_at: NOW }, NOW).unwrap();
         assert_eq!((late.state, late.lease, late.fence), (BucketState::ArchivedPending, Lease::Release, true));
-        assert_eq!((late.due_at, late.needs_plan), (Some(NOW), false), "the next generation is due at once");
+        assert_eq!((late.due_at, late.needs_plan), (Some(NOW), false), "without a grace, due at once");
+        // With a grace, the next generation waits for it, and cannot be claimed before.
+        let graced = apply(&expiring, Step::LateRecord { republish_at: NOW + 300 }, NOW).unwrap();
+        assert_eq!((graced.state, graced.due_at), (BucketState::ArchivedPending, Some(NOW + 300)));
+        let waiting = BucketView {
+            state: BucketState::ArchivedPending,
+            lease_owner: None,
+            next_retry_at: graced.next_retry_at,
+            ..expiring
+        };
+        assert!(apply(&waiting, Step::Claim { owner: "w", lease_until: NOW + 5 }, NOW).is_err(), "claimed early");
+        assert!(apply(&waiting, Step::Claim { owner: "w", lease_until: NOW + 400 }, NOW + 300).is_ok());
         let pending = BucketView { state: BucketState::ArchivedPending, lease_owner: None, ..expiring };
         assert!(apply(&pending, Step::BeginExpiry, NOW).is_err(), "pending rows are archived before any expiry");
         let stale = BucketView { plan_current: false, ..pending };
         let claim = apply(&stale, Step::Claim { owner: "w", lease_until: NOW + 5 }, NOW).unwrap();
         assert_eq!(claim.state, BucketState::Archiving, "a next generation never waits for a plan");
         for closed in [BucketState::Hot, BucketState::Archiving, BucketState::Expired, BucketState::ArchivedPending] {
-            assert!(apply(&view(closed, Some(&plan)), Step::LateRecord, NOW).is_err(), "{closed}");
+            let late = Step::LateRecord { republish_at: NOW };
+            assert!(apply(&view(closed, Some(&plan)), late, NOW).is_err(), "{closed}");
         }
     }
 
