@@ -283,3 +283,45 @@ fn late_records_within_the_grace_make_one_generation() {
     at_once.engine.append("r", vec![record("2024-03-01T02:00:00Z", "b", "{}")]).unwrap();
     assert_eq!(at_once.pass().archived, 1, "a grace of 0 publishes at the next pass");
 }
+
+/// Regression (lifecycle simulation at a20d484, seeds 16906725213614718770 and
+/// 8634406492624016800 × 200 operations): adoption named a generation that the recorded archive
+/// replaced as another copy's archive "that cannot replace it" or "with other rows", left on
+/// the target, though the recorded archive's lineage holds it and every one of its rows. Its
+/// objects were released when the next generation was published, and the sweep deletes them,
+/// as it must; the report told an operator an archive was kept that was not. Now an archive
+/// the recorded one descends from counts as replaced, not as a conflict: on the target it was
+/// moved away from (the store's check) and beside its successor in one folder (the fork check).
+#[test]
+fn adoption_counts_a_generation_the_recorded_archive_replaced_as_replaced_not_a_conflict() {
+    let mut e = TestEngine::new(&expiring_policy("3650d"), "2024-03-01T12:00:00Z");
+    e.engine.append("r", vec![record("2024-03-01T01:00:00Z", "a", "{}")]).unwrap();
+    e.pass();
+    e.clock.set(t("2024-03-03T00:00:00Z"));
+    assert_eq!(e.pass().archived, 1);
+    let first = manifests(&e);
+    assert_eq!(first.len(), 1);
+
+    // The table moves to another target; two late records make generations 2 and 3 there.
+    let t2 = tempfile::tempdir().unwrap();
+    let moved = expiring_policy("3650d").replace("[[table]]", "[[table]]\ntarget = \"t2\"");
+    let target = format!("[[target]]\nname = \"t2\"\nurl = \"file://{}\"\n", t2.path().display());
+    std::fs::write(e.policies_dir().join("tables.toml"), format!("{target}{moved}")).unwrap();
+    e = e.restart().unwrap();
+    for late in [record("2024-03-01T02:00:00Z", "b", "{}"), record("2024-03-01T03:00:00Z", "c", "{}")] {
+        e.engine.append("r", vec![late]).unwrap();
+        e.clock.advance(LATE_GRACE_US);
+        assert_eq!(e.pass().archived, 1);
+    }
+    let on_t2 = manifests(&e);
+    assert_eq!(on_t2.len(), 2, "generations 2 and 3, before any sweep: {on_t2:?}");
+    assert!(!on_t2.contains(&first[0]), "generation 1 stays on the first target");
+
+    let recorded = e.engine.store().buckets("r", None).unwrap()[0].manifest_key.clone();
+    let report = runtime().block_on(frostline::archive::adopt::adopt(&e.engine.context(), false, &[])).unwrap();
+    assert!(report.conflicts.is_empty(), "replaced generations are no conflict: {report:?}");
+    assert!(report.failures.is_empty(), "{report:?}");
+    assert_eq!((report.adopted, report.known, report.superseded), (0, 1, 2), "{report:?}");
+    assert_eq!(e.engine.store().buckets("r", None).unwrap()[0].manifest_key, recorded, "unchanged");
+    assert_eq!(e.query_all("r").len(), 3);
+}

@@ -372,9 +372,20 @@ struct ModelBucket {
 /// days), and called the engine's correct expiry a loss (the model now takes the kind the archive
 /// stores, if the record was ever appended under it).
 /// 11932800194936507379 and 4688320624041329399 failed in the 10,000-seed run at 950fbcc (before
-/// late records were accepted; docs/RELIABILITY.md says what each was).
-const LIFECYCLE_PINNED_SEEDS: &[u64] =
-    &[10271305771009615499, 8543358860644630439, 12338334240218253441, 11932800194936507379, 4688320624041329399];
+/// late records were accepted; docs/RELIABILITY.md says what each was). 16906725213614718770
+/// and 8634406492624016800 failed at a20d484: a copy restored from a backup replaced a shared
+/// generation with its next one, and adoption called the replaced generation another copy's
+/// archive left on the target (a conflict), which the model then expected to stay; the sweep
+/// rightly deleted it (adoption now counts it as superseded).
+const LIFECYCLE_PINNED_SEEDS: &[u64] = &[
+    10271305771009615499,
+    8543358860644630439,
+    12338334240218253441,
+    11932800194936507379,
+    4688320624041329399,
+    16906725213614718770,
+    8634406492624016800,
+];
 
 #[test]
 fn lifecycle_simulation_matches_the_reference_model() {

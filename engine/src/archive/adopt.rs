@@ -46,6 +46,9 @@ pub struct AdoptReport {
     pub hot_rows_released: u64,
     /// Folders whose newest verified manifest the database already records.
     pub known: u64,
+    /// Manifests of generations a recorded archive replaced (its lineage names them, and it
+    /// holds their rows): neither adopted nor a conflict. The sweep deletes them once released.
+    pub superseded: u64,
     /// Buckets left alone, and why.
     pub conflicts: Vec<String>,
     /// Manifests that failed verification, and why (an older one of the folder may have been
@@ -166,6 +169,11 @@ pub async fn adopt(ctx: &Arc<Context>, dry_run: bool, from_installations: &[Stri
                             chosen = Some(i);
                             break;
                         }
+                        Adoption::Superseded => {
+                            report.superseded += 1;
+                            chosen = Some(i);
+                            break;
+                        }
                         // A newer archive of another fork (a stale generation adopted and
                         // amended elsewhere) does not hide an older one that does follow
                         // what this database records.
@@ -221,6 +229,11 @@ async fn report_forks(backend: &dyn ArchiveBackend, chosen: &str, others: &[Foun
     }
     let Ok(standing) = read_manifest(backend, chosen).await else { return };
     for (_, _, key) in others {
+        // A generation the standing archive replaced: its rows are in it.
+        if standing.descends_from(key) {
+            report.superseded += 1;
+            continue;
+        }
         // An older manifest that cannot be read is left as the sweep and expiry leave it.
         let Ok(other) = read_manifest(backend, key).await else { continue };
         if other.summary != standing.summary {

@@ -32,6 +32,9 @@ pub enum Adoption {
     Replaced { hot_rows: u64 },
     /// The database already records this manifest.
     Known,
+    /// A generation the recorded archive replaced: its lineage names this manifest, and it
+    /// holds every row of it. Nothing changed; the sweep deletes it once it was released.
+    Superseded,
     /// The database records something the archive cannot stand in for; nothing changed.
     Conflict(String),
 }
@@ -67,6 +70,9 @@ impl Store {
                     meta
                 }
                 Some(meta) if meta.manifest_key.as_deref() == Some(manifest_key.as_str()) => return Ok(Adoption::Known),
+                Some(_) if recorded.as_ref().is_some_and(|r| r.descends_from(&manifest_key)) => {
+                    return Ok(Adoption::Superseded);
+                }
                 // A hot or fenced bucket whose every hot row is in the archive; or a next
                 // generation of the archive this database records, published by another copy
                 // of it (late records), holding every row of the one it replaces and those
