@@ -10,6 +10,7 @@ mod crash;
 mod delta;
 mod disk;
 mod e2e;
+mod erasure;
 mod formats;
 mod generations;
 mod layers;

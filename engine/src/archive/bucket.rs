@@ -229,10 +229,23 @@ async fn upload_and_publish(
 ) -> Result<(u64, u64)> {
     let id = meta.id.clone();
     let generation = meta.generation;
-    let (base, base_rows) = match published_base(ctx, table, meta).await? {
+    let (base, mut base_rows) = match published_base(ctx, table, meta).await? {
         Some((base, rows)) => (Some(base), rows),
         None => (None, Vec::new()),
     };
+    // Open erasure requests that name the bucket: their hot rows are deleted under this lease
+    // before the snapshot, and their archived rows left out of the next generation.
+    let (store, claimed) = (ctx.store.clone(), meta.clone());
+    let selectors = blocking(move || store.erasure_selectors(&claimed)).await?;
+    if !selectors.is_empty() {
+        let before = base_rows.len();
+        base_rows.retain(|row| !selectors.iter().any(|s| s.matches_record(&id.table, row)));
+        let archived = (before - base_rows.len()) as u64;
+        let (store, bucket, lease, now) =
+            (ctx.store.clone(), id.clone(), Some((owner.to_string(), generation)), ctx.clock.now());
+        let hot = blocking(move || store.erase_hot_rows(&bucket, selectors, lease, archived, now)).await?;
+        tracing::info!(archived, hot = hot.unwrap_or(0), "erasure: records left out of the next generation");
+    }
     let (receiver, reader) =
         pipeline::start(ctx.clone(), id.clone(), owner.to_string(), generation, table.format, base_rows);
     let claimed = Claimed { owner, meta, base: base.as_ref() };

@@ -18,6 +18,7 @@ mod bucket;
 pub mod catalog;
 #[cfg(feature = "delta")]
 pub mod delta;
+pub mod erase;
 pub mod expiry;
 pub mod outbox;
 mod pipeline;
@@ -61,6 +62,8 @@ pub async fn run_pass(ctx: &Arc<Context>, owner: &str) -> Result<PassReport> {
     let previous = *ctx.memory().planning.lock().expect("planning lock");
     plan_buckets(ctx, plan_budget(previous.previous_work), &mut report).await?;
     report.seconds.add(Phase::Plan, lap.lap());
+    // Erasure requests first: an archive they name becomes due in this pass.
+    erase_step(ctx, &mut report).await;
     // Outbox delivery runs before discovery; a sink that is down never blocks archival.
     match outbox::deliver(ctx).await {
         Ok(n) => report.outbox_delivered = n,
@@ -155,6 +158,9 @@ pub async fn run_pass(ctx: &Arc<Context>, owner: &str) -> Result<PassReport> {
         }
         report.seconds.add(Phase::DeltaLog, lap.lap());
     }
+    // And again once this pass's generations are published, cleaned and in the Delta log:
+    // what they replaced is deleted now.
+    erase_step(ctx, &mut report).await;
     // A failed reference check stops the sweep before it deletes anything.
     match sweep::sweep_if_due(ctx).await {
         Ok(Some(swept)) => report.orphans_deleted = swept.deleted,
@@ -162,6 +168,15 @@ pub async fn run_pass(ctx: &Arc<Context>, owner: &str) -> Result<PassReport> {
         Err(e) => report.error(PassErrorKind::Sweep, format!("orphan sweep stopped: {e}")),
     }
     Ok(report)
+}
+
+/// One step of every open erasure request (`erase::carry_out`); a failure is the pass's error
+/// and is retried by the next pass.
+async fn erase_step(ctx: &Arc<Context>, report: &mut PassReport) {
+    match erase::carry_out(ctx).await {
+        Ok(done) => report.erasure_buckets_done += done,
+        Err(e) => report.error(PassErrorKind::Erasure, format!("erasure: {e}")),
+    }
 }
 
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {

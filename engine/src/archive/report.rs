@@ -21,6 +21,9 @@ pub struct PassReport {
     pub tombstones_purged: u64,
     pub outbox_delivered: u64,
     pub orphans_deleted: u64,
+    /// Buckets whose part of an erasure request was finished (hot rows deleted, or the
+    /// replaced generations deleted and proved absent).
+    pub erasure_buckets_done: u64,
     /// Every error the pass met and went on from, with its cause (`PassReport::error`).
     pub errors: Vec<String>,
     /// How many of `errors` there were of each kind (`PassErrorKind`), for the metrics.
@@ -39,6 +42,8 @@ pub enum PassErrorKind {
     DeltaLog,
     /// The orphan sweep stopped (another copy of the data directory, a listing that failed).
     Sweep,
+    /// An erasure step failed (a target that could not be reached, an object still listed).
+    Erasure,
 }
 
 impl PassErrorKind {
@@ -49,6 +54,7 @@ impl PassErrorKind {
             PassErrorKind::Catalog => "catalog",
             PassErrorKind::DeltaLog => "delta_log",
             PassErrorKind::Sweep => "sweep",
+            PassErrorKind::Erasure => "erasure",
         }
     }
 }

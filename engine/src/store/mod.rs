@@ -21,6 +21,7 @@
 mod adopt;
 mod append;
 pub mod encoding;
+pub mod erasure;
 mod expiry;
 mod holds;
 mod keys;
@@ -42,9 +43,10 @@ pub use self::protocol::{CleanupSlice, PlanOutcome};
 pub use self::reads::Snapshot;
 pub use self::recovery::{RECOVERY_PROBE_BYTES, RECOVERY_WAIT_MS_MAX};
 use self::schema::{
-    BUCKETS, BUCKETS_BY_END, BUCKETS_BY_TIME, BucketId, BucketMeta, DELIVERIES, DUE, EPOCHS, HOLDS, INTENTS, MANIFESTS,
-    META, META_INSTALLATION_ID, META_SCHEMA_VERSION, OUTBOX, PLAN_QUEUE, PlanClass, RELEASED, SCHEMA_VERSION, TABLES,
-    TOMBSTONES, TableState, Tombstone, by_end_key, by_time_key, decode_value, due_key, encode_value, plan_queue_key,
+    BUCKETS, BUCKETS_BY_END, BUCKETS_BY_TIME, BucketId, BucketMeta, DELIVERIES, DUE, EPOCHS, ERASURES, HOLDS, INTENTS,
+    MANIFESTS, META, META_INSTALLATION_ID, META_SCHEMA_VERSION, OUTBOX, PLAN_QUEUE, PlanClass, RELEASED,
+    SCHEMA_VERSION, TABLES, TOMBSTONES, TableState, Tombstone, by_end_key, by_time_key, decode_value, due_key,
+    encode_value, plan_queue_key,
 };
 pub use self::writer::GROUP_COMMIT_REQUESTS_MAX;
 use self::writer::{Poison, TxnFn, WriteRequest, writer_loop};
@@ -267,6 +269,7 @@ fn init_schema(db: &Database) -> Result<()> {
         txn.open_table(TOMBSTONES)?;
         txn.open_table(EPOCHS)?;
         txn.open_table(RELEASED)?;
+        txn.open_table(ERASURES)?;
     }
     txn.commit()?;
     upgrade::upgrade(db, stored_version)

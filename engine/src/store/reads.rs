@@ -408,6 +408,14 @@ impl Snapshot {
         }
     }
 
+    /// Every recorded manifest of a bucket, oldest generation first.
+    pub fn manifests_of(&self, id: &BucketId) -> Result<Vec<crate::format::manifest::Manifest>> {
+        let t = self.txn.open_table(MANIFESTS)?;
+        let prefix = id.encode();
+        let end = encoding::prefix_end(&prefix);
+        t.range(prefix.as_slice()..end.as_slice())?.map(|entry| decode_value(entry?.1.value())).collect()
+    }
+
     /// For each table and target that holds archives of buckets not yet expired, the buckets
     /// whose newest manifest lives there.
     pub fn archive_targets(&self) -> Result<std::collections::BTreeMap<(String, ArchiveTarget), Vec<String>>> {

@@ -81,6 +81,9 @@ pub const EPOCHS: TableDefinition<&str, i64> = TableDefinition::new("epochs");
 /// attempt's manifest, a segment no published manifest kept): the only objects of a table's
 /// folders the orphan sweep deletes (`ReleasedKey`).
 pub const RELEASED: TableDefinition<&[u8], &[u8]> = TableDefinition::new("released");
+/// Erasure requests by id, with each matched bucket's progress and receipt
+/// (`store::erasure::ErasureRequest`).
+pub const ERASURES: TableDefinition<&str, &[u8]> = TableDefinition::new("erasures");
 
 pub const META_SCHEMA_VERSION: &str = "schema_version";
 pub const META_OUTBOX_SEQUENCE: &str = "outbox_sequence";

@@ -21,6 +21,9 @@ pub enum Step<'a> {
     /// grace after the first such record: those that follow join it), publishes a generation
     /// that holds both.
     LateRecord { republish_at: Micros },
+    /// An erasure request matches the cleaned archive (or one waiting for its next generation):
+    /// its next generation, without the erased records, is due at once (no late grace).
+    Erase,
     /// The read cut-over: `Archiving` becomes `Archived{hot_deleted:false}`. The cleanup is due
     /// at once, and stays due if the worker dies.
     Publish,
@@ -68,6 +71,7 @@ impl Step<'_> {
             Step::Publish => matches!(state, Archiving | Archived { hot_deleted: false }),
             Step::HotRowsDeleted => state == Archived { hot_deleted: false },
             Step::LateRecord { .. } => state == Archived { hot_deleted: true },
+            Step::Erase => matches!(state, Archived { hot_deleted: true } | ArchivedPending),
             // An unknown bucket is recorded as the archive it adopts.
             Step::Adopt => matches!(state, Hot | Archiving | Archived { hot_deleted: true } | ArchivedPending),
             Step::BeginExpiry | Step::Park { .. } => state == Archived { hot_deleted: true },
@@ -145,6 +149,12 @@ pub fn apply<'a>(view: &BucketView<'_>, step: Step<'a>, now: Micros) -> Result<T
                 next_retry_at: (republish_at > now).then_some(republish_at),
                 ..at(ArchivedPending, None)
             },
+            now,
+        ),
+        // Fenced like a late record; the retry time is now, so `claimable` grants it at once.
+        Step::Erase => settle(
+            view,
+            Transition { lease: Lease::Release, fence: true, next_retry_at: None, ..at(ArchivedPending, None) },
             now,
         ),
         Step::Publish => at(Archived { hot_deleted: false }, Some(now)),
@@ -245,6 +255,34 @@ mod tests {
         let done = apply(&expired, Step::CompleteExpiry { purge_at: due + 100 }, due).unwrap();
         assert_eq!((done.lease, done.due_at), (Lease::Release, Some(due + 100)));
         assert_eq!(apply(&expired, Step::TombstonePurged, due + 100).unwrap().due_at, None);
+    }
+
+    #[test]
+    fn an_erasure_sends_an_archive_to_its_next_generation_at_once_even_within_a_late_grace() {
+        let plan = RetentionPlan { archive_at: Some(NOW - 10), expire_at: Some(NOW - 1), reason: "t".into() };
+        let expiring = BucketView {
+            lease_owner: Some("expirer"),
+            lease_expires_at: NOW + 5,
+            ..view(BucketState::Archived { hot_deleted: true }, Some(&plan))
+        };
+        let erase = apply(&expiring, Step::Erase, NOW).unwrap();
+        assert_eq!((erase.state, erase.lease, erase.fence), (BucketState::ArchivedPending, Lease::Release, true));
+        assert_eq!((erase.due_at, erase.next_retry_at), (Some(NOW), None));
+        // Rows waiting out a late grace: the erasure pulls their generation forward.
+        let graced = BucketView {
+            state: BucketState::ArchivedPending,
+            lease_owner: None,
+            next_retry_at: Some(NOW + 300),
+            ..expiring
+        };
+        assert!(apply(&graced, Step::Claim { owner: "w", lease_until: NOW + 5 }, NOW).is_err());
+        let now_due = apply(&graced, Step::Erase, NOW).unwrap();
+        assert_eq!((now_due.state, now_due.due_at), (BucketState::ArchivedPending, Some(NOW)));
+        let pulled = BucketView { next_retry_at: now_due.next_retry_at, ..graced };
+        assert!(apply(&pulled, Step::Claim { owner: "w", lease_until: NOW + 5 }, NOW).is_ok());
+        for state in [BucketState::Hot, BucketState::Archiving, BucketState::Expired] {
+            assert!(apply(&view(state, Some(&plan)), Step::Erase, NOW).is_err(), "{state}");
+        }
     }
 
     #[test]

@@ -1,0 +1,464 @@
+//! Erasure requests: which records to erase (a tenant, a partition key or exact identities,
+//! within a table and a time range), the buckets they matched when the request was placed, and
+//! each bucket's progress and receipt. The store keeps them durable and does what needs a
+//! transaction: hot rows deleted (a hot bucket's outright, one being archived only by its lease
+//! holder), an archived bucket sent to its next generation (`Step::Erase`), counts and receipts
+//! recorded. `archive::erase` drives them from the pass.
+//!
+//! A request erases what matches while it is open: records present when it is placed, and any
+//! appended to a matched bucket before that bucket's part is done. Holds beat erasure: a bucket
+//! a hold covers is left as it is and named in the request until the hold is lifted.
+
+use redb::ReadableTable;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::model::{BucketState, Micros, Record};
+
+use super::keys::{decode_row_key, rows_table, rows_table_name};
+use super::outbox::push_outbox;
+use super::schema::{
+    BUCKETS, BucketId, BucketMeta, ERASURES, RELEASED, ReleasedKey, Shared, StoredRow, decode_value, encode_value,
+};
+use super::{Store, check_lease, load_meta, record_step, save_meta};
+use crate::model::lifecycle::Step;
+
+/// Identities an erasure request may name at most (larger sets: by partition key or tenant).
+pub const ERASURE_IDENTITIES_MAX: usize = 10_000;
+
+/// One record's identity, as an erasure request names it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RecordIdentity {
+    pub partition_key: String,
+    pub event_time: Micros,
+    pub sort_key: String,
+}
+
+/// Which records a request erases: every condition given must hold. At least one of `tenant`,
+/// `partition_key` and `identities` is required (a table alone would erase the table).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ErasureSelector {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub table: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partition_key: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub identities: Vec<RecordIdentity>,
+    /// Event times from (inclusive), in microseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from: Option<Micros>,
+    /// Event times to (exclusive), in microseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub to: Option<Micros>,
+}
+
+impl ErasureSelector {
+    /// Why the selector cannot be a request, if it cannot.
+    pub fn check(&self) -> std::result::Result<(), String> {
+        if self.tenant.is_none() && self.partition_key.is_none() && self.identities.is_empty() {
+            return Err("an erasure names a tenant, a partition key or record identities (a table or a time range \
+                        alone would erase everything in it): give --tenant, --partition or --record"
+                .into());
+        }
+        if self.identities.len() > ERASURE_IDENTITIES_MAX {
+            return Err(format!(
+                "an erasure names at most {ERASURE_IDENTITIES_MAX} record identities, not {}: erase by partition key \
+                 or tenant, or split the request",
+                self.identities.len()
+            ));
+        }
+        if let (Some(from), Some(to)) = (self.from, self.to)
+            && from >= to
+        {
+            return Err(format!("the time range is empty: from {from} is not before to {to}"));
+        }
+        Ok(())
+    }
+
+    /// Whether bucket `meta` may hold a record the selector names.
+    pub fn may_match(&self, meta: &BucketMeta) -> bool {
+        let (start, end) = (meta.descriptor.start, meta.descriptor.end);
+        self.table.as_ref().is_none_or(|t| *t == meta.id.table)
+            && self.partition_key.as_ref().is_none_or(|p| p.as_bytes() == meta.id.partition_key.as_slice())
+            && self.from.is_none_or(|from| end > from)
+            && self.to.is_none_or(|to| start < to)
+            && self.tenant.as_ref().is_none_or(|t| match &meta.tenant {
+                Shared::One(one) => one == t,
+                Shared::Mixed => true,
+                Shared::Unset => false,
+            })
+            && (self.identities.is_empty()
+                || self.identities.iter().any(|i| {
+                    i.partition_key.as_bytes() == meta.id.partition_key.as_slice()
+                        && (start..end).contains(&i.event_time)
+                }))
+    }
+
+    /// Whether the selector names this record (of `table`).
+    pub fn matches(
+        &self,
+        table: &str,
+        partition_key: &[u8],
+        event_time: Micros,
+        sort_key: &[u8],
+        tenant: Option<&str>,
+    ) -> bool {
+        self.table.as_deref().is_none_or(|t| t == table)
+            && self.partition_key.as_ref().is_none_or(|p| p.as_bytes() == partition_key)
+            && self.from.is_none_or(|from| event_time >= from)
+            && self.to.is_none_or(|to| event_time < to)
+            && self.tenant.as_deref().is_none_or(|t| tenant == Some(t))
+            && (self.identities.is_empty()
+                || self.identities.iter().any(|i| {
+                    i.partition_key.as_bytes() == partition_key
+                        && i.event_time == event_time
+                        && i.sort_key.as_bytes() == sort_key
+                }))
+    }
+
+    pub fn matches_record(&self, table: &str, record: &Record) -> bool {
+        self.matches(table, &record.partition_key, record.event_time, &record.sort_key, record.tenant.as_deref())
+    }
+}
+
+/// Where one matched bucket stands in a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErasureProgress {
+    /// Not erased yet: its hot rows wait for a pass, or its archive for its next generation.
+    Pending,
+    /// A hold covers the bucket (`blocked_by`): nothing of it is erased until it is lifted.
+    Blocked,
+    /// Erased: no record the request names is left in the bucket's hot rows or archive.
+    Done,
+}
+
+/// One bucket of a request: what was erased there and the proof.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErasureBucket {
+    pub bucket: BucketId,
+    /// The bucket's fencing generation when the request was placed: an archive published by a
+    /// later claim was written with the request open, without the records it names.
+    pub placed_generation: u64,
+    pub progress: ErasureProgress,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub blocked_by: Vec<String>,
+    pub hot_rows_erased: u64,
+    pub archived_rows_erased: u64,
+    /// The archive the bucket has now, written without the erased records.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub manifest_key: Option<String>,
+    /// The manifests of the generations it replaced (its lineage).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub replaced_manifests: Vec<String>,
+    /// Objects deleted (the replaced generations' manifests and segments).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub deleted_objects: Vec<String>,
+    /// When a listing of the bucket's folders showed none of them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proved_absent_at: Option<Micros>,
+    /// Objects in the bucket's folders this data directory did not write (another copy's or
+    /// installation's): not deleted here, named so the operator knows.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub kept_unproven: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub done_at: Option<Micros>,
+}
+
+/// A durable erasure request and its receipt.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErasureRequest {
+    pub id: String,
+    pub selector: ErasureSelector,
+    pub reason: String,
+    pub requester: String,
+    pub placed_at: Micros,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<Micros>,
+    pub buckets: Vec<ErasureBucket>,
+}
+
+impl ErasureRequest {
+    pub fn is_open(&self) -> bool {
+        self.finished_at.is_none()
+    }
+
+    fn counts(&self) -> serde_json::Value {
+        let count = |p: ErasureProgress| self.buckets.iter().filter(|b| b.progress == p).count();
+        serde_json::json!({
+            "request": self.id,
+            "buckets": self.buckets.len(),
+            "done": count(ErasureProgress::Done),
+            "blocked": count(ErasureProgress::Blocked),
+            "hot_rows_erased": self.buckets.iter().map(|b| b.hot_rows_erased).sum::<u64>(),
+            "archived_rows_erased": self.buckets.iter().map(|b| b.archived_rows_erased).sum::<u64>(),
+            "objects_deleted": self.buckets.iter().map(|b| b.deleted_objects.len()).sum::<usize>(),
+        })
+    }
+
+    /// Marks the request finished when every bucket is done.
+    fn finish_if_done(&mut self, now: Micros) -> bool {
+        if self.is_open() && self.buckets.iter().all(|b| b.progress == ErasureProgress::Done) {
+            self.finished_at = Some(now);
+            return true;
+        }
+        false
+    }
+}
+
+/// What a request would touch, counted without changing anything (`--dry-run`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErasurePreview {
+    /// Buckets that may hold a named record (not expired).
+    pub buckets: u64,
+    /// Hot rows the request names.
+    pub hot_rows: u64,
+    /// Buckets with an archive that may hold a named record: each gets a next generation.
+    pub archived_buckets: u64,
+    /// Objects of those archives (manifests and segments) that the next generations replace.
+    pub objects: u64,
+    /// Buckets a hold covers: left alone until the hold is lifted.
+    pub held_buckets: u64,
+}
+
+fn save_request(txn: &redb::WriteTransaction, request: &ErasureRequest) -> Result<()> {
+    txn.open_table(ERASURES)?.insert(request.id.as_str(), encode_value(request)?.as_slice())?;
+    Ok(())
+}
+
+fn matching_hot_rows(
+    rows: &impl ReadableTable<&'static [u8], &'static [u8]>,
+    id: &BucketId,
+    selectors: &[ErasureSelector],
+) -> Result<Vec<(Vec<u8>, u64)>> {
+    let mut matched = Vec::new();
+    for entry in rows.iter()? {
+        let (key, value) = entry?;
+        let (event_time, sort_key) = decode_row_key(key.value())?;
+        let row: StoredRow = decode_value(value.value())?;
+        if selectors
+            .iter()
+            .any(|s| s.matches(&id.table, &id.partition_key, event_time, &sort_key, row.tenant.as_deref()))
+        {
+            matched.push((key.value().to_vec(), row.body.len() as u64));
+        }
+    }
+    Ok(matched)
+}
+
+impl Store {
+    /// Records a request (its id, selector, reason and requester filled in) with every bucket
+    /// that may hold a record it names, in one transaction. Nothing is erased yet: the pass
+    /// carries it out (`archive::erase`).
+    pub fn place_erasure(&self, mut request: ErasureRequest, now: Micros) -> Result<ErasureRequest> {
+        request.selector.check().map_err(Error::InvalidInput)?;
+        self.write(move |txn| {
+            if txn.open_table(ERASURES)?.get(request.id.as_str())?.is_some() {
+                return Err(Error::Conflict(format!("erasure request `{}` exists already", request.id)));
+            }
+            request.buckets.clear();
+            for entry in txn.open_table(BUCKETS)?.iter()? {
+                let meta: BucketMeta = decode_value(entry?.1.value())?;
+                if meta.state != BucketState::Expired && request.selector.may_match(&meta) {
+                    request.buckets.push(ErasureBucket {
+                        bucket: meta.id.clone(),
+                        placed_generation: meta.generation,
+                        progress: ErasureProgress::Pending,
+                        blocked_by: Vec::new(),
+                        hot_rows_erased: 0,
+                        archived_rows_erased: 0,
+                        manifest_key: None,
+                        replaced_manifests: Vec::new(),
+                        deleted_objects: Vec::new(),
+                        proved_absent_at: None,
+                        kept_unproven: Vec::new(),
+                        done_at: None,
+                    });
+                }
+            }
+            request.placed_at = now;
+            request.finished_at = None;
+            request.finish_if_done(now);
+            save_request(txn, &request)?;
+            // Events carry the request's id, reason and counts, never what it names.
+            let mut details = request.counts();
+            details["reason"] = serde_json::Value::String(request.reason.clone());
+            details["requester"] = serde_json::Value::String(request.requester.clone());
+            push_outbox(txn, "erasure_placed", None, now, details)?;
+            Ok(request)
+        })
+    }
+
+    /// What `selector` would touch now, counted from one snapshot.
+    pub fn preview_erasure(&self, selector: &ErasureSelector) -> Result<ErasurePreview> {
+        selector.check().map_err(Error::InvalidInput)?;
+        let holds = self.holds()?;
+        let snapshot = self.snapshot()?;
+        let mut preview = ErasurePreview::default();
+        let mut candidates = Vec::new();
+        snapshot.visit_buckets(|meta| {
+            if meta.state != BucketState::Expired && selector.may_match(&meta) {
+                candidates.push(meta);
+            }
+            Ok(())
+        })?;
+        let txn = self.read()?;
+        for meta in candidates {
+            preview.buckets += 1;
+            if holds.iter().any(|h| h.covers(&meta)) {
+                preview.held_buckets += 1;
+                continue;
+            }
+            if let Ok(rows) = txn.open_table(rows_table(&rows_table_name(&meta.id))) {
+                preview.hot_rows += matching_hot_rows(&rows, &meta.id, std::slice::from_ref(selector))?.len() as u64;
+            }
+            if meta.manifest_key.is_some()
+                && let Some(manifest) = snapshot.latest_manifest(&meta.id)?
+            {
+                preview.archived_buckets += 1;
+                preview.objects += manifest.segments.len() as u64 + 1;
+            }
+        }
+        Ok(preview)
+    }
+
+    pub fn erasures(&self) -> Result<Vec<ErasureRequest>> {
+        let txn = self.read()?;
+        let table = txn.open_table(ERASURES)?;
+        let mut out = Vec::new();
+        for entry in table.iter()? {
+            out.push(decode_value(entry?.1.value())?);
+        }
+        Ok(out)
+    }
+
+    pub fn erasure(&self, id: &str) -> Result<Option<ErasureRequest>> {
+        let txn = self.read()?;
+        txn.open_table(ERASURES)?.get(id)?.map(|v| decode_value(v.value())).transpose()
+    }
+
+    /// The selectors of the open requests that match bucket `meta`, unless a hold covers it
+    /// (a held bucket is erased only once its holds are lifted).
+    pub fn erasure_selectors(&self, meta: &BucketMeta) -> Result<Vec<ErasureSelector>> {
+        let open: Vec<ErasureRequest> = self.erasures()?.into_iter().filter(ErasureRequest::is_open).collect();
+        if open.is_empty() || self.holds()?.iter().any(|h| h.covers(meta)) {
+            return Ok(Vec::new());
+        }
+        Ok(open
+            .into_iter()
+            .filter(|r| r.buckets.iter().any(|b| b.bucket == meta.id && b.progress != ErasureProgress::Done))
+            .map(|r| r.selector)
+            .collect())
+    }
+
+    /// Deletes the hot rows of bucket `id` that `selectors` name: under the lease of
+    /// `(owner, generation)` (an archival about to snapshot the rows), or else only while the
+    /// bucket is hot and nobody holds it (`Ok(None)` otherwise: try again later). Adds the
+    /// count to every open request that matched the bucket.
+    pub fn erase_hot_rows(
+        &self,
+        id: &BucketId,
+        selectors: Vec<ErasureSelector>,
+        lease: Option<(String, u64)>,
+        archived_rows_erased: u64,
+        now: Micros,
+    ) -> Result<Option<u64>> {
+        let id = id.clone();
+        self.write(move |txn| {
+            let mut meta = load_meta(txn, &id)?;
+            match &lease {
+                Some((owner, generation)) => check_lease(&meta, owner, *generation, now)?,
+                None if meta.state != BucketState::Hot || meta.lease_owner.is_some() && meta.lease_expires_at > now => {
+                    return Ok(None);
+                }
+                None => {}
+            }
+            let name = rows_table_name(&id);
+            let mut rows = txn.open_table(rows_table(&name))?;
+            let matched = matching_hot_rows(&rows, &id, &selectors)?;
+            for (key, bytes) in &matched {
+                rows.remove(key.as_slice())?;
+                meta.row_count = meta.row_count.saturating_sub(1);
+                meta.byte_count = meta.byte_count.saturating_sub(*bytes);
+            }
+            drop(rows);
+            save_meta(txn, &meta)?;
+            let erased = matched.len() as u64;
+            let mut table = txn.open_table(ERASURES)?;
+            let mut changed = Vec::new();
+            for entry in table.iter()? {
+                let mut request: ErasureRequest = decode_value(entry?.1.value())?;
+                if !request.is_open() {
+                    continue;
+                }
+                let mut touched = false;
+                for b in request.buckets.iter_mut().filter(|b| b.bucket == id && b.progress != ErasureProgress::Done) {
+                    b.hot_rows_erased += erased;
+                    b.archived_rows_erased += archived_rows_erased;
+                    touched = true;
+                }
+                if touched {
+                    changed.push(request);
+                }
+            }
+            for request in &changed {
+                table.insert(request.id.as_str(), encode_value(request)?.as_slice())?;
+            }
+            Ok(Some(erased))
+        })
+    }
+
+    /// Sends a cleaned archive (or one waiting for its next generation) to its next generation
+    /// at once: `Step::Erase`. False when the bucket is no longer in such a state.
+    pub fn schedule_erasure(&self, id: &BucketId, now: Micros) -> Result<bool> {
+        let id = id.clone();
+        self.write(move |txn| {
+            let mut meta = load_meta(txn, &id)?;
+            if !matches!(meta.state, BucketState::Archived { hot_deleted: true } | BucketState::ArchivedPending) {
+                return Ok(false);
+            }
+            record_step(txn, &mut meta, Step::Erase, now)?;
+            save_meta(txn, &meta)?;
+            Ok(true)
+        })
+    }
+
+    /// Replaces one bucket's entry of request `request_id`; finishes the request when every
+    /// bucket is done (an `erasure_finished` event with its counts).
+    pub fn update_erasure_bucket(&self, request_id: &str, entry: ErasureBucket, now: Micros) -> Result<()> {
+        let request_id = request_id.to_string();
+        self.write(move |txn| {
+            let Some(mut request): Option<ErasureRequest> =
+                txn.open_table(ERASURES)?.get(request_id.as_str())?.map(|v| decode_value(v.value())).transpose()?
+            else {
+                return Err(Error::NotFound(format!("erasure request `{request_id}`")));
+            };
+            if let Some(slot) = request.buckets.iter_mut().find(|b| b.bucket == entry.bucket) {
+                *slot = entry;
+            }
+            if request.finish_if_done(now) {
+                push_outbox(txn, "erasure_finished", None, now, request.counts())?;
+            }
+            save_request(txn, &request)
+        })
+    }
+
+    /// The keys this data directory released under `folders` (a bucket's folders), to delete
+    /// now rather than after the sweep's grace.
+    pub fn released_under(&self, table: &str, folders: &[String]) -> Result<Vec<ReleasedKey>> {
+        let txn = self.read()?;
+        let released = txn.open_table(RELEASED)?;
+        let mut out = Vec::new();
+        for entry in released.iter()? {
+            let key: ReleasedKey = decode_value(entry?.1.value())?;
+            if key.table == table && folders.iter().any(|f| key.key.starts_with(f.as_str())) {
+                out.push(key);
+            }
+        }
+        Ok(out)
+    }
+}

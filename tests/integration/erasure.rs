@@ -1,0 +1,208 @@
+//! Erasure that reaches the archive: a durable request names records (a tenant, a partition
+//! key or exact identities, within a table and a time range); the pass deletes the hot rows it
+//! names, publishes each archived bucket's next generation without them, deletes the replaced
+//! generations' objects at once and proves them absent by listing, and keeps a receipt. A legal
+//! hold beats erasure until it is lifted.
+
+use frostline::clock::Clock;
+use frostline::model::{BucketState, Record};
+use frostline::store::erasure::{ErasureProgress, ErasureRequest, ErasureSelector, RecordIdentity};
+
+use crate::replan::expiring_policy;
+use crate::support::*;
+
+/// A partition key as users have them: a slash, a percent sign, an equals sign, a space and
+/// non-ASCII text.
+const PARTITION: &str = "site a/%20=ü";
+/// The default ARCHIVER_LATE_GRACE_SECONDS, in microseconds.
+const LATE_GRACE_US: i64 = frostline::settings::LATE_GRACE_SECONDS_DEFAULT as i64 * 1_000_000;
+
+fn record(time: &str, sort_key: &str, tenant: &str) -> Record {
+    // A large body that names its tenant, so the raw bytes can be searched for.
+    let body = format!("{{\"who\":\"{tenant}-{sort_key}\",\"pad\":\"{}\"}}", "x".repeat(4_000));
+    Record {
+        partition_key: PARTITION.as_bytes().to_vec(),
+        event_time: t(time),
+        sort_key: sort_key.as_bytes().to_vec(),
+        tenant: Some(tenant.into()),
+        kind: None,
+        body,
+    }
+}
+
+fn request(selector: ErasureSelector) -> ErasureRequest {
+    ErasureRequest {
+        id: format!("e-{:x}", rand::random::<u32>()),
+        selector,
+        reason: "GDPR article 17 request 42".into(),
+        requester: "dpo@example.com".into(),
+        placed_at: 0,
+        finished_at: None,
+        buckets: Vec::new(),
+    }
+}
+
+/// Every file under `dir` whose bytes hold `needle`.
+fn files_holding(dir: &std::path::Path, needle: &str) -> Vec<std::path::PathBuf> {
+    let mut found = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if std::fs::read(&path).unwrap().windows(needle.len()).any(|w| w == needle.as_bytes()) {
+                found.push(path);
+            }
+        }
+    }
+    found
+}
+
+fn target_dir(e: &TestEngine) -> std::path::PathBuf {
+    let url = e.backend("r").target().to_string();
+    std::path::PathBuf::from(url.strip_prefix("file://").expect("a local target"))
+}
+
+fn passes_until_finished(e: &TestEngine, id: &str) -> ErasureRequest {
+    for _ in 0..6 {
+        let report = e.pass();
+        assert!(report.errors.is_empty(), "{report:?}");
+        let request = e.engine.store().erasure(id).unwrap().unwrap();
+        if !request.is_open() {
+            return request;
+        }
+    }
+    panic!("erasure {id} still open: {:?}", e.engine.store().erasure(id).unwrap());
+}
+
+#[test]
+fn erasing_a_tenant_reaches_hot_rows_and_every_generation_of_its_archives() {
+    let e = TestEngine::new(&expiring_policy("3650d"), "2024-03-01T12:00:00Z");
+    let all = vec![
+        record("2024-03-01T01:00:00Z", "a", "acme"),
+        record("2024-03-01T02:00:00Z", "b", "globex"),
+        record("2024-03-02T01:00:00Z", "c", "acme"),
+        record("2024-03-02T02:00:00Z", "d", "globex"),
+    ];
+    e.engine.append("r", all.clone()).unwrap();
+    e.pass();
+    e.clock.set(t("2024-03-04T00:00:00Z"));
+    assert_eq!(e.pass().archived, 2);
+    // A late record makes day 1's second generation; the first is released, not yet swept.
+    e.engine.append("r", vec![record("2024-03-01T03:00:00Z", "e", "acme")]).unwrap();
+    e.clock.advance(LATE_GRACE_US);
+    assert_eq!(e.pass().archived, 1);
+    // Day 4 stays hot.
+    let hot = vec![record("2024-03-04T01:00:00Z", "f", "acme"), record("2024-03-04T02:00:00Z", "g", "globex")];
+    e.engine.append("r", hot.clone()).unwrap();
+    let target = target_dir(&e);
+    assert!(files_holding(&target, "acme-a").len() >= 2, "both generations of day 1 hold `a`");
+
+    let selector = ErasureSelector { tenant: Some("acme".into()), ..Default::default() };
+    let preview = e.engine.store().preview_erasure(&selector).unwrap();
+    assert_eq!((preview.buckets, preview.hot_rows, preview.archived_buckets), (3, 1, 2), "{preview:?}");
+    assert!(!files_holding(&target, "acme-a").is_empty(), "a preview changes nothing");
+
+    let placed = e.engine.store().place_erasure(request(selector), e.clock.now()).unwrap();
+    assert_eq!(placed.buckets.len(), 3);
+    let receipt = passes_until_finished(&e, &placed.id);
+
+    let globex: Vec<Record> =
+        all.iter().chain(&hot).filter(|r| r.tenant.as_deref() == Some("globex")).cloned().collect();
+    assert_eq!(e.query_all("r"), sorted(globex), "every other record reads back exactly");
+    for needle in ["acme-a", "acme-c", "acme-e", "acme-f"] {
+        assert_eq!(files_holding(&target, needle), Vec::<std::path::PathBuf>::new(), "`{needle}` on the target");
+    }
+    assert!(!files_holding(&target, "globex-b").is_empty());
+    let erased: u64 = receipt.buckets.iter().map(|b| b.hot_rows_erased + b.archived_rows_erased).sum();
+    assert_eq!(erased, 4, "{receipt:?}");
+    for bucket in &receipt.buckets {
+        assert_eq!(bucket.progress, ErasureProgress::Done, "{bucket:?}");
+        let meta = e.engine.store().bucket(&bucket.bucket).unwrap().unwrap();
+        if meta.manifest_key.is_some() {
+            assert_eq!(meta.state, BucketState::Archived { hot_deleted: true });
+            assert!(bucket.proved_absent_at.is_some() && !bucket.deleted_objects.is_empty(), "{bucket:?}");
+            assert_eq!(bucket.manifest_key, meta.manifest_key);
+            assert!(bucket.kept_unproven.is_empty(), "{bucket:?}");
+        }
+    }
+    // Day 1's receipt names both generations it replaced.
+    assert!(receipt.buckets.iter().any(|b| b.replaced_manifests.len() == 2), "{receipt:?}");
+    // After a restart nothing comes back.
+    let e = e.restart().unwrap();
+    assert_eq!(e.query_all("r").len(), 3);
+}
+
+#[test]
+fn an_erasure_by_identity_takes_exactly_the_records_it_names() {
+    let e = TestEngine::new(&expiring_policy("3650d"), "2024-03-01T12:00:00Z");
+    let all = vec![record("2024-03-01T01:00:00Z", "a", "acme"), record("2024-03-01T02:00:00Z", "b", "acme")];
+    e.engine.append("r", all.clone()).unwrap();
+    e.pass();
+    e.clock.set(t("2024-03-04T00:00:00Z"));
+    assert_eq!(e.pass().archived, 1);
+    let identity =
+        RecordIdentity { partition_key: PARTITION.into(), event_time: t("2024-03-01T02:00:00Z"), sort_key: "b".into() };
+    let selector = ErasureSelector { identities: vec![identity], ..Default::default() };
+    let placed = e.engine.store().place_erasure(request(selector), e.clock.now()).unwrap();
+    passes_until_finished(&e, &placed.id);
+    assert_eq!(e.query_all("r"), vec![all[0].clone()]);
+    assert!(files_holding(&target_dir(&e), "acme-b").is_empty());
+}
+
+#[test]
+fn a_hold_beats_an_erasure_until_it_is_lifted() {
+    let e = TestEngine::new(&expiring_policy("3650d"), "2024-03-01T12:00:00Z");
+    e.engine.append("r", vec![record("2024-03-01T01:00:00Z", "a", "acme")]).unwrap();
+    e.pass();
+    e.clock.set(t("2024-03-04T00:00:00Z"));
+    assert_eq!(e.pass().archived, 1);
+    let hold = frostline::store::schema::Hold {
+        id: "h-litigation".into(),
+        table: "r".into(),
+        partition_key: None,
+        tenant: Some("acme".into()),
+        bucket_key: None,
+        reason: "litigation".into(),
+        placed_by: "counsel".into(),
+        placed_at: 0,
+        source: "cli".into(),
+    };
+    e.engine.store().place_hold(hold, e.clock.now()).unwrap();
+    let selector = ErasureSelector { tenant: Some("acme".into()), ..Default::default() };
+    let placed = e.engine.store().place_erasure(request(selector), e.clock.now()).unwrap();
+    for _ in 0..3 {
+        e.pass();
+    }
+    let request = e.engine.store().erasure(&placed.id).unwrap().unwrap();
+    assert!(request.is_open());
+    assert_eq!(request.buckets[0].progress, ErasureProgress::Blocked);
+    assert_eq!(request.buckets[0].blocked_by, vec!["h-litigation".to_string()]);
+    assert_eq!(e.query_all("r").len(), 1, "a held record is not erased");
+    assert!(!files_holding(&target_dir(&e), "acme-a").is_empty());
+
+    e.engine.store().lift_hold("h-litigation".into(), "counsel".into(), e.clock.now()).unwrap();
+    passes_until_finished(&e, &placed.id);
+    assert!(e.query_all("r").is_empty());
+    assert!(files_holding(&target_dir(&e), "acme-a").is_empty());
+}
+
+#[test]
+fn an_erasure_that_names_nothing_to_select_by_is_refused_and_changes_nothing() {
+    let e = TestEngine::new(&expiring_policy("3650d"), "2024-03-01T12:00:00Z");
+    e.engine.append("r", vec![record("2024-03-01T01:00:00Z", "a", "acme")]).unwrap();
+    let everything = ErasureSelector { table: Some("r".into()), ..Default::default() };
+    let err = e.engine.store().place_erasure(request(everything), e.clock.now()).unwrap_err();
+    assert!(err.to_string().contains("--tenant"), "{err}");
+    let backwards = ErasureSelector {
+        tenant: Some("acme".into()),
+        from: Some(t("2024-03-02T00:00:00Z")),
+        to: Some(t("2024-03-01T00:00:00Z")),
+        ..Default::default()
+    };
+    let err = e.engine.store().place_erasure(request(backwards), e.clock.now()).unwrap_err();
+    assert!(err.to_string().contains("time range is empty"), "{err}");
+    assert!(e.engine.store().erasures().unwrap().is_empty());
+    assert_eq!(e.query_all("r").len(), 1);
+}
