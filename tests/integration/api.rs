@@ -151,6 +151,13 @@ impl Server {
         serde_json::from_str(&body).unwrap()
     }
 
+    /// `json` with another token (an admin route).
+    fn json_as(&self, path: &str, token: &str) -> serde_json::Value {
+        let (status, body) = self.get(path, Some(token));
+        assert_eq!(status, 200, "GET {path}: {body}");
+        serde_json::from_str(&body).unwrap()
+    }
+
     fn wait_for(&self, what: &str, check: impl Fn(&Server) -> bool) {
         let started = Instant::now();
         while !check(self) {
@@ -1058,8 +1065,13 @@ fn the_openapi_file_matches_the_server() {
         server.post("/v1/holds", Some(ADMIN), Some(r#"{"table":"events","reason":"spec","placed_by":"test"}"#));
     assert_eq!(status, 201, "{body}");
     let hold: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let (status, body) =
+        server.post("/v1/erasures", Some(ADMIN), Some(r#"{"tenant":"t","reason":"spec","requested_by":"test"}"#));
+    assert_eq!(status, 201, "{body}");
+    let erasure: serde_json::Value = serde_json::from_str(&body).unwrap();
     for (method, route) in &documented {
-        let url = route.replace("{table}", "events").replace("{id}", hold["id"].as_str().unwrap());
+        let id = if route.starts_with("/v1/erasures/") { &erasure["request"]["id"] } else { &hold["id"] };
+        let url = route.replace("{table}", "events").replace("{id}", id.as_str().unwrap());
         let (status, body) = match method.as_str() {
             "GET" => server.get(&url, Some(ADMIN)),
             "DELETE" => server.delete(&url, Some(ADMIN)),
@@ -1606,4 +1618,39 @@ fn the_connection_cap_holds_until_idle_connections_time_out() {
     let mut answer = Vec::new();
     let _ = slow.read_to_end(&mut answer);
     assert!(text(&answer).starts_with("HTTP/1.1 200"), "{:?}", text(&answer));
+}
+
+/// Erasure through the API: only an admin token places or reads requests (they name what they
+/// erase); a dry run is 200 and changes nothing; a request with nothing to select by is 422; a
+/// placed one is 201, carried out by the next archival, and its receipt reads back finished.
+#[test]
+fn an_erasure_placed_through_the_api_is_carried_out_and_its_receipt_reads_back() {
+    let d = dirs();
+    let server = Server::start(&d, &["--interval-seconds", "3600"], true);
+    let lines = sample_lines(300);
+    assert_eq!(server.post("/v1/tables/events/records", Some(USER), Some(&lines.join("\n"))).0, 200);
+    assert_eq!(server.post("/v1/archive", Some(ADMIN), None).0, 200);
+    let erase = r#"{"table":"events","partition":"site-1","reason":"request 9","requested_by":"dpo"}"#;
+    for (status, _) in [server.post("/v1/erasures", Some(USER), Some(erase)), server.get("/v1/erasures", Some(USER))] {
+        assert_eq!(status, 403);
+    }
+    let nothing = r#"{"table":"events","reason":"request 9","requested_by":"dpo"}"#;
+    let (status, body) = server.post("/v1/erasures", Some(ADMIN), Some(nothing));
+    assert_eq!(status, 422, "{body}");
+    let dry = r#"{"table":"events","partition":"site-1","reason":"request 9","requested_by":"dpo","dry_run":true}"#;
+    let (status, body) = server.post("/v1/erasures", Some(ADMIN), Some(dry));
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("\"archived_buckets\""), "{body}");
+    assert_eq!(server.json_as("/v1/erasures", ADMIN)["erasures"], serde_json::json!([]), "a dry run places nothing");
+    assert_eq!(count_records(&server), 300);
+
+    let (status, body) = server.post("/v1/erasures", Some(ADMIN), Some(erase));
+    assert_eq!(status, 201, "{body}");
+    let id = serde_json::from_str::<serde_json::Value>(&body).unwrap()["request"]["id"].as_str().unwrap().to_string();
+    assert_eq!(server.post("/v1/archive", Some(ADMIN), None).0, 200);
+    let receipt = server.json_as(&format!("/v1/erasures/{id}"), ADMIN);
+    assert!(receipt["finished_at"].is_i64(), "{receipt}");
+    assert_eq!(count_records(&server), 200, "site-1's third of the records is gone");
+    assert!(server.all_records(1_000).iter().all(|r| r["partition_key"] != "site-1"));
+    assert_eq!(server.get("/v1/erasures/e-unknown", Some(ADMIN)).0, 404);
 }

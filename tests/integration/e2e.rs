@@ -509,3 +509,57 @@ fn version_names_the_contract_wasmtime_and_every_builtin_by_hash() {
     let short = run_frostline(&["-V"]);
     assert_eq!(text(&short.stdout).trim(), format!("frostline {}", env!("CARGO_PKG_VERSION")));
 }
+
+/// Erasure as an operator runs it: a dry run counts and changes nothing; the request is placed,
+/// `erase status` exits 1 while it is open; one `archive --once` carries it out; the receipt is
+/// finished; queries return every other record; and no file on the target holds the tenant's
+/// name or records (every generation they were in was deleted and proved absent).
+#[test]
+fn erasing_a_tenant_through_the_binary_leaves_no_byte_of_it_on_the_target() {
+    let (d, lines) = three_years_ingested();
+    let archive = frostline(&d, &["archive", "--once"], None);
+    assert!(archive.status.success(), "{}", text_of(&archive));
+    let target = Path::new(&d.data).join("archive");
+    let holding = |needle: &str| {
+        let mut files = Vec::new();
+        files_under(&target, &mut files);
+        files.retain(|p| std::fs::read(p).unwrap().windows(needle.len()).any(|w| w == needle.as_bytes()));
+        files
+    };
+    assert!(!holding("\"acme\"").is_empty());
+
+    let erase = ["erase", "place", "--tenant", "acme", "--reason", "erasure request 7", "--by", "dpo"];
+    let dry = frostline(&d, &[&erase[..], &["--dry-run"]].concat(), None);
+    assert!(dry.status.success(), "{}", text_of(&dry));
+    let preview: serde_json::Value = serde_json::from_slice(&dry.stdout).unwrap();
+    // acme's records lie in two of the four partitions: 24 archived months each.
+    assert_eq!(preview["preview"]["archived_buckets"], 48, "{preview}");
+    let hot_acme = lines
+        .iter()
+        .filter(|v| v["tenant"] == "acme")
+        .filter(|v| v["event_time"].as_i64().is_none_or(|time| time >= t("2025-01-01T00:00:00Z")))
+        .filter(|v| v["event_time"].as_str().is_none_or(|time| t(time) >= t("2025-01-01T00:00:00Z")))
+        .count();
+    assert_eq!(preview["preview"]["hot_rows"], hot_acme as u64, "{preview}");
+    assert!(!holding("\"acme\"").is_empty(), "a dry run changes nothing");
+    let placed = frostline(&d, &erase, None);
+    assert!(placed.status.success(), "{}", text_of(&placed));
+    let placed: serde_json::Value = serde_json::from_slice(&placed.stdout).unwrap();
+    let id = placed["request"]["id"].as_str().unwrap().to_string();
+    let open = frostline(&d, &["erase", "status", &id], None);
+    assert_eq!(open.status.code(), Some(1), "open: {}", text_of(&open));
+
+    let archive = frostline(&d, &["archive", "--once"], None);
+    assert!(archive.status.success(), "{}", text_of(&archive));
+    let status = frostline(&d, &["erase", "status", &id, "--json"], None);
+    assert!(status.status.success(), "{}", text_of(&status));
+    let receipt: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    assert!(receipt[0]["finished_at"].is_i64(), "{receipt}");
+
+    let query = frostline(&d, &["query", "--table", "events", "--limit", "100000"], None);
+    let got: Vec<serde_json::Value> = text(&query.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let globex = lines.iter().filter(|v| v["tenant"] == "globex").count();
+    assert_eq!(got.len(), globex);
+    assert!(got.iter().all(|v| v["tenant"] == "globex"));
+    assert_eq!(holding("\"acme\""), Vec::<std::path::PathBuf>::new(), "the tenant's name or records on the target");
+}

@@ -23,7 +23,7 @@ use crate::error::{Error, ErrorKind};
 use crate::model::time::parse_time_arg;
 use crate::ops;
 
-type Shared = State<Arc<ApiState>>;
+pub(super) type Shared = State<Arc<ApiState>>;
 
 /// The handler of a route, for its method.
 pub(super) fn method_router(route: &Route) -> MethodRouter<Arc<ApiState>> {
@@ -50,6 +50,9 @@ pub(super) fn method_router(route: &Route) -> MethodRouter<Arc<ApiState>> {
         RouteId::Retention => on(filter, retention),
         RouteId::Verify => on(filter, verify),
         RouteId::PolicyCheck => on(filter, policy_check),
+        RouteId::Erasures => on(filter, super::erasures::list),
+        RouteId::PlaceErasure => on(filter, super::erasures::place),
+        RouteId::Erasure => on(filter, super::erasures::one),
     }
 }
 
@@ -58,7 +61,9 @@ pub(super) async fn not_found() -> ApiError {
 }
 
 /// Runs blocking engine work off the async threads.
-async fn blocking<T: Send + 'static>(f: impl FnOnce() -> crate::Result<T> + Send + 'static) -> Result<T, ApiError> {
+pub(super) async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> crate::Result<T> + Send + 'static,
+) -> Result<T, ApiError> {
     tokio::task::spawn_blocking(f)
         .await
         .map_err(|e| ApiError::from(Error::Internal(format!("blocking task failed: {e}"))))?
@@ -117,7 +122,7 @@ async fn metrics(State(state): Shared) -> Result<Response, ApiError> {
 /// refused body is read and dropped (up to `HTTP_BODY_DRAIN_BYTES_MAX`, for at most
 /// `HTTP_BODY_DRAIN_SECONDS_MAX`) so a client still sending it sees the answer instead of a
 /// reset connection; a body declared larger than that is refused at once.
-async fn read_body(headers: &HeaderMap, body: Body) -> Result<Vec<u8>, ApiError> {
+pub(super) async fn read_body(headers: &HeaderMap, body: Body) -> Result<Vec<u8>, ApiError> {
     let too_large = || {
         ApiError::limit(
             StatusCode::PAYLOAD_TOO_LARGE,
@@ -374,7 +379,7 @@ async fn holds(State(state): Shared) -> Result<Response, ApiError> {
     Ok(Json(ops::wire::HoldsPage { holds }).into_response())
 }
 
-fn unprocessable(message: impl Into<String>) -> ApiError {
+pub(super) fn unprocessable(message: impl Into<String>) -> ApiError {
     ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_input", message)
 }
 

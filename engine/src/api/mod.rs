@@ -15,6 +15,7 @@
 pub mod auth;
 pub mod browser;
 pub mod connections;
+mod erasures;
 mod handlers;
 pub mod metrics;
 pub mod tls;
@@ -62,6 +63,9 @@ pub enum RouteId {
     Retention,
     Verify,
     PolicyCheck,
+    Erasures,
+    PlaceErasure,
+    Erasure,
 }
 
 /// One route of the API.
@@ -93,6 +97,10 @@ pub const ROUTES: &[Route] = &[
     Route { id: RouteId::Retention, method: "GET", path: "/v1/tables/{table}/retention", access: Access::Token },
     Route { id: RouteId::Verify, method: "POST", path: "/v1/verify", access: Access::Admin },
     Route { id: RouteId::PolicyCheck, method: "POST", path: "/v1/policy/check", access: Access::Admin },
+    // Erasure requests and their receipts name tenants and partition keys: admin only.
+    Route { id: RouteId::Erasures, method: "GET", path: "/v1/erasures", access: Access::Admin },
+    Route { id: RouteId::PlaceErasure, method: "POST", path: "/v1/erasures", access: Access::Admin },
+    Route { id: RouteId::Erasure, method: "GET", path: "/v1/erasures/{id}", access: Access::Admin },
 ];
 
 /// The access a request to `method path_template` needs, or `None` for an unknown route.

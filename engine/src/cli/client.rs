@@ -294,6 +294,34 @@ impl Client {
         self.json(&text)
     }
 
+    /// Places an erasure request, or counts it in a dry run (admin).
+    pub fn place_erasure(
+        &self,
+        request: &crate::ops::erasure::EraseRequest,
+    ) -> Result<crate::ops::erasure::ErasurePlaced> {
+        let body = serde_json::to_vec(request).map_err(|e| self.unexpected(format!("encoding the erasure: {e}")))?;
+        let text = self.send("POST", "/v1/erasures", Some(("application/json", &body)), true)?;
+        self.json(&text)
+    }
+
+    /// One erasure request or all of them, with their receipts (admin).
+    pub fn erasures(&self, id: Option<&str>) -> Result<Vec<crate::store::erasure::ErasureRequest>> {
+        match id {
+            Some(id) => {
+                let text = self.send("GET", &format!("/v1/erasures/{}", percent_encode(id)), None, true)?;
+                Ok(vec![self.json(&text)?])
+            }
+            None => {
+                let text = self.send("GET", "/v1/erasures", None, true)?;
+                #[derive(serde::Deserialize)]
+                struct Page {
+                    erasures: Vec<crate::store::erasure::ErasureRequest>,
+                }
+                Ok(self.json::<Page>(&text)?.erasures)
+            }
+        }
+    }
+
     /// Lifts a hold (admin); the id lifted.
     pub fn lift_hold(&self, id: &str, by: &str) -> Result<String> {
         let path = format!("/v1/holds/{}?by={}", percent_encode(id), percent_encode(by));

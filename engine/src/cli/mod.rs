@@ -3,6 +3,7 @@
 //! they parse and print, and hold no engine logic of their own. Never imports `api`.
 
 pub mod client;
+pub mod erase;
 pub mod ingest;
 pub mod lifecycle;
 pub mod plugin_check;
@@ -128,6 +129,9 @@ pub enum Command {
     /// Place, lift and list legal holds.
     #[command(subcommand)]
     Hold(lifecycle::HoldCommand),
+    /// Erase records everywhere they are kept (hot store and archives), and follow the receipts.
+    #[command(subcommand)]
+    Erase(erase::EraseCommand),
     /// Re-read every archived manifest and segment and check every hash and count (the scrub).
     Verify {
         #[command(flatten)]
@@ -247,6 +251,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Plugin(PluginCommand::Compile(args)) => plugin_compile::run(args),
         Command::Policy(PolicyCommand::Check(args)) => policy_check::run(args),
         Command::Hold(command) => lifecycle::run_hold(command),
+        Command::Erase(command) => erase::run(command),
         Command::Verify { engine, table, sample, json } => lifecycle::run_verify(engine, table, sample, json),
         Command::Sweep { engine, dry_run } => lifecycle::run_sweep(engine, dry_run),
         Command::Adopt { engine, dry_run, from_installations } => {

@@ -12,8 +12,10 @@ use crate::cli::client::{Client, PageRequest};
 use crate::model::Record;
 use crate::ops::Engine;
 use crate::ops::archives::BucketVerdict;
+use crate::ops::erasure::{EraseRequest, ErasurePlaced};
 use crate::ops::holds::{HoldListing, HoldPlaced, HoldRequest};
 use crate::ops::wire::AppendCounts;
+use crate::store::erasure::ErasureRequest;
 
 /// The engine a command works on: the data directory opened here (`Arc<Engine>`), or the
 /// running engine that holds it, through its API (`Client`). Each command is written once
@@ -33,6 +35,9 @@ pub trait EngineHandle {
     fn lift_hold(&self, id: String, by: String) -> anyhow::Result<String>;
     fn holds(&self) -> anyhow::Result<Vec<HoldListing>>;
     fn verify(&self, table: Option<String>, sample: Option<usize>) -> anyhow::Result<Vec<BucketVerdict>>;
+    fn place_erasure(&self, request: EraseRequest) -> anyhow::Result<ErasurePlaced>;
+    /// One erasure request (`Some(id)`) or all of them, with their receipts.
+    fn erasures(&self, id: Option<String>) -> anyhow::Result<Vec<ErasureRequest>>;
 }
 
 /// One page of a query as a command prints it.
@@ -82,6 +87,17 @@ impl EngineHandle for Arc<Engine> {
         Ok(crate::ops::holds::list_holds(self)?)
     }
 
+    fn place_erasure(&self, request: EraseRequest) -> anyhow::Result<ErasurePlaced> {
+        Ok(crate::ops::erasure::place_erasure(self, request)?)
+    }
+
+    fn erasures(&self, id: Option<String>) -> anyhow::Result<Vec<ErasureRequest>> {
+        Ok(match id {
+            Some(id) => vec![crate::ops::erasure::erasure(self, &id)?],
+            None => crate::ops::erasure::list_erasures(self)?,
+        })
+    }
+
     fn verify(&self, table: Option<String>, sample: Option<usize>) -> anyhow::Result<Vec<BucketVerdict>> {
         let total = crate::ops::archives::verify_total(self, table.as_deref(), sample)?;
         let bar = super::progress_bar(total as u64, "verify");
@@ -122,6 +138,14 @@ impl EngineHandle for Client {
 
     fn holds(&self) -> anyhow::Result<Vec<HoldListing>> {
         Ok(Client::holds(self)?)
+    }
+
+    fn place_erasure(&self, request: EraseRequest) -> anyhow::Result<ErasurePlaced> {
+        Ok(Client::place_erasure(self, &request)?)
+    }
+
+    fn erasures(&self, id: Option<String>) -> anyhow::Result<Vec<ErasureRequest>> {
+        Ok(Client::erasures(self, id.as_deref())?)
     }
 
     fn verify(&self, table: Option<String>, sample: Option<usize>) -> anyhow::Result<Vec<BucketVerdict>> {

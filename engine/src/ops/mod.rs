@@ -7,6 +7,7 @@
 
 pub mod archives;
 pub mod buckets;
+pub mod erasure;
 pub mod holds;
 pub mod local;
 pub mod passes;
