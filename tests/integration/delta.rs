@@ -998,3 +998,54 @@ fn a_late_record_replaces_its_buckets_file_in_one_delta_commit() {
         assert_eq!(fleet.records(reader, None), expected, "{reader} reads the late record with the others");
     }
 }
+
+/// Erasure in a Delta table: each bucket of engine 0 that held tenant `acme` gets a next
+/// generation without its records, committed as a remove and an add, and only then are the
+/// replaced files deleted; delta-rs and polars read every other record (the other engines'
+/// `acme` records included: an erasure placed on one engine reaches its own archives), and no
+/// live or deleted file of engine 0 holds an `acme` row.
+#[test]
+fn an_erasure_replaces_the_files_that_held_its_records_and_readers_see_none_of_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = format!("[[target]]\nname = \"cold\"\nurl = \"file://{}\"\n", dir.path().display());
+    let table_dir = dir.path().join("delta/events");
+    let fleet = Fleet::open(policy(&target), table_dir.display().to_string(), Vec::new(), None);
+    for (n, e) in fleet.engines.iter().enumerate() {
+        e.engine.append("events", engine_records(n)).unwrap();
+    }
+    fleet.passes();
+    fleet.set_clock("2024-03-10T00:00:00Z");
+    fleet.passes();
+    let before = live_files(&table_dir);
+    let e = &fleet.engines[0];
+    let selector = frostline::store::erasure::ErasureSelector { tenant: Some("acme".into()), ..Default::default() };
+    let request = frostline::store::erasure::ErasureRequest {
+        id: "e-delta".into(),
+        selector,
+        reason: "test".into(),
+        requester: "test".into(),
+        placed_at: 0,
+        finished_at: None,
+        buckets: Vec::new(),
+    };
+    use frostline::clock::Clock;
+    e.engine.store().place_erasure(request, e.clock.now()).unwrap();
+    let report = e.pass();
+    assert!(report.errors.is_empty(), "{report:?}");
+    let receipt = e.engine.store().erasure("e-delta").unwrap().unwrap();
+    assert!(!receipt.is_open(), "{receipt:?}");
+    let after = live_files(&table_dir);
+    assert_eq!(after.len(), before.len(), "each file replaced, none added beside it");
+    let replaced: Vec<&String> = before.keys().filter(|k| !after.contains_key(*k)).collect();
+    assert_eq!(replaced.len(), 9, "engine 0's nine bucket files each held an acme record");
+    for path in &replaced {
+        let file = table_dir.join(percent_decode(path));
+        assert!(!file.exists(), "the replaced file `{}` is deleted", file.display());
+    }
+    let expected = fleet.expected();
+    let installation = e.engine.installation_id().to_string();
+    assert_eq!(expected.len(), ENGINES * 36 - 18, "{installation}");
+    for reader in ["deltalake", "polars"] {
+        assert_eq!(fleet.records(reader, None), expected, "{reader} reads none of the erased records");
+    }
+}
