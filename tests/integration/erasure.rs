@@ -206,3 +206,27 @@ fn an_erasure_that_names_nothing_to_select_by_is_refused_and_changes_nothing() {
     assert!(e.engine.store().erasures().unwrap().is_empty());
     assert_eq!(e.query_all("r").len(), 1);
 }
+
+/// Regression (lifecycle simulation with erasures, seed 0 × 300): an erasure that takes every
+/// record of a bucket leaves an archive without rows, and adoption after a rebuild read the
+/// bucket's partition from its first row: the empty archive was refused as corrupt ("describes
+/// bucket r//day:…, which does not live in …"). The partition comes from the manifest then.
+#[test]
+fn an_archive_an_erasure_emptied_is_adopted_after_a_rebuild() {
+    let e = TestEngine::new(&expiring_policy("3650d"), "2024-03-01T12:00:00Z");
+    e.engine
+        .append("r", vec![record("2024-03-01T01:00:00Z", "a", "acme"), record("2024-03-02T01:00:00Z", "b", "globex")])
+        .unwrap();
+    e.pass();
+    e.clock.set(t("2024-03-04T00:00:00Z"));
+    assert_eq!(e.pass().archived, 2);
+    let selector = ErasureSelector { tenant: Some("acme".into()), ..Default::default() };
+    let placed = e.engine.store().place_erasure(request(selector), e.clock.now()).unwrap();
+    passes_until_finished(&e, &placed.id);
+    let lost = e.engine.installation_id().to_string();
+    let e = e.rebuild().unwrap();
+    let report = runtime().block_on(frostline::archive::adopt::adopt(&e.engine.context(), false, &[lost])).unwrap();
+    assert!(report.failures.is_empty() && report.conflicts.is_empty(), "{report:?}");
+    assert_eq!(report.adopted, 2, "{report:?}");
+    assert_eq!(e.query_all("r"), vec![record("2024-03-02T01:00:00Z", "b", "globex")]);
+}

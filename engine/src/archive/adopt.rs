@@ -455,7 +455,10 @@ async fn read_verified(
     if summary != manifest.summary {
         return Err(Error::Corruption("the row checksum of the segments differs from the manifest".into()));
     }
-    let partition_key = rows.first().map(|r| r.partition_key.clone()).unwrap_or_default();
+    // An archive without rows (every record of its bucket erased) names its partition only in
+    // the manifest.
+    let partition_key =
+        rows.first().map_or_else(|| manifest.partition_key.as_bytes().to_vec(), |r| r.partition_key.clone());
     if let Some(stray) =
         rows.iter().find(|r| r.partition_key != partition_key || !manifest.bucket.contains(r.event_time))
     {
