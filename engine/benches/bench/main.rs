@@ -34,6 +34,7 @@ mod archive;
 mod data;
 mod delta;
 mod edge;
+mod erase;
 mod footprint;
 mod formats;
 mod harness;
@@ -91,6 +92,11 @@ const SCENARIOS: &[Scenario] = &[
         name: "archive-large",
         about: "the archive scenario's pass against the floor and restic with 2,000,000 rows in the same 32 buckets (at most 3 rounds)",
         run: archive::archive_large,
+    },
+    Scenario {
+        name: "erase",
+        about: "an erasure of 1 % of the rows across 1,000 archived buckets (one row in each): passes until it is finished (next generations, replaced objects deleted and proved absent), against the first archival of the same buckets",
+        run: erase::erase,
     },
     Scenario {
         name: "late",

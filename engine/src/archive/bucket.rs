@@ -17,6 +17,7 @@ use crate::format::manifest::{Amendment, MANIFEST_VERSION, Manifest, SegmentInfo
 use crate::model::{BucketState, Micros};
 use crate::policy::TablePolicy;
 use crate::storage::{ArchiveBackend, PutOutcome, keys};
+use crate::store::erasure::ArchivedErased;
 use crate::store::schema::{BucketId, BucketMeta, UploadIntent};
 
 pub(super) enum Outcome {
@@ -238,13 +239,23 @@ async fn upload_and_publish(
     let (store, claimed) = (ctx.store.clone(), meta.clone());
     let selectors = blocking(move || store.erasure_selectors(&claimed)).await?;
     if !selectors.is_empty() {
-        let before = base_rows.len();
-        base_rows.retain(|row| !selectors.iter().any(|s| s.matches_record(&id.table, row)));
-        let archived = (before - base_rows.len()) as u64;
+        let mut archived = ArchivedErased::default();
+        base_rows.retain(|row| {
+            let erased = selectors.iter().any(|s| s.matches_record(&id.table, row));
+            if erased {
+                archived.rows += 1;
+                archived.body_bytes += row.body.len() as u64;
+            }
+            !erased
+        });
         let (store, bucket, lease, now) =
             (ctx.store.clone(), id.clone(), Some((owner.to_string(), generation)), ctx.clock.now());
         let hot = blocking(move || store.erase_hot_rows(&bucket, selectors, lease, archived, now)).await?;
-        tracing::info!(archived, hot = hot.unwrap_or(0), "erasure: records left out of the next generation");
+        tracing::info!(
+            archived = archived.rows,
+            hot = hot.unwrap_or(0),
+            "erasure: records left out of the next generation"
+        );
     }
     let (receiver, reader) =
         pipeline::start(ctx.clone(), id.clone(), owner.to_string(), generation, table.format, base_rows);

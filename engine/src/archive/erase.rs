@@ -25,27 +25,49 @@ use crate::storage::{ArchiveBackend, keys};
 use crate::store::erasure::{ErasureBucket, ErasureProgress, ErasureRequest};
 use crate::store::schema::BucketMeta;
 
-/// Advances every open request by one step per bucket; the buckets finished.
+/// Advances every open request by one step per bucket; the buckets finished. The archives to
+/// send to their next generation are scheduled in one transaction, and each request's changed
+/// buckets are written in one.
 pub async fn carry_out(ctx: &Arc<Context>) -> Result<u64> {
     let store = ctx.store.clone();
     let open: Vec<ErasureRequest> =
         blocking(move || store.erasures()).await?.into_iter().filter(ErasureRequest::is_open).collect();
+    if open.is_empty() {
+        return Ok(0);
+    }
+    let store = ctx.store.clone();
+    let holds = blocking(move || store.holds()).await?;
     let mut done = 0;
+    let mut schedule = BTreeSet::new();
     for request in open {
+        let mut changed = Vec::new();
         for entry in request.buckets.iter().filter(|b| b.progress != ErasureProgress::Done) {
-            let advanced = advance(ctx, entry.clone()).await?;
+            let advanced = advance(ctx, &holds, entry.clone(), &mut schedule).await?;
             if advanced != *entry {
                 done += u64::from(advanced.progress == ErasureProgress::Done);
-                let (store, id, now) = (ctx.store.clone(), request.id.clone(), ctx.clock.now());
-                blocking(move || store.update_erasure_bucket(&id, advanced, now)).await?;
+                changed.push(advanced);
             }
         }
+        if !changed.is_empty() {
+            let (store, id, now) = (ctx.store.clone(), request.id.clone(), ctx.clock.now());
+            blocking(move || store.update_erasure_buckets(&id, changed, now)).await?;
+        }
+    }
+    if !schedule.is_empty() {
+        let (store, now) = (ctx.store.clone(), ctx.clock.now());
+        blocking(move || store.schedule_erasure(schedule.into_iter().collect(), now)).await?;
     }
     Ok(done)
 }
 
-/// One bucket's next step; the entry as it stands after it.
-async fn advance(ctx: &Arc<Context>, mut entry: ErasureBucket) -> Result<ErasureBucket> {
+/// One bucket's next step; the entry as it stands after it. An archive to send to its next
+/// generation is added to `schedule`.
+async fn advance(
+    ctx: &Arc<Context>,
+    holds: &[crate::store::schema::Hold],
+    mut entry: ErasureBucket,
+    schedule: &mut BTreeSet<crate::store::schema::BucketId>,
+) -> Result<ErasureBucket> {
     let (store, id) = (ctx.store.clone(), entry.bucket.clone());
     let Some(meta) = blocking(move || store.bucket(&id)).await? else {
         return Ok(done(ctx, entry));
@@ -54,9 +76,7 @@ async fn advance(ctx: &Arc<Context>, mut entry: ErasureBucket) -> Result<Erasure
         // Its archive is deleted (or being deleted) by the expiry, with the rows beside it.
         return Ok(done(ctx, entry));
     }
-    let store = ctx.store.clone();
-    let held: Vec<String> =
-        blocking(move || store.holds()).await?.into_iter().filter(|h| h.covers(&meta)).map(|h| h.id).collect();
+    let held: Vec<String> = holds.iter().filter(|h| h.covers(&meta)).map(|h| h.id.clone()).collect();
     if !held.is_empty() {
         entry.progress = ErasureProgress::Blocked;
         entry.blocked_by = held;
@@ -73,27 +93,34 @@ async fn advance(ctx: &Arc<Context>, mut entry: ErasureBucket) -> Result<Erasure
             })
             .await?;
             let (store, id, now) = (ctx.store.clone(), meta.id.clone(), ctx.clock.now());
-            // The count lands in the entry through the store; read it back with the others.
-            if blocking(move || store.erase_hot_rows(&id, selectors, None, 0, now)).await?.is_some() {
-                let erased = current(ctx, &entry).await?;
-                return Ok(done(ctx, erased));
+            match blocking(move || store.erase_hot_rows(&id, selectors, None, Default::default(), now)).await? {
+                Some(erased) => {
+                    entry.hot_rows_erased += erased;
+                    Ok(done(ctx, entry))
+                }
+                None => Ok(entry),
             }
-            Ok(entry)
         }
         BucketState::Archived { hot_deleted: true } | BucketState::ArchivedPending => {
             let store = ctx.store.clone();
             let id = meta.id.clone();
             let manifest = blocking(move || store.latest_manifest(&id)).await?;
-            let rewritten = manifest.as_ref().is_some_and(|m| m.generation > entry.placed_generation);
-            if !rewritten {
-                let (store, id, now) = (ctx.store.clone(), meta.id.clone(), ctx.clock.now());
-                blocking(move || store.schedule_erasure(&id, now)).await?;
-                return Ok(entry);
+            match manifest.filter(|m| m.generation > entry.placed_generation) {
+                Some(manifest) => {
+                    delete_replaced(ctx, &meta, &manifest, &mut entry).await?;
+                    Ok(done(ctx, entry))
+                }
+                None => {
+                    // Already due (an earlier step scheduled it, or late rows past their grace):
+                    // the archival will take it; scheduling again would only fence it again.
+                    let due = meta.state == BucketState::ArchivedPending
+                        && meta.next_retry_at.is_none_or(|at| at <= ctx.clock.now());
+                    if !due {
+                        schedule.insert(meta.id.clone());
+                    }
+                    Ok(entry)
+                }
             }
-            let manifest = manifest.expect("a rewritten bucket has a manifest");
-            let mut entry = current(ctx, &entry).await?;
-            delete_replaced(ctx, &meta, &manifest, &mut entry).await?;
-            Ok(done(ctx, entry))
         }
         // Being archived or cleaned up: a later pass finds it settled.
         _ => Ok(entry),
@@ -105,20 +132,6 @@ fn done(ctx: &Arc<Context>, mut entry: ErasureBucket) -> ErasureBucket {
     entry.blocked_by.clear();
     entry.done_at = Some(ctx.clock.now());
     entry
-}
-
-/// The entry as the store has it now (the archival adds its counts there).
-async fn current(ctx: &Arc<Context>, entry: &ErasureBucket) -> Result<ErasureBucket> {
-    let store = ctx.store.clone();
-    let requests = blocking(move || store.erasures()).await?;
-    let counts = requests
-        .iter()
-        .flat_map(|r| r.buckets.iter())
-        .filter(|b| b.bucket == entry.bucket && b.progress != ErasureProgress::Done)
-        .map(|b| (b.hot_rows_erased, b.archived_rows_erased))
-        .max()
-        .unwrap_or((entry.hot_rows_erased, entry.archived_rows_erased));
-    Ok(ErasureBucket { hot_rows_erased: counts.0, archived_rows_erased: counts.1, ..entry.clone() })
 }
 
 /// Deletes what this data directory released in the bucket's folders (the generations the

@@ -210,6 +210,14 @@ impl ErasureRequest {
     }
 }
 
+/// The archived records a next generation left out for an erasure: rows, and their bodies'
+/// bytes (what the bucket's counts hold).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ArchivedErased {
+    pub rows: u64,
+    pub body_bytes: u64,
+}
+
 /// What a request would touch, counted without changing anything (`--dry-run`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ErasurePreview {
@@ -357,14 +365,15 @@ impl Store {
 
     /// Deletes the hot rows of bucket `id` that `selectors` name: under the lease of
     /// `(owner, generation)` (an archival about to snapshot the rows), or else only while the
-    /// bucket is hot and nobody holds it (`Ok(None)` otherwise: try again later). Adds the
-    /// count to every open request that matched the bucket.
+    /// bucket is hot and nobody holds it (`Ok(None)` otherwise: try again later). Takes the
+    /// archived records the next generation left out (`archived_erased`) off the bucket's
+    /// counts too, and adds both counts to every open request that matched the bucket.
     pub fn erase_hot_rows(
         &self,
         id: &BucketId,
         selectors: Vec<ErasureSelector>,
         lease: Option<(String, u64)>,
-        archived_rows_erased: u64,
+        archived_erased: ArchivedErased,
         now: Micros,
     ) -> Result<Option<u64>> {
         let id = id.clone();
@@ -386,6 +395,9 @@ impl Store {
                 meta.byte_count = meta.byte_count.saturating_sub(*bytes);
             }
             drop(rows);
+            // The bucket's counts are of its records, hot and archived.
+            meta.row_count = meta.row_count.saturating_sub(archived_erased.rows);
+            meta.byte_count = meta.byte_count.saturating_sub(archived_erased.body_bytes);
             save_meta(txn, &meta)?;
             let erased = matched.len() as u64;
             let mut table = txn.open_table(ERASURES)?;
@@ -398,7 +410,7 @@ impl Store {
                 let mut touched = false;
                 for b in request.buckets.iter_mut().filter(|b| b.bucket == id && b.progress != ErasureProgress::Done) {
                     b.hot_rows_erased += erased;
-                    b.archived_rows_erased += archived_rows_erased;
+                    b.archived_rows_erased += archived_erased.rows;
                     touched = true;
                 }
                 if touched {
@@ -412,24 +424,26 @@ impl Store {
         })
     }
 
-    /// Sends a cleaned archive (or one waiting for its next generation) to its next generation
-    /// at once: `Step::Erase`. False when the bucket is no longer in such a state.
-    pub fn schedule_erasure(&self, id: &BucketId, now: Micros) -> Result<bool> {
-        let id = id.clone();
+    /// Sends cleaned archives (or ones waiting for their next generation) to their next
+    /// generation at once (`Step::Erase`), in one transaction; a bucket no longer in such a
+    /// state is left as it is.
+    pub fn schedule_erasure(&self, ids: Vec<BucketId>, now: Micros) -> Result<()> {
         self.write(move |txn| {
-            let mut meta = load_meta(txn, &id)?;
-            if !matches!(meta.state, BucketState::Archived { hot_deleted: true } | BucketState::ArchivedPending) {
-                return Ok(false);
+            for id in &ids {
+                let mut meta = load_meta(txn, id)?;
+                if matches!(meta.state, BucketState::Archived { hot_deleted: true } | BucketState::ArchivedPending) {
+                    record_step(txn, &mut meta, Step::Erase, now)?;
+                    save_meta(txn, &meta)?;
+                }
             }
-            record_step(txn, &mut meta, Step::Erase, now)?;
-            save_meta(txn, &meta)?;
-            Ok(true)
+            Ok(())
         })
     }
 
-    /// Replaces one bucket's entry of request `request_id`; finishes the request when every
-    /// bucket is done (an `erasure_finished` event with its counts).
-    pub fn update_erasure_bucket(&self, request_id: &str, entry: ErasureBucket, now: Micros) -> Result<()> {
+    /// Replaces buckets' entries of request `request_id`, in one transaction (counts only grow:
+    /// an archival may have added to them since the entries were read); finishes the request
+    /// when every bucket is done (an `erasure_finished` event with its counts).
+    pub fn update_erasure_buckets(&self, request_id: &str, entries: Vec<ErasureBucket>, now: Micros) -> Result<()> {
         let request_id = request_id.to_string();
         self.write(move |txn| {
             let Some(mut request): Option<ErasureRequest> =
@@ -437,8 +451,12 @@ impl Store {
             else {
                 return Err(Error::NotFound(format!("erasure request `{request_id}`")));
             };
-            if let Some(slot) = request.buckets.iter_mut().find(|b| b.bucket == entry.bucket) {
-                *slot = entry;
+            for mut entry in entries {
+                if let Some(slot) = request.buckets.iter_mut().find(|b| b.bucket == entry.bucket) {
+                    entry.hot_rows_erased = entry.hot_rows_erased.max(slot.hot_rows_erased);
+                    entry.archived_rows_erased = entry.archived_rows_erased.max(slot.archived_rows_erased);
+                    *slot = entry;
+                }
             }
             if request.finish_if_done(now) {
                 push_outbox(txn, "erasure_finished", None, now, request.counts())?;
