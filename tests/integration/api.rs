@@ -1654,3 +1654,34 @@ fn an_erasure_placed_through_the_api_is_carried_out_and_its_receipt_reads_back()
     assert!(server.all_records(1_000).iter().all(|r| r["partition_key"] != "site-1"));
     assert_eq!(server.get("/v1/erasures/e-unknown", Some(ADMIN)).0, 404);
 }
+
+/// `?backfill=true` (what `frostline ingest` sends to a running engine) appends like any batch
+/// and pauses the table's archival while the backfill goes on; an unknown parameter is refused
+/// and writes nothing.
+#[test]
+fn a_backfill_batch_appends_and_pauses_the_tables_archival() {
+    let d = dirs();
+    let server = Server::start(&d, &["--interval-seconds", "3600"], true);
+    let lines = sample_lines(30).join("\n");
+    let (status, body) = server.post("/v1/tables/events/records?backfill=yes", Some(USER), Some(&lines));
+    assert_eq!(status, 400, "{body}");
+    let (status, body) = server.post("/v1/tables/events/records?backfil=true", Some(USER), Some(&lines));
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(count_records(&server), 0);
+    let (status, body) = server.post("/v1/tables/events/records?backfill=true", Some(USER), Some(&lines));
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(count_records(&server), 30);
+    let (status, report) = server.post("/v1/archive", Some(ADMIN), None);
+    assert_eq!(status, 200, "{report}");
+    let report: serde_json::Value = serde_json::from_str(&report).unwrap();
+    assert_eq!(report["archived"], 0, "archival waits for the backfill: {report}");
+    // The ingest ends it (`frostline ingest` does, finished or not): archival resumes at once.
+    let (status, body) = server.post("/v1/tables/events/records?backfill=end", Some(USER), Some(&lines));
+    assert_eq!(status, 400, "records with the end: {body}");
+    let (status, body) = server.post("/v1/tables/events/records?backfill=end", Some(USER), Some(""));
+    assert_eq!(status, 200, "{body}");
+    let (_, report) = server.post("/v1/archive", Some(ADMIN), None);
+    let report: serde_json::Value = serde_json::from_str(&report).unwrap();
+    assert!(report["archived"].as_u64().unwrap() > 0, "{report}");
+    assert_eq!(count_records(&server), 30);
+}

@@ -325,3 +325,57 @@ fn adoption_counts_a_generation_the_recorded_archive_replaced_as_replaced_not_a_
     assert_eq!(e.engine.store().buckets("r", None).unwrap()[0].manifest_key, recorded, "unchanged");
     assert_eq!(e.query_all("r").len(), 3);
 }
+
+/// A backfill into a running engine (`frostline ingest`, whose batches hold their table's
+/// backfill lease) makes one generation per bucket however long it runs and whatever the passes
+/// do meanwhile: history it brings to archived buckets (late records) and to buckets still hot
+/// waits until the lease lapses, `BACKFILL_LEASE_SECONDS` after the last batch; then one pass
+/// archives each bucket once. Before, a pass between batches archived a bucket the next batch
+/// added to again.
+#[test]
+fn a_backfill_while_passes_run_makes_one_generation_per_bucket() {
+    use frostline::model::CheckedRecords;
+    use frostline::ops::records::append_backfill;
+    let lease_us = frostline::store::backfill::BACKFILL_LEASE_SECONDS as i64 * 1_000_000;
+    let e = TestEngine::new(&expiring_policy("3650d"), "2024-03-05T12:00:00Z");
+    e.engine
+        .append("r", vec![record("2024-03-02T01:00:00Z", "a", "{}"), record("2024-03-03T01:00:00Z", "a", "{}")])
+        .unwrap();
+    assert_eq!((0..2).map(|_| e.pass().archived).sum::<u64>(), 2);
+    let store = e.engine.store().clone();
+    let first: std::collections::BTreeMap<String, u64> = store
+        .buckets("r", None)
+        .unwrap()
+        .into_iter()
+        .map(|m| (m.id.bucket_key.clone(), store.latest_manifest(&m.id).unwrap().unwrap().generation))
+        .collect();
+
+    // Three batches of history, a pass after each, two minutes apart.
+    for batch in 0..3 {
+        let records = ["2024-03-01", "2024-03-02", "2024-03-03"]
+            .iter()
+            .map(|day| record(&format!("{day}T0{}:00:00Z", batch + 2), &format!("b{batch}"), "{}"))
+            .collect();
+        append_backfill(&e.engine, "r", CheckedRecords::check(records).unwrap()).unwrap();
+        // Within the lease; by the third batch past the late grace of the first one's records.
+        e.clock.advance(lease_us - 1);
+        let report = e.pass();
+        assert_eq!(report.archived, 0, "batch {batch}: a pass archived during the backfill: {report:?}");
+        assert!(report.errors.is_empty(), "{report:?}");
+    }
+    assert!(3 * (lease_us - 1) > LATE_GRACE_US, "the backfill outlasts the late grace");
+    assert_eq!(e.query_all("r").len(), 11, "the backfilled records read at once");
+    e.clock.advance(LATE_GRACE_US.max(lease_us));
+    let report = e.pass();
+    assert_eq!(report.archived, 3, "one generation per bucket once the lease lapsed: {report:?}");
+    for meta in store.buckets("r", None).unwrap() {
+        let manifest = store.latest_manifest(&meta.id).unwrap().unwrap();
+        match first.get(&meta.id.bucket_key) {
+            Some(generation) => assert_eq!(manifest.amends.as_ref().unwrap().generation, *generation),
+            None => assert!(manifest.amends.is_none(), "day 1 archived once, as a first generation"),
+        }
+        assert_eq!(meta.state, BucketState::Archived { hot_deleted: true });
+    }
+    assert_eq!(e.pass().archived, 0);
+    assert_eq!(e.query_all("r").len(), 11);
+}

@@ -350,7 +350,7 @@ fn append_readings(client: &Client, bytes: u64) -> Result<(u64, u64)> {
             body.extend_from_slice(&reading_line(n, &mut state)?);
             n += 1;
         }
-        let counts = client.append("readings", &body)?;
+        let counts = client.append("readings", &body, false)?;
         ensure!(counts.appended == POST_LINES as u64, "appended {} of {POST_LINES}", counts.appended);
         records += counts.appended;
         sent += body.len() as u64;

@@ -237,30 +237,60 @@ fn reason_of(error: &Error) -> String {
     }
 }
 
+/// `?backfill=true`: the batch is part of a backfill (`frostline ingest`), which holds the
+/// table's backfill lease (`ops::records::append_backfill`); `?backfill=end`, with no records,
+/// ends the lease.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AppendParams {
+    backfill: Option<Backfill>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+enum Backfill {
+    #[serde(rename = "true")]
+    Batch,
+    #[serde(rename = "end")]
+    End,
+}
+
 async fn append(
     State(state): Shared,
     path: Result<Path<String>, PathRejection>,
+    params: Result<Query<AppendParams>, QueryRejection>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
     let table = known_table(&state, path)?;
+    let backfill = query_params(params)?.backfill;
     let outcome: Result<ops::wire::AppendCounts, ApiError> = async {
         let bytes = read_body(&headers, body).await?;
+        if backfill == Some(Backfill::End) {
+            if !bytes.iter().all(u8::is_ascii_whitespace) {
+                return Err(ApiError::bad_request("`backfill=end` ends a backfill and takes no records"));
+            }
+            let engine = state.engine.clone();
+            blocking(move || ops::records::end_backfill(&engine, &table)).await?;
+            return Ok(ops::wire::AppendCounts { appended: 0, duplicates: 0, already_archived: 0 });
+        }
         let records = parse_batch(&bytes)?;
         drop(bytes);
         let engine = state.engine.clone();
         // Acknowledged only after `ops::records::append` returns, that is after the commit.
-        tokio::task::spawn_blocking(move || ops::records::append(&engine, &table, records))
-            .await
-            .map_err(|e| ApiError::from(Error::Internal(format!("append task failed: {e}"))))?
-            .map_err(|e| {
-                let mut refusal = ApiError::from_engine(&e);
-                // A record the table cannot take (no bucket for its time, a retired table).
-                if e.kind() == ErrorKind::InvalidInput {
-                    refusal.status = StatusCode::UNPROCESSABLE_ENTITY;
-                }
-                refusal
-            })
+        tokio::task::spawn_blocking(move || match backfill {
+            Some(_) => ops::records::append_backfill(&engine, &table, records),
+            None => ops::records::append(&engine, &table, records),
+        })
+        .await
+        .map_err(|e| ApiError::from(Error::Internal(format!("append task failed: {e}"))))?
+        .map_err(|e| {
+            let mut refusal = ApiError::from_engine(&e);
+            // A record the table cannot take (no bucket for its time, a retired table).
+            if e.kind() == ErrorKind::InvalidInput {
+                refusal.status = StatusCode::UNPROCESSABLE_ENTITY;
+            }
+            refusal
+        })
     }
     .await;
     match outcome {

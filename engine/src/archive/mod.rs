@@ -77,7 +77,9 @@ pub async fn run_pass(ctx: &Arc<Context>, owner: &str) -> Result<PassReport> {
     let mut metas = blocking(move || {
         let snapshot = store.snapshot()?;
         let mut metas = Vec::new();
-        for (_, id) in store.due(now, limit)? {
+        // A table an ingest is backfilling waits for it (`store::backfill`).
+        let backfilling = store.backfilling_tables(now)?;
+        for (_, id) in store.due_skipping(now, limit, &backfilling)? {
             metas.extend(snapshot.bucket(&id)?);
         }
         Ok(metas)

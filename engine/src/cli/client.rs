@@ -243,10 +243,20 @@ impl Client {
 
     /// Appends JSON lines (at most `HTTP_RECORDS_PER_REQUEST_MAX` records and
     /// `HTTP_BODY_BYTES_MAX` bytes): one atomic append.
-    pub fn append(&self, table: &str, json_lines: &[u8]) -> Result<AppendCounts> {
-        let path = format!("/v1/tables/{}/records", percent_encode(table));
+    /// Appends one batch; as part of a backfill (`?backfill=true`, which holds the table's
+    /// backfill lease) when `backfill`.
+    pub fn append(&self, table: &str, json_lines: &[u8], backfill: bool) -> Result<AppendCounts> {
+        let query = if backfill { "?backfill=true" } else { "" };
+        let path = format!("/v1/tables/{}/records{query}", percent_encode(table));
         let text = self.send("POST", &path, Some(("application/x-ndjson", json_lines)), false)?;
         self.json(&text)
+    }
+
+    /// Ends the table's backfill lease (an ingest finished).
+    pub fn end_backfill(&self, table: &str) -> Result<()> {
+        let path = format!("/v1/tables/{}/records?backfill=end", percent_encode(table));
+        self.send("POST", &path, Some(("application/x-ndjson", b"")), false)?;
+        Ok(())
     }
 
     pub fn query(&self, table: &str, request: &PageRequest<'_>) -> Result<Page> {

@@ -280,7 +280,12 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 validated,
                 |records, lines| handle.append_batch(&table, records, lines),
                 |count| bar.inc(count as u64),
-            )?;
+            );
+            // Archival of the table resumes now, whether the ingest finished or stopped (a lease
+            // not ended lapses by itself).
+            let ended = handle.end_backfill(&table);
+            let outcome = outcome?;
+            ended?;
             bar.finish_and_clear();
             println!("{}", serde_json::to_string(&outcome)?);
             Ok(ExitCode::SUCCESS)

@@ -21,7 +21,8 @@ use crate::store::erasure::ErasureRequest;
 /// running engine that holds it, through its API (`Client`). Each command is written once
 /// against this; the two implementations below are the only place the paths differ.
 pub trait EngineHandle {
-    /// Appends one batch of records atomically, as `ops::records::parse_line` made them from
+    /// Appends one batch of `frostline ingest` atomically (through a running engine, as a
+    /// backfill batch that holds the table's backfill lease, `store::backfill`), as `ops::records::parse_line` made them from
     /// `lines`, their JSON lines as the API takes them (at most `HTTP_RECORDS_PER_REQUEST_MAX`
     /// records and `HTTP_BODY_BYTES_MAX` bytes); neither path checks them again.
     fn append_batch(&self, table: &str, records: Vec<Record>, lines: &[u8]) -> anyhow::Result<AppendCounts>;
@@ -30,6 +31,8 @@ pub trait EngineHandle {
     fn query(&self, table: &str, request: &PageRequest<'_>) -> anyhow::Result<QueryPage>;
     /// Passes until nothing more is claimable now: the report, and whether it was clean.
     fn archive_once(&self) -> anyhow::Result<(serde_json::Value, bool)>;
+    /// Ends the backfill lease `append_batch` held (the ingest is over).
+    fn end_backfill(&self, table: &str) -> anyhow::Result<()>;
     fn place_hold(&self, request: HoldRequest) -> anyhow::Result<HoldPlaced>;
     /// Lifts a hold; the id of the hold lifted.
     fn lift_hold(&self, id: String, by: String) -> anyhow::Result<String>;
@@ -49,6 +52,7 @@ pub struct QueryPage {
 
 impl EngineHandle for Arc<Engine> {
     fn append_batch(&self, table: &str, records: Vec<Record>, _lines: &[u8]) -> anyhow::Result<AppendCounts> {
+        // No pass runs beside a command that opened the data directory itself: no lease.
         Ok(crate::ops::records::append(self, table, crate::model::CheckedRecords::parsed(records))?)
     }
 
@@ -73,6 +77,10 @@ impl EngineHandle for Arc<Engine> {
         let report = super::runtime()?.block_on(crate::ops::local::archive_once(self))?;
         let clean = report.deferred == 0 && report.errors.is_empty();
         Ok((serde_json::to_value(&report)?, clean))
+    }
+
+    fn end_backfill(&self, _table: &str) -> anyhow::Result<()> {
+        Ok(())
     }
 
     fn place_hold(&self, request: HoldRequest) -> anyhow::Result<HoldPlaced> {
@@ -110,7 +118,7 @@ impl EngineHandle for Arc<Engine> {
 
 impl EngineHandle for Client {
     fn append_batch(&self, table: &str, _records: Vec<Record>, lines: &[u8]) -> anyhow::Result<AppendCounts> {
-        Ok(self.append(table, lines)?)
+        Ok(self.append(table, lines, true)?)
     }
 
     fn query(&self, table: &str, request: &PageRequest<'_>) -> anyhow::Result<QueryPage> {
@@ -126,6 +134,10 @@ impl EngineHandle for Client {
         let report = self.archive()?;
         let clean = report["deferred"].as_u64() == Some(0) && report["errors"].as_array().is_some_and(|e| e.is_empty());
         Ok((report, clean))
+    }
+
+    fn end_backfill(&self, table: &str) -> anyhow::Result<()> {
+        Ok(Client::end_backfill(self, table)?)
     }
 
     fn place_hold(&self, request: HoldRequest) -> anyhow::Result<HoldPlaced> {

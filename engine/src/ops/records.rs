@@ -63,6 +63,26 @@ pub fn append(
     })
 }
 
+/// `append` as a backfill batch (`frostline ingest`): first holds the table's backfill lease
+/// (`store::backfill`) for `BACKFILL_LEASE_SECONDS` more, so no pass makes a generation of a
+/// bucket the ingest may still add to.
+pub fn append_backfill(
+    engine: &crate::engine::Engine,
+    table: &str,
+    records: crate::model::CheckedRecords,
+) -> Result<super::wire::AppendCounts> {
+    engine.policies().table(table)?;
+    let lease_us = crate::store::backfill::BACKFILL_LEASE_SECONDS as i64 * 1_000_000;
+    engine.store().hold_backfill(table, engine.clock().now().saturating_add(lease_us))?;
+    append(engine, table, records)
+}
+
+/// Ends the table's backfill lease: the ingest is over, its buckets may be archived at once.
+pub fn end_backfill(engine: &crate::engine::Engine, table: &str) -> Result<()> {
+    engine.policies().table(table)?;
+    engine.store().end_backfill(table)
+}
+
 /// A record as one JSON line, the same shape `ingest` reads, with the body byte for byte.
 pub fn record_json(r: &crate::model::Record) -> String {
     let mut line = Vec::new();

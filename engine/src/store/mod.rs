@@ -20,6 +20,7 @@
 
 mod adopt;
 mod append;
+pub mod backfill;
 pub mod encoding;
 pub mod erasure;
 mod expiry;

@@ -87,13 +87,30 @@ impl Store {
 
     /// Buckets whose action is due at or before `now`, soonest first, at most `limit`.
     pub fn due(&self, now: Micros, limit: usize) -> Result<Vec<(Micros, BucketId)>> {
+        self.due_skipping(now, limit, &Default::default())
+    }
+
+    /// `due`, without the buckets of the tables in `skip` (paused by a backfill lease): those
+    /// stay due, and other tables' work is not held up behind them.
+    pub fn due_skipping(
+        &self,
+        now: Micros,
+        limit: usize,
+        skip: &std::collections::HashSet<String>,
+    ) -> Result<Vec<(Micros, BucketId)>> {
         let txn = self.read()?;
         let t = txn.open_table(DUE)?;
         let end = due_key_bound(now);
         let mut out = Vec::new();
-        for entry in t.range(..end.as_slice())?.take(limit) {
+        for entry in t.range(..end.as_slice())? {
             let (k, _) = entry?;
-            out.push(decode_due_key(k.value())?);
+            let (at, id) = decode_due_key(k.value())?;
+            if !skip.contains(&id.table) {
+                out.push((at, id));
+                if out.len() == limit {
+                    break;
+                }
+            }
         }
         Ok(out)
     }
