@@ -315,7 +315,7 @@ impl Client {
     }
 
     /// One erasure request or all of them, with their receipts (admin).
-    pub fn erasures(&self, id: Option<&str>) -> Result<Vec<crate::store::erasure::ErasureRequest>> {
+    pub fn erasures(&self, id: Option<&str>) -> Result<Vec<crate::ops::erasure::ErasureRequest>> {
         match id {
             Some(id) => {
                 let text = self.send("GET", &format!("/v1/erasures/{}", percent_encode(id)), None, true)?;
@@ -325,7 +325,7 @@ impl Client {
                 let text = self.send("GET", "/v1/erasures", None, true)?;
                 #[derive(serde::Deserialize)]
                 struct Page {
-                    erasures: Vec<crate::store::erasure::ErasureRequest>,
+                    erasures: Vec<crate::ops::erasure::ErasureRequest>,
                 }
                 Ok(self.json::<Page>(&text)?.erasures)
             }

@@ -9,7 +9,7 @@ use clap::Subcommand;
 
 use super::{EngineArgs, remote};
 use crate::ops::erasure::EraseRequest;
-use crate::store::erasure::{ErasureProgress, ErasureRequest, RecordIdentity};
+use crate::ops::erasure::{ErasureProgress, ErasureRequest, RecordIdentity};
 
 #[derive(Debug, Subcommand)]
 pub enum EraseCommand {

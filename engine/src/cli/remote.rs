@@ -12,10 +12,10 @@ use crate::cli::client::{Client, PageRequest};
 use crate::model::Record;
 use crate::ops::Engine;
 use crate::ops::archives::BucketVerdict;
+use crate::ops::erasure::ErasureRequest;
 use crate::ops::erasure::{EraseRequest, ErasurePlaced};
 use crate::ops::holds::{HoldListing, HoldPlaced, HoldRequest};
 use crate::ops::wire::AppendCounts;
-use crate::store::erasure::ErasureRequest;
 
 /// The engine a command works on: the data directory opened here (`Arc<Engine>`), or the
 /// running engine that holds it, through its API (`Client`). Each command is written once

@@ -5,7 +5,9 @@
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::model::time::parse_time_arg;
-use crate::store::erasure::{ErasurePreview, ErasureRequest, ErasureSelector, RecordIdentity};
+pub use crate::store::erasure::{
+    ErasureBucket, ErasurePreview, ErasureProgress, ErasureRequest, ErasureSelector, RecordIdentity,
+};
 
 /// What placing an erasure asks for: `frostline erase place`'s flags and `POST /v1/erasures`'s
 /// body. Times are RFC 3339 (or what `--from` and `--to` of a query take).
