@@ -954,11 +954,9 @@ fn a_log_with_doubly_encoded_paths_is_repaired_by_the_next_sync() {
     assert_eq!((again.repaired, again.added, again.removed), (0, 0, 0), "{again:?}");
 }
 
-/// A late record for an archived bucket (issue: archives that can change): the next
-/// generation's file replaces the last one's in one commit (`UPDATE`, a remove and an add), so
-/// delta-rs and polars read the bucket's rows before it or after it, never without them.
-#[test]
-fn a_late_record_replaces_its_buckets_file_in_one_delta_commit() {
+/// Three engines that archived their records (nine buckets each) into one Delta table on a
+/// local directory: the directory (kept alive), the table's folder and the fleet.
+fn archived_fleet_on_a_local_directory() -> (tempfile::TempDir, std::path::PathBuf, Fleet) {
     let dir = tempfile::tempdir().unwrap();
     let target = format!("[[target]]\nname = \"cold\"\nurl = \"file://{}\"\n", dir.path().display());
     let table_dir = dir.path().join("delta/events");
@@ -969,6 +967,15 @@ fn a_late_record_replaces_its_buckets_file_in_one_delta_commit() {
     fleet.passes();
     fleet.set_clock("2024-03-10T00:00:00Z");
     fleet.passes();
+    (dir, table_dir, fleet)
+}
+
+/// A late record for an archived bucket (issue: archives that can change): the next
+/// generation's file replaces the last one's in one commit (`UPDATE`, a remove and an add), so
+/// delta-rs and polars read the bucket's rows before it or after it, never without them.
+#[test]
+fn a_late_record_replaces_its_buckets_file_in_one_delta_commit() {
+    let (_dir, table_dir, fleet) = archived_fleet_on_a_local_directory();
     let before = live_files(&table_dir);
     assert_eq!(before.len(), ENGINES * 9);
     let e = &fleet.engines[0];
@@ -1006,16 +1013,7 @@ fn a_late_record_replaces_its_buckets_file_in_one_delta_commit() {
 /// live or deleted file of engine 0 holds an `acme` row.
 #[test]
 fn an_erasure_replaces_the_files_that_held_its_records_and_readers_see_none_of_them() {
-    let dir = tempfile::tempdir().unwrap();
-    let target = format!("[[target]]\nname = \"cold\"\nurl = \"file://{}\"\n", dir.path().display());
-    let table_dir = dir.path().join("delta/events");
-    let fleet = Fleet::open(policy(&target), table_dir.display().to_string(), Vec::new(), None);
-    for (n, e) in fleet.engines.iter().enumerate() {
-        e.engine.append("events", engine_records(n)).unwrap();
-    }
-    fleet.passes();
-    fleet.set_clock("2024-03-10T00:00:00Z");
-    fleet.passes();
+    let (_dir, table_dir, fleet) = archived_fleet_on_a_local_directory();
     let before = live_files(&table_dir);
     let e = &fleet.engines[0];
     let selector = frostline::store::erasure::ErasureSelector { tenant: Some("acme".into()), ..Default::default() };

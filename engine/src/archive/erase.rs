@@ -14,16 +14,17 @@
 //! A bucket a hold covers is left alone and named as blocked; it resumes when the hold is
 //! lifted. A bucket being archived or cleaned waits for a later pass.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;
 
 use super::blocking;
 use crate::engine::Context;
 use crate::error::{Error, Result};
+use crate::format::manifest::Manifest;
 use crate::model::BucketState;
 use crate::storage::{ArchiveBackend, keys};
-use crate::store::erasure::{ErasureBucket, ErasureProgress, ErasureRequest};
-use crate::store::schema::BucketMeta;
+use crate::store::erasure::{ErasureBucket, ErasureProgress, ErasureRequest, ErasureSelector, selectors_by_bucket};
+use crate::store::schema::{BucketId, BucketMeta, Hold};
 
 /// Advances every open request by one step per bucket; the buckets finished. The archives to
 /// send to their next generation are scheduled in one transaction, and each request's changed
@@ -36,13 +37,15 @@ pub async fn carry_out(ctx: &Arc<Context>) -> Result<u64> {
         return Ok(0);
     }
     let store = ctx.store.clone();
-    let holds = blocking(move || store.holds()).await?;
+    let (holds, epochs, sweep_stop) =
+        blocking(move || Ok((store.holds()?, store.snapshot()?.epochs()?, store.sweep_stop()?))).await?;
+    let step = Step { holds, epochs, sweep_stopped: sweep_stop.is_some(), selectors: selectors_by_bucket(&open) };
     let mut done = 0;
     let mut schedule = BTreeSet::new();
-    for request in open {
+    for request in &open {
         let mut changed = Vec::new();
         for entry in request.buckets.iter().filter(|b| b.progress != ErasureProgress::Done) {
-            let advanced = advance(ctx, &holds, entry.clone(), &mut schedule).await?;
+            let advanced = advance(ctx, &step, entry.clone(), &mut schedule).await?;
             if advanced != *entry {
                 done += u64::from(advanced.progress == ErasureProgress::Done);
                 changed.push(advanced);
@@ -60,13 +63,25 @@ pub async fn carry_out(ctx: &Arc<Context>) -> Result<u64> {
     Ok(done)
 }
 
+/// What every bucket's step of one `carry_out` reads, read once.
+struct Step {
+    holds: Vec<Hold>,
+    /// The epochs of this data directory's lives: a key of this installation written in any
+    /// other is another copy's (a restored backup's), never deleted here.
+    epochs: HashSet<String>,
+    /// The orphan sweep stopped on another copy's keys: nothing is deleted until it is resolved.
+    sweep_stopped: bool,
+    /// The selectors of the open requests, by the buckets they have not finished.
+    selectors: BTreeMap<BucketId, Vec<ErasureSelector>>,
+}
+
 /// One bucket's next step; the entry as it stands after it. An archive to send to its next
 /// generation is added to `schedule`.
 async fn advance(
     ctx: &Arc<Context>,
-    holds: &[crate::store::schema::Hold],
+    step: &Step,
     mut entry: ErasureBucket,
-    schedule: &mut BTreeSet<crate::store::schema::BucketId>,
+    schedule: &mut BTreeSet<BucketId>,
 ) -> Result<ErasureBucket> {
     let (store, id) = (ctx.store.clone(), entry.bucket.clone());
     let Some(meta) = blocking(move || store.bucket(&id)).await? else {
@@ -76,7 +91,7 @@ async fn advance(
         // Its archive is deleted (or being deleted) by the expiry, with the rows beside it.
         return Ok(done(ctx, entry));
     }
-    let held: Vec<String> = holds.iter().filter(|h| h.covers(&meta)).map(|h| h.id.clone()).collect();
+    let held: Vec<String> = step.holds.iter().filter(|h| h.covers(&meta)).map(|h| h.id.clone()).collect();
     if !held.is_empty() {
         entry.progress = ErasureProgress::Blocked;
         entry.blocked_by = held;
@@ -86,12 +101,7 @@ async fn advance(
     entry.blocked_by.clear();
     match meta.state {
         BucketState::Hot => {
-            let store = ctx.store.clone();
-            let selectors = blocking({
-                let meta = meta.clone();
-                move || store.erasure_selectors(&meta)
-            })
-            .await?;
+            let selectors = step.selectors.get(&meta.id).cloned().unwrap_or_default();
             let (store, id, now) = (ctx.store.clone(), meta.id.clone(), ctx.clock.now());
             match blocking(move || store.erase_hot_rows(&id, selectors, None, Default::default(), now)).await? {
                 Some(erased) => {
@@ -105,9 +115,17 @@ async fn advance(
             let store = ctx.store.clone();
             let id = meta.id.clone();
             let manifest = blocking(move || store.latest_manifest(&id)).await?;
-            match manifest.filter(|m| m.generation > entry.placed_generation) {
+            let selectors = step.selectors.get(&meta.id).map(Vec::as_slice).unwrap_or_default();
+            let rewritten = match manifest.filter(|m| m.generation > entry.placed_generation) {
+                // Published by a later claim; proved by reading it back (hashes checked) that
+                // it holds none of the named records: an archive another copy wrote, adopted
+                // since, may have a higher generation and hold them all.
+                Some(manifest) if holds_none(ctx, &meta, &manifest, selectors).await? => Some(manifest),
+                _ => None,
+            };
+            match rewritten {
                 Some(manifest) => {
-                    delete_replaced(ctx, &meta, &manifest, &mut entry).await?;
+                    delete_replaced(ctx, step, &meta, &manifest, &mut entry).await?;
                     Ok(done(ctx, entry))
                 }
                 None => {
@@ -127,6 +145,21 @@ async fn advance(
     }
 }
 
+/// Whether the bucket's archive (`manifest`, read back from its target with every hash
+/// checked) holds no record `selectors` name.
+async fn holds_none(
+    ctx: &Arc<Context>,
+    meta: &BucketMeta,
+    manifest: &Manifest,
+    selectors: &[ErasureSelector],
+) -> Result<bool> {
+    let Some(key) = &meta.manifest_key else { return Ok(false) };
+    let table = ctx.policies.table(&meta.id.table)?.clone();
+    let backend = ctx.policies.archive_backend(&table, &manifest.archive_target())?;
+    let rows = crate::format::reader::read_archive(backend.as_ref(), key, None, None).await?;
+    Ok(!rows.iter().any(|row| selectors.iter().any(|s| s.matches_record(&meta.id.table, row))))
+}
+
 fn done(ctx: &Arc<Context>, mut entry: ErasureBucket) -> ErasureBucket {
     entry.progress = ErasureProgress::Done;
     entry.blocked_by.clear();
@@ -139,10 +172,20 @@ fn done(ctx: &Arc<Context>, mut entry: ErasureBucket) -> ErasureBucket {
 /// prove them absent. Another copy's or installation's objects there are named, not deleted.
 async fn delete_replaced(
     ctx: &Arc<Context>,
+    step: &Step,
     meta: &BucketMeta,
-    manifest: &crate::format::manifest::Manifest,
+    manifest: &Manifest,
     entry: &mut ErasureBucket,
 ) -> Result<()> {
+    // The sweep's rule (ARCHITECTURE.md, "The ownership rule"): while another copy of this
+    // data directory may write here, nothing is deleted, not even what this one released.
+    if step.sweep_stopped {
+        return Err(Error::Conflict(format!(
+            "erasure of bucket {}: the orphan sweep stopped on another copy of this data directory's keys; \
+             nothing is deleted until `frostline adopt` resolves it (`frostline status` names the key)",
+            meta.id
+        )));
+    }
     let policies = ctx.policies.clone();
     let table = policies.table(&meta.id.table)?.clone();
     let id = &meta.id;
@@ -170,6 +213,26 @@ async fn delete_replaced(
             && !backends.iter().any(|b| b.target() == backend.target())
         {
             backends.push(backend);
+        }
+    }
+    // Before anything is deleted: a key of this installation from a life this data directory
+    // never had is another copy's (a restored backup's); it stops the deletion, as the sweep's.
+    for backend in &backends {
+        for folder in &folders {
+            for object in backend.list(folder).await? {
+                if let Some(keys::Origin { installation, epoch: Some(epoch), .. }) = keys::origin(&object.key)
+                    && installation == ctx.installation_id
+                    && !step.epochs.contains(epoch)
+                {
+                    return Err(Error::Conflict(format!(
+                        "erasure of bucket {id}: `{}` on {} was written by another copy of this data directory \
+                         (epoch {epoch}, which this one never had); nothing is deleted until `frostline adopt` \
+                         takes it in",
+                        object.key,
+                        backend.target()
+                    )));
+                }
+            }
         }
     }
     let (store, table_id, wanted) = (ctx.store.clone(), id.table.clone(), folders.clone());

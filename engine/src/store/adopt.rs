@@ -13,7 +13,7 @@ use crate::model::lifecycle::{self, Step};
 use crate::model::{ArchiveTarget, BucketState, Micros, Record};
 
 use super::outbox::push_outbox;
-use super::ownership::release_intents;
+use super::ownership::{release_archive, release_intents};
 use super::schema::{
     BUCKETS, BucketId, BucketMeta, MANIFESTS, Shared, Tombstone, decode_row_key, decode_row_ref, decode_value,
     encode_value, generation_key, rows_table, rows_table_name,
@@ -94,6 +94,15 @@ impl Store {
                         }
                     }
                     release_intents(txn, &id, &manifest, Some(&manifest_key), now)?;
+                    // A later generation of the recorded archive replaces it, as a cleanup's
+                    // would: what the recorded one used and the new one does not is released.
+                    if let (Some(recorded), Some(recorded_key)) = (&recorded, &meta.manifest_key)
+                        && manifest.descends_from(recorded_key)
+                    {
+                        let mut kept: HashSet<&str> = manifest.segments.iter().map(|s| s.key.as_str()).collect();
+                        kept.insert(manifest_key.as_str());
+                        release_archive(txn, &id, recorded, recorded_key, &kept, now)?;
+                    }
                     let adopted = adopted_meta(&id, &manifest_key, &manifest, &rows, now);
                     let mut meta = meta;
                     // Later claims must not reuse a generation either copy has used.

@@ -233,6 +233,17 @@ pub struct ErasurePreview {
     pub held_buckets: u64,
 }
 
+/// The selectors of `requests`, by each bucket whose part of a request is not done.
+pub fn selectors_by_bucket(requests: &[ErasureRequest]) -> std::collections::BTreeMap<BucketId, Vec<ErasureSelector>> {
+    let mut by_bucket: std::collections::BTreeMap<BucketId, Vec<ErasureSelector>> = Default::default();
+    for request in requests.iter().filter(|r| r.is_open()) {
+        for entry in request.buckets.iter().filter(|b| b.progress != ErasureProgress::Done) {
+            by_bucket.entry(entry.bucket.clone()).or_default().push(request.selector.clone());
+        }
+    }
+    by_bucket
+}
+
 fn save_request(txn: &redb::WriteTransaction, request: &ErasureRequest) -> Result<()> {
     txn.open_table(ERASURES)?.insert(request.id.as_str(), encode_value(request)?.as_slice())?;
     Ok(())
@@ -356,11 +367,7 @@ impl Store {
         if open.is_empty() || self.holds()?.iter().any(|h| h.covers(meta)) {
             return Ok(Vec::new());
         }
-        Ok(open
-            .into_iter()
-            .filter(|r| r.buckets.iter().any(|b| b.bucket == meta.id && b.progress != ErasureProgress::Done))
-            .map(|r| r.selector)
-            .collect())
+        Ok(selectors_by_bucket(&open).remove(&meta.id).unwrap_or_default())
     }
 
     /// Deletes the hot rows of bucket `id` that `selectors` name: under the lease of

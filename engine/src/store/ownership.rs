@@ -148,18 +148,30 @@ pub(super) fn release_replaced(
     };
     let mut kept: HashSet<&str> = manifest.segments.iter().map(|s| s.key.as_str()).collect();
     kept.extend(manifest_key);
-    let mut released = txn.open_table(RELEASED)?;
     // Anything but the archive the new one names as replaced is kept: an object left behind
     // costs storage, one deleted wrongly costs records.
     let Some(old) = replaced.filter(|old| old.generation == amends.generation) else {
         tracing::warn!(bucket = %id, replaced = %amends.manifest_key, "the replaced archive is not the one recorded; its objects are kept");
         return Ok(());
     };
-    let target = old.target.clone();
-    let mut keys: Vec<String> = old.segments.iter().map(|s| s.key.clone()).collect();
-    keys.push(amends.manifest_key.clone());
-    for key in keys.into_iter().filter(|key| !kept.contains(key.as_str())) {
-        let record = ReleasedKey { table: id.table.clone(), target: target.clone(), key, released_at: now };
+    release_archive(txn, id, &old, &amends.manifest_key, &kept, now)
+}
+
+/// Releases the objects of archive `old` (at `old_key`) that `kept` does not name: its
+/// segments and its manifest, on the target it was written to.
+pub(super) fn release_archive(
+    txn: &WriteTransaction,
+    id: &BucketId,
+    old: &crate::format::manifest::Manifest,
+    old_key: &str,
+    kept: &HashSet<&str>,
+    now: Micros,
+) -> Result<()> {
+    let mut released = txn.open_table(RELEASED)?;
+    let keys = old.segments.iter().map(|s| s.key.as_str()).chain([old_key]);
+    for key in keys.filter(|key| !kept.contains(key)) {
+        let record =
+            ReleasedKey { table: id.table.clone(), target: old.target.clone(), key: key.to_string(), released_at: now };
         released.insert(record.store_key().as_slice(), encode_value(&record)?.as_slice())?;
     }
     Ok(())
