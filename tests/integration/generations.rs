@@ -326,6 +326,58 @@ fn adoption_counts_a_generation_the_recorded_archive_replaced_as_replaced_not_a_
     assert_eq!(e.query_all("r").len(), 3);
 }
 
+/// Regression (lifecycle simulation, seeds 14110081527287138056 and 16314023887982348757 of the
+/// 10,000-seed run at d98519a): after a restore, the copy that went on had amended a bucket
+/// twice; the restored copy took the same identity with another body and amended its own
+/// generation once, under a lower generation number. When that database was lost and rebuilt,
+/// adoption tried the folder's manifests by generation number and took the stale copy's last
+/// generation: the record
+/// read back with the body the restored copy had replaced, and the late record it never had.
+/// Generation numbers do not order forks; the copy that wrote last ran last. Now the head written
+/// last is adopted and the other fork's head is named as a conflict that stays on the target.
+#[test]
+fn a_rebuilt_data_directory_adopts_the_fork_of_the_copy_that_ran_last() {
+    let backups = tempfile::tempdir().unwrap();
+    let backup = backups.path().join("backup");
+    let mut e = TestEngine::new(&expiring_policy("3650d"), "2024-03-01T12:00:00Z");
+    e.engine.append("r", vec![record("2024-03-01T01:00:00Z", "a", "{}")]).unwrap();
+    e.pass();
+    e.clock.set(t("2024-03-03T00:00:00Z"));
+    assert_eq!(e.pass().archived, 1);
+    e = e.backup(&backup).unwrap();
+    // The copy that goes on: two late records, two more generations.
+    for late in [record("2024-03-01T02:00:00Z", "b", r#"{"v":1}"#), record("2024-03-01T03:00:00Z", "c", "{}")] {
+        e.engine.append("r", vec![late]).unwrap();
+        e.clock.advance(LATE_GRACE_US);
+        assert_eq!(e.pass().archived, 1);
+    }
+    let stale: Vec<String> = manifests(&e);
+    // Restored from the backup, the copy takes `b` with another body: its own generation 2.
+    e = e.restore(&backup).unwrap();
+    e.engine.append("r", vec![record("2024-03-01T02:00:00Z", "b", r#"{"v":2}"#)]).unwrap();
+    e.clock.advance(LATE_GRACE_US);
+    assert_eq!(e.pass().archived, 1);
+    let living = e.engine.store().buckets("r", None).unwrap()[0].manifest_key.clone().unwrap();
+    let served = e.query_all("r");
+    assert_eq!(served.len(), 2);
+
+    // Its database is lost; the new installation adopts what the lost one archived.
+    let lost = e.engine.installation_id().to_string();
+    e = e.rebuild().unwrap();
+    let report = runtime().block_on(frostline::archive::adopt::adopt(&e.engine.context(), false, &[lost])).unwrap();
+    assert_eq!(report.adopted, 1, "{report:?}");
+    assert!(report.failures.is_empty(), "{report:?}");
+    assert_eq!(e.engine.store().buckets("r", None).unwrap()[0].manifest_key.as_deref(), Some(living.as_str()));
+    assert_eq!(e.query_all("r"), served, "the records of the copy that ran last, as it served them");
+    // The stale fork's head is named, and stays on the target.
+    let generation = |key: &String| frostline::storage::keys::manifest_origin(key).map(|(_, g)| g);
+    let head = stale.iter().max_by_key(|k| generation(k)).expect("the stale fork's last generation");
+    assert!(generation(&living) < generation(head), "the stale fork counted further: {living} {head}");
+    assert_eq!(report.conflicts.len(), 1, "{report:?}");
+    assert!(report.conflicts[0].contains(head.as_str()), "{report:?}");
+    assert!(manifests(&e).contains(head));
+}
+
 /// A backfill into a running engine (`frostline ingest`, whose batches hold their table's
 /// backfill lease) makes one generation per bucket however long it runs and whatever the passes
 /// do meanwhile: history it brings to archived buckets (late records) and to buckets still hot

@@ -376,7 +376,11 @@ struct ModelBucket {
 /// and 8634406492624016800 failed at a20d484: a copy restored from a backup replaced a shared
 /// generation with its next one, and adoption called the replaced generation another copy's
 /// archive left on the target (a conflict), which the model then expected to stay; the sweep
-/// rightly deleted it (adoption now counts it as superseded).
+/// rightly deleted it (adoption now counts it as superseded). 14110081527287138056 and
+/// 16314023887982348757 failed in the 10,000-seed run at d98519a: after a restore both copies
+/// amended one bucket, the copy that went on to a higher generation; once the restored copy's
+/// database was lost, adoption took the stale fork by its generation number, and a record read
+/// back with the body the restored copy had replaced (adoption now takes the fork written last).
 const LIFECYCLE_PINNED_SEEDS: &[u64] = &[
     10271305771009615499,
     8543358860644630439,
@@ -385,6 +389,8 @@ const LIFECYCLE_PINNED_SEEDS: &[u64] = &[
     4688320624041329399,
     16906725213614718770,
     8634406492624016800,
+    14110081527287138056,
+    16314023887982348757,
 ];
 
 #[test]

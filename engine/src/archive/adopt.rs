@@ -4,10 +4,11 @@
 //! them stranded (or, before the sweep's guard, deleting them as orphans).
 //!
 //! Every declared table's folder is listed on every target of the policy directory (a table's
-//! archives may lie on a target it has since left). In each bucket folder the newest manifest
-//! is read back and verified whole (content address, every segment's hash and row checksum,
-//! the rows lie in the bucket and its partition, the manifest's own target resolves to the one
-//! it was found on); if it fails, the next older one is tried. `store::adopt` then records it
+//! archives may lie on a target it has since left). In each bucket folder the newest archive
+//! (the head of a chain of generations, the one written last: `adoption_order`) is read back
+//! and verified whole (content address, every segment's hash and row checksum, the rows lie in
+//! the bucket and its partition, the manifest's own target resolves to the one it was found
+//! on); if it fails, the next one is tried. `store::adopt` then records it
 //! in one transaction. A folder holding manifests of two installations is a conflict (two
 //! writers of one table; which one is the archive is for an operator to say) and is left
 //! alone, as is every bucket whose database record the archive cannot stand in for. A dry run
@@ -90,7 +91,7 @@ pub async fn adopt(ctx: &Arc<Context>, dry_run: bool, from_installations: &[Stri
             let folders =
                 manifests_by_folder(backend.as_ref(), table_id, &ctx.installation_id, &mut own_epochs).await?;
             listed.push((backend, folders.values().flatten().map(|(_, _, key)| key.clone()).collect()));
-            for (folder, mut manifests) in folders {
+            for (folder, manifests) in folders {
                 report.folders += 1;
                 let writers: BTreeSet<&str> = manifests.iter().map(|(writer, _, _)| writer.as_str()).collect();
                 // An installation writes a bucket's next generation (late records) in the
@@ -136,7 +137,7 @@ pub async fn adopt(ctx: &Arc<Context>, dry_run: bool, from_installations: &[Stri
                 if refused {
                     continue;
                 }
-                manifests.sort_by_key(|(_, order, _)| std::cmp::Reverse(*order));
+                let (manifests, replaced) = adoption_order(backend.as_ref(), manifests).await;
                 // The manifest that stands for the bucket once this folder is done: the newest
                 // known or adopted one.
                 let mut chosen = None;
@@ -191,7 +192,7 @@ pub async fn adopt(ctx: &Arc<Context>, dry_run: bool, from_installations: &[Stri
                 }
                 if let Some(i) = chosen {
                     let (chosen, others) = manifests[i..].split_first().expect("chosen lies in the folder");
-                    report_forks(backend.as_ref(), &chosen.2, others, &mut report).await;
+                    report_forks(backend.as_ref(), &chosen.2, others, &replaced, &mut report).await;
                 }
             }
         }
@@ -223,7 +224,13 @@ pub async fn adopt(ctx: &Arc<Context>, dry_run: bool, from_installations: &[Stri
 /// an older manifest in the folder that holds other rows is another copy's archive: it stays on
 /// the target, and is named as a conflict so that nothing is dropped silently. (Older manifests
 /// of one copy, left by attempts that failed before publishing, hold the same rows.)
-async fn report_forks(backend: &dyn ArchiveBackend, chosen: &str, others: &[FoundManifest], report: &mut AdoptReport) {
+async fn report_forks(
+    backend: &dyn ArchiveBackend,
+    chosen: &str,
+    others: &[FoundManifest],
+    replaced: &HashSet<String>,
+    report: &mut AdoptReport,
+) {
     if others.is_empty() {
         return;
     }
@@ -232,6 +239,10 @@ async fn report_forks(backend: &dyn ArchiveBackend, chosen: &str, others: &[Foun
         // A generation the standing archive replaced: its rows are in it.
         if standing.descends_from(key) {
             report.superseded += 1;
+            continue;
+        }
+        // A generation another fork's later one replaced: that one is named (or was tried).
+        if replaced.contains(key) {
             continue;
         }
         // An older manifest that cannot be read is left as the sweep and expiry leave it.
@@ -394,11 +405,44 @@ async fn recorded_manifest_keys(ctx: &Arc<Context>) -> Result<HashSet<String>> {
     .await
 }
 
-/// A manifest found on a target: the installation that wrote it, the order adoption tries it
-/// in (its generation, then when it was written: two copies of one data directory can each
-/// publish a bucket under the same generation, and the one written last is the copy that ran
-/// last), and its key.
+/// A manifest found on a target: the installation that wrote it, its generation and when it
+/// was written, and its key.
 type FoundManifest = (String, (u64, crate::model::Micros), String);
+
+/// The order adoption tries a folder's manifests in, and the keys a later generation in the
+/// folder replaced (its lineage names them).
+///
+/// First the heads of the folder's chains (manifests no other one replaces), the one written
+/// last first; then the replaced generations, newest first. Generation numbers do not order
+/// forks: two copies of one data directory (one restored from a backup while the other went on)
+/// count generations on separate branches, and the copy that ran longer before it was replaced
+/// reaches the higher number. The copy that wrote last is the one that ran last, the one whose
+/// records the lost database acknowledged; the other fork's head is then named as a conflict
+/// and stays on the target. Within one chain the lineage orders generations whatever the
+/// clocks say (objects copied to a new store carry the copy's times). A manifest that cannot
+/// be read counts as a head; its verification fails when it is tried.
+async fn adoption_order(
+    backend: &dyn ArchiveBackend,
+    manifests: Vec<FoundManifest>,
+) -> (Vec<FoundManifest>, HashSet<String>) {
+    let mut replaced = HashSet::new();
+    if manifests.len() > 1 {
+        for (_, _, key) in &manifests {
+            if let Ok(manifest) = read_manifest(backend, key).await
+                && let Some(amends) = manifest.amends
+            {
+                replaced.insert(amends.manifest_key);
+                replaced.extend(amends.lineage);
+            }
+        }
+    }
+    let (mut heads, mut older): (Vec<_>, Vec<_>) =
+        manifests.into_iter().partition(|(_, _, key)| !replaced.contains(key));
+    heads.sort_by_key(|(_, (generation, written), _)| std::cmp::Reverse((*written, *generation)));
+    older.sort_by_key(|(_, order, _)| std::cmp::Reverse(*order));
+    heads.extend(older);
+    (heads, replaced)
+}
 
 /// A table's manifests on one target, by the folder they lie in; the epochs of `installation`
 /// that wrote any of its segments or manifests are added to `epochs`.
