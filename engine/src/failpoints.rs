@@ -35,6 +35,8 @@ pub const FAIL_POINTS: &[&str] = &[
     "after_outbox_delivery",
     // The orphan sweep, before each delete.
     "mid_sweep_delete",
+    // An erasure, before each delete of an object its bucket's new generation replaced.
+    "mid_erase_delete",
     // A Delta log sync, before and after each commit.
     "before_delta_commit",
     "after_delta_commit",

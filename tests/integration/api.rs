@@ -1647,7 +1647,8 @@ fn an_erasure_placed_through_the_api_is_carried_out_and_its_receipt_reads_back()
     let (status, body) = server.post("/v1/erasures", Some(ADMIN), Some(erase));
     assert_eq!(status, 201, "{body}");
     let id = serde_json::from_str::<serde_json::Value>(&body).unwrap()["request"]["id"].as_str().unwrap().to_string();
-    assert_eq!(server.post("/v1/archive", Some(ADMIN), None).0, 200);
+    let (status, body) = server.post("/v1/archive", Some(ADMIN), None);
+    assert_eq!(status, 200, "{body}\nlog:\n{}", server.log());
     let receipt = server.json_as(&format!("/v1/erasures/{id}"), ADMIN);
     assert!(receipt["finished_at"].is_i64(), "{receipt}");
     assert_eq!(count_records(&server), 200, "site-1's third of the records is gone");

@@ -7,7 +7,8 @@
 //! - a record whose append had no answer (the process died) is readable at most once, intact;
 //! - no manifest names a missing or different object (every archive verifies);
 //! - no object is ever overwritten (its bytes never change once seen);
-//! - no bucket is published twice with different manifests;
+//! - a bucket is published once per generation, each manifest a successor of the last (its
+//!   lineage names the one it replaces);
 //! - no hot row is gone without a published manifest holding it;
 //! - the table is Parquet, so its archive is also a Delta table (with fail points before and
 //!   after each commit to the log): after the final run the log lists exactly the published
@@ -39,6 +40,15 @@
 //! with no grace period (`FROSTLINE_TEST_ORPHAN_GRACE_SECONDS=0`, a debug build's override),
 //! so every released key is deleted at once, racing the kills. A bucket of any other partition
 //! that expires fails the check; a record of an expired `debug` bucket may be gone.
+//!
+//! Archives change under the crashes too: one batch in five is of late records, new records for
+//! the day of an earlier batch, whose buckets are archived by then (or being archived), so a
+//! pass publishes their next generation and cleans the late rows up; and now and then the
+//! appender asks the engine, through the admin API, to erase a few records of one bucket. The
+//! erasure's rewrite, its deletes of the replaced generations (with a fail point before each)
+//! and their proof of absence race the kills like the rest. A record named by an accepted
+//! request may read back, exactly, until the request is carried out; once the final run has
+//! settled (every request finished), none does, and every other record still reads back.
 //!
 //! CI runs `FROSTLINE_CRASHES` (default 50) crashes. The long run (about an hour on two cores):
 //!     FROSTLINE_CRASHES=1000 cargo test --test integration crash -- --nocapture
@@ -88,6 +98,8 @@ const QUERY_PAGE: usize = 10_000;
 /// default): it drains the backlog of a long run in a few passes rather than hundreds.
 const FINAL_SCAN_LIMIT: usize = 1_000;
 const DAY_US: i64 = 86_400_000_000;
+/// The appender places an erasure request instead of one batch in this many.
+const ERASE_ONE_IN: u32 = 80;
 const POLICY: &str = r#"
 [[table]]
 id = "c"
@@ -150,7 +162,21 @@ struct Model {
     fresh: Vec<Identity>,
     /// Sent without an answer: may or may not have committed.
     unknown: BTreeMap<Identity, String>,
+    /// Acknowledged, then named by an erasure request the engine accepted: each may read back
+    /// (exactly) until the request is carried out, and none once the final run has settled.
+    erasing: BTreeMap<Identity, String>,
+    /// Named by an erasure request whose answer was lost: each may or may not read back.
+    maybe_erased: BTreeMap<Identity, String>,
     next_day: i64,
+    late_batches: usize,
+    erasures: usize,
+}
+
+impl Model {
+    /// Whether `id` may read back with `body` though no acknowledged append holds it now.
+    fn may_read(&self, id: &Identity, body: &str) -> bool {
+        [&self.unknown, &self.erasing, &self.maybe_erased].iter().any(|set| set.get(id).is_some_and(|b| b == body))
+    }
 }
 
 /// Which run an engine is started for.
@@ -231,21 +257,32 @@ fn appender(addr: String, model: Arc<Mutex<Model>>, stop: Arc<AtomicBool>, seed:
     while !stop.load(Ordering::SeqCst) {
         // A steady flow, not a flood: the point is appends racing passes, not load.
         std::thread::sleep(Duration::from_millis(rng.random_range(5..40)));
+        if rng.random_range(0..ERASE_ONE_IN) == 0 && !erase(&agent, &addr, &model, &mut rng) {
+            return;
+        }
         let day = {
             let mut m = model.lock().unwrap();
             m.next_day += 1;
             m.next_day
         };
         // Every batch gets buckets of its own (a day of its own in its own partitions), all in
-        // the past, so each is due as soon as it is planned.
-        let base = t("2020-01-01T00:00:00Z") + (day % 1_000) * DAY_US;
-        let round = day / 1_000;
-        // One batch in four is of `debug` records, in partitions of their own, which expire.
-        let debug = rng.random_range(0..4) == 0;
+        // the past, so each is due as soon as it is planned; except one in five, of late
+        // records: new records for the day of an earlier batch, whose buckets are archived by
+        // now, or being archived, or not yet, so they make the next generation of an archive.
+        let late = day > 1 && rng.random_range(0..5) == 0;
+        let (of_day, sort_prefix) = match late {
+            true => (day - rng.random_range(1..day.min(200)), format!("late{day}-")),
+            false => (day, String::new()),
+        };
+        let base = t("2020-01-01T00:00:00Z") + (of_day % 1_000) * DAY_US + if late { 500_000 } else { 0 };
+        let round = of_day / 1_000;
+        // One batch in four is of `debug` records, in partitions of their own, which expire
+        // (late records never are: a bucket whose archive expired refuses them).
+        let debug = !late && rng.random_range(0..4) == 0;
         let prefix = if debug { "d" } else { "r" };
         let batch: Vec<(Identity, String)> = (0..rng.random_range(5..30))
             .map(|i| {
-                let id = (format!("{prefix}{round}-p{}", i % 2), base + i * 1_000_000, format!("s{i:03}"));
+                let id = (format!("{prefix}{round}-p{}", i % 2), base + i * 1_000_000, format!("{sort_prefix}s{i:03}"));
                 let body = format!(r#"{{"day":{day},"i":{i},"pad":"{}"}}"#, "z".repeat(rng.random_range(0..200)));
                 (id, body)
             })
@@ -264,6 +301,7 @@ fn appender(addr: String, model: Arc<Mutex<Model>>, stop: Arc<AtomicBool>, seed:
         let mut m = model.lock().unwrap();
         match sent {
             Ok(response) if response.status().as_u16() == 200 => {
+                m.late_batches += usize::from(late);
                 m.fresh.extend(batch.iter().map(|(id, _)| id.clone()));
                 m.acknowledged.extend(batch);
             }
@@ -274,6 +312,58 @@ fn appender(addr: String, model: Arc<Mutex<Model>>, stop: Arc<AtomicBool>, seed:
                 m.unknown.extend(batch);
                 return;
             }
+        }
+    }
+}
+
+/// Asks the engine to erase a few acknowledged records of one bucket (every other record of a
+/// random one's bucket, through the admin API as an operator would), so the bucket's next
+/// generation leaves them out and the generations that held them are deleted, racing the kills.
+/// False when the request had no answer (the process died).
+fn erase(agent: &ureq::Agent, addr: &str, model: &Mutex<Model>, rng: &mut StdRng) -> bool {
+    let named: Vec<Identity> = {
+        let m = model.lock().unwrap();
+        let kept: Vec<&Identity> = m.acknowledged.keys().filter(|(p, _, _)| !expires(p)).collect();
+        let Some(&(partition, time, _)) = kept.get(rng.random_range(0..kept.len().max(1))) else { return true };
+        let day = time.div_euclid(DAY_US) * DAY_US;
+        let range = (partition.clone(), day, String::new())..(partition.clone(), day + DAY_US, String::new());
+        m.acknowledged.range(range).map(|(id, _)| id.clone()).step_by(2).take(10).collect()
+    };
+    let records: Vec<serde_json::Value> =
+        named.iter().map(|(p, t, s)| serde_json::json!({"partition_key": p, "event_time": t, "sort_key": s})).collect();
+    let body =
+        serde_json::json!({"table": "c", "records": records, "reason": "crash harness", "requested_by": "harness"});
+    let sent = agent
+        .post(&format!("http://{addr}/v1/erasures"))
+        .header("Content-Type", "application/json")
+        .send(body.to_string());
+    let mut m = model.lock().unwrap();
+    let moved = |m: &mut Model, erased: bool| {
+        for id in &named {
+            let body = m.acknowledged.remove(id).expect("named from the acknowledged records");
+            if erased {
+                m.erasing.insert(id.clone(), body)
+            } else {
+                m.maybe_erased.insert(id.clone(), body)
+            };
+        }
+    };
+    match sent {
+        Ok(response) if response.status().as_u16() == 201 => {
+            moved(&mut m, true);
+            m.erasures += 1;
+            true
+        }
+        Ok(response) => {
+            let status = response.status().as_u16();
+            // Refused while it shuts down, or failing on its store: nothing was placed. A
+            // request the engine calls malformed is the harness's bug.
+            assert!(status >= 500, "the erasure request was refused with {status}: {body}");
+            true
+        }
+        Err(_) => {
+            moved(&mut m, false);
+            false
         }
     }
 }
@@ -463,7 +553,8 @@ impl Checker {
                 due.extend(model.acknowledged.range(range).map(|(id, _)| id));
             }
             for id in due {
-                let body = &model.acknowledged[id];
+                // Named by an erasure since it was appended: it may be gone.
+                let Some(body) = model.acknowledged.get(id) else { continue };
                 if let Some(read) = found.get(id) {
                     assert_eq!(read, body, "crash {crash}: acknowledged record {id:?} changed");
                     continue;
@@ -485,11 +576,11 @@ impl Checker {
             if model.acknowledged.contains_key(id) {
                 continue;
             }
-            let unknown = model.unknown.get(id);
-            assert_eq!(unknown, Some(body), "crash {crash}: {id:?} was never appended");
+            assert!(model.may_read(id, body), "crash {crash}: {id:?} was never appended (or erased, or changed)");
         }
         // An unknown append that did commit is now known: it must stay readable from here on.
-        let committed: Vec<Identity> = model.unknown.keys().filter(|id| found.contains_key(*id)).cloned().collect();
+        let committed: Vec<Identity> =
+            model.unknown.iter().filter(|(id, body)| found.get(*id) == Some(*body)).map(|(id, _)| id.clone()).collect();
         for id in committed {
             let body = model.unknown.remove(&id).unwrap();
             model.acknowledged.insert(id, body);
@@ -540,17 +631,25 @@ impl Checker {
             // Its archive is deleted, or being deleted; a query reports the range expired.
             return Vec::new();
         }
+        let backend = engine.policies().tables["c"].backend.clone();
         if let Some(key) = &meta.manifest_key {
-            // No bucket is published twice with different manifests.
-            if let Some(previous) = self.published.insert(bucket.clone(), key.clone()) {
-                assert_eq!(&previous, key, "crash {crash}: {bucket} published with two manifests");
+            // A bucket is published once per generation, each a successor of the last: a later
+            // manifest's lineage names the one it replaces.
+            if let Some(previous) = self.published.insert(bucket.clone(), key.clone())
+                && previous != *key
+            {
+                let manifest = runtime()
+                    .block_on(frostline::archive::read_manifest(backend.as_ref(), key))
+                    .unwrap_or_else(|e| panic!("crash {crash}: manifest of {bucket} does not read: {e}"));
+                assert!(
+                    manifest.descends_from(&previous),
+                    "crash {crash}: {bucket} published `{key}`, which does not follow `{previous}`"
+                );
             }
             // Every manifest names present, identical objects.
-            let backend = engine.policies().tables["c"].backend.clone();
             let rows = runtime()
                 .block_on(frostline::archive::read_archive(backend.as_ref(), key, None, None))
                 .unwrap_or_else(|e| panic!("crash {crash}: archive of {bucket} does not verify: {e}"));
-            assert_eq!(rows.len() as u64, meta.row_count, "crash {crash}: {bucket} row count");
             archived = Some(rows);
         }
         match meta.state {
@@ -559,13 +658,19 @@ impl Checker {
                     assert!(meta.manifest_key.is_some(), "crash {crash}: hot rows deleted without a manifest");
                 }
                 // A query of an archived bucket without a manifest fails.
-                archived.unwrap_or_else(|| panic!("crash {crash}: {bucket} is archived but names no manifest"))
+                let rows =
+                    archived.unwrap_or_else(|| panic!("crash {crash}: {bucket} is archived but names no manifest"));
+                assert_eq!(rows.len() as u64, meta.row_count, "crash {crash}: {bucket} row count");
+                rows
             }
-            state => {
+            _ => {
                 let hot = engine.store().rows(&meta.id, None, usize::MAX).unwrap();
-                assert_eq!(hot.len() as u64, meta.row_count, "crash {crash}: hot rows of {} lost", meta.id);
-                // A query skips expired buckets.
-                if state == BucketState::Expired { Vec::new() } else { hot }
+                // Rows waiting for the next generation (late records) read beside the archive.
+                let mut rows = archived.filter(|_| meta.has_published_archive()).unwrap_or_default();
+                let counted = rows.len() + hot.len();
+                assert_eq!(counted as u64, meta.row_count, "crash {crash}: rows of {} lost", meta.id);
+                rows.extend(hot);
+                rows
             }
         }
     }
@@ -743,7 +848,7 @@ fn crash_harness_loses_nothing_across_repeated_kills() {
     // Finally, with no faults: everything due is archived, and every record still reads back.
     write_policy(&policies, POLICY);
     let mut child = spawn_engine(&data, &policies, None, None, Life::Final);
-    wait_for_addr(&data, &mut child).expect("final start");
+    let addr = wait_for_addr(&data, &mut child).expect("final start");
     // A long run leaves a backlog of thousands of buckets (at most `scan_limit` are archived
     // per pass), so the run must keep making progress rather than finish by a fixed time.
     let mut deadline = Instant::now() + SETTLE_STALL;
@@ -757,7 +862,7 @@ fn crash_harness_loses_nothing_across_repeated_kills() {
             .iter()
             .map(|s| states[s]["buckets"].as_u64().unwrap_or(0))
             .sum::<u64>();
-        if status.is_object() && pending == 0 {
+        if status.is_object() && pending == 0 && open_erasures(&addr) == 0 {
             break;
         }
         if status.is_object() && pending < least_pending {
@@ -790,13 +895,22 @@ fn crash_harness_loses_nothing_across_repeated_kills() {
     assert!(child.wait().unwrap().success());
     let mut m = model.lock().unwrap();
     checker.check(&mut m, crashes, true);
+    // Every request the engine accepted was carried out: none of the records it named reads back.
+    let engine = Engine::open(&data, &policies, Default::default(), Arc::new(frostline::clock::SystemClock)).unwrap();
+    let found = query_records(&engine, None, None, None, crashes);
+    let back: Vec<&Identity> = m.erasing.keys().filter(|id| found.contains_key(*id)).collect();
+    assert!(back.is_empty(), "{} erased records read back, for instance {:?}", back.len(), back.first());
+    drop(engine);
     #[cfg(feature = "delta")]
     check_delta_log(&data, &policies);
     eprintln!(
-        "crash harness: {crashes} crashes; {} acknowledged records, {} buckets published ({} since expired), {} \
-         objects; {} full checks, {} records looked up by query; {lifecycle_reloads} policy changes while running; \
-         {:.0}s; by cause: {by_fail_point:?}",
+        "crash harness: {crashes} crashes; {} acknowledged records ({} batches of late records), {} erased by {} \
+         requests; {} buckets published ({} since expired), {} objects; {} full checks, {} records looked up by \
+         query; {lifecycle_reloads} policy changes while running; {:.0}s; by cause: {by_fail_point:?}",
         m.acknowledged.len(),
+        m.late_batches,
+        m.erasing.len(),
+        m.erasures,
         checker.published.len(),
         checker.buckets.values().filter(|b| b.state == BucketState::Expired).count(),
         checker.objects.len(),
@@ -805,6 +919,20 @@ fn crash_harness_loses_nothing_across_repeated_kills() {
         run_started.elapsed().as_secs_f64()
     );
     assert!(checker.published.len() > 10, "the harness must actually archive");
+}
+
+/// Erasure requests of the engine at `addr` not yet carried out (all of them while it does not
+/// answer).
+fn open_erasures(addr: &str) -> usize {
+    let answer = ureq::get(&format!("http://{addr}/v1/erasures"))
+        .call()
+        .ok()
+        .and_then(|mut r| r.body_mut().read_to_string().ok());
+    let Some(list) = answer.and_then(|text| serde_json::from_str::<serde_json::Value>(&text).ok()) else {
+        return usize::MAX;
+    };
+    let requests = list["erasures"].as_array().cloned().unwrap_or_default();
+    requests.iter().filter(|r| r["finished_at"].is_null()).count()
 }
 
 /// After the final run, the table's Delta log lists exactly the segments of its published

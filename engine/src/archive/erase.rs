@@ -246,6 +246,7 @@ async fn delete_replaced(
                 key.target, key.key
             )));
         };
+        crate::failpoints::hit("mid_erase_delete")?;
         backend.delete(&key.key).await?;
         entry.deleted_objects.push(key.key.clone());
     }
