@@ -563,3 +563,67 @@ fn erasing_a_tenant_through_the_binary_leaves_no_byte_of_it_on_the_target() {
     assert!(got.iter().all(|v| v["tenant"] == "globex"));
     assert_eq!(holding("\"acme\""), Vec::<std::path::PathBuf>::new(), "the tenant's name or records on the target");
 }
+
+/// `frostline compact --data DIR`, as an operator runs it.
+fn compact(data: &str) -> std::process::Output {
+    Command::new(frostline_bin()).args(["compact", "--data", data]).output().unwrap()
+}
+
+/// The hot store's file keeps what its freed pages held (here: bodies of records whose hot rows
+/// archival deleted) until redb reuses them; `frostline compact` moves the live pages to the
+/// front and truncates the rest, after which no such body is left in the file and every record
+/// still reads back. Erased records' hot rows are freed the same way.
+#[test]
+fn compaction_leaves_no_body_of_a_deleted_hot_row_in_the_hot_store() {
+    let (d, lines) = three_years_ingested();
+    let archive = frostline(&d, &["archive", "--once"], None);
+    assert!(archive.status.success(), "{}", text_of(&archive));
+    let database = Path::new(&d.data).join("hot.redb");
+    let cutoff = t("2025-01-01T00:00:00Z");
+    let bodies_in_file = |archived: bool| {
+        // Lossy text, so the standard library's substring search (optimized even in a debug
+        // build) does the looking: the needles are ASCII.
+        let file = String::from_utf8_lossy(&std::fs::read(&database).unwrap()).into_owned();
+        let time = |v: &serde_json::Value| match &v["event_time"] {
+            serde_json::Value::String(s) => t(s),
+            n => n.as_i64().unwrap(),
+        };
+        let needles =
+            lines.iter().filter(|v| (time(v) < cutoff) == archived).map(|v| format!("{{\"i\":{},", v["body"]["i"]));
+        needles.filter(|needle| file.contains(needle.as_str())).count()
+    };
+    assert!(bodies_in_file(true) > 0, "the freed pages still hold archived records' bodies before compaction");
+    let hot_before = bodies_in_file(false);
+    let compacted = compact(&d.data);
+    assert!(compacted.status.success(), "{}", text_of(&compacted));
+    let report: serde_json::Value = serde_json::from_slice(&compacted.stdout).unwrap();
+    assert!(report["bytes_before"].as_u64().unwrap() > 0, "{report}");
+    assert_eq!(bodies_in_file(true), 0, "bodies of deleted hot rows left in the hot store's file");
+    assert_eq!(bodies_in_file(false), hot_before, "every hot row is still in the file");
+    let query = frostline(&d, &["query", "--table", "events", "--limit", "100000"], None);
+    assert!(query.status.success(), "{}", text_of(&query));
+    assert_eq!(text(&query.stdout).lines().count(), lines.len(), "every record reads back after compaction");
+}
+
+/// Compaction needs the hot store to itself: it refuses a data directory a running engine holds
+/// and one with no hot store (creating nothing), and says what to do.
+#[test]
+fn compaction_refuses_a_data_directory_in_use_or_without_a_hot_store() {
+    let (d, _) = three_years_ingested();
+    let database = Path::new(&d.data).join("hot.redb");
+    let held = frostline::store::Store::open(&database).unwrap();
+    let before = std::fs::read(&database).unwrap();
+    let refused = compact(&d.data);
+    assert!(!refused.status.success());
+    assert!(text_of(&refused).contains("already open in another process"), "{}", text_of(&refused));
+    assert!(std::fs::read(&database).unwrap() == before, "a refused compaction changes nothing");
+    drop(held);
+
+    let missing = Path::new(&d.data).join("no-such-directory");
+    let refused = compact(&missing.display().to_string());
+    assert!(!refused.status.success());
+    assert!(text_of(&refused).contains("no hot store at"), "{}", text_of(&refused));
+    assert!(!missing.exists(), "a refused compaction creates nothing");
+    let done = compact(&d.data);
+    assert!(done.status.success(), "{}", text_of(&done));
+}

@@ -171,6 +171,14 @@ pub enum Command {
         #[arg(long = "from-installation", value_name = "ID")]
         from_installations: Vec<String>,
     },
+    /// Give the hot store's file back the space archival and erasure freed (redb keeps its
+    /// high-water mark, and a freed page keeps what it held until reused): the live pages move
+    /// to the front and the rest is truncated. Run it with the engine stopped.
+    Compact {
+        /// The data directory whose hot store to compact.
+        #[arg(long, env = "FROSTLINE_DATA", default_value = "frostline-data")]
+        data: PathBuf,
+    },
     /// Work with the Delta Lake tables of Parquet archives.
     #[cfg(feature = "delta")]
     #[command(subcommand)]
@@ -254,6 +262,11 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Erase(command) => erase::run(command),
         Command::Verify { engine, table, sample, json } => lifecycle::run_verify(engine, table, sample, json),
         Command::Sweep { engine, dry_run } => lifecycle::run_sweep(engine, dry_run),
+        Command::Compact { data } => {
+            let compaction = crate::ops::local::compact(&data)?;
+            println!("{}", serde_json::to_string(&compaction)?);
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Adopt { engine, dry_run, from_installations } => {
             lifecycle::run_adopt(engine, dry_run, &from_installations)
         }

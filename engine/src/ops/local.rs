@@ -10,12 +10,20 @@ use crate::error::{Error, Result};
 
 pub use crate::engine::APPEND_BATCH_RECORDS_MAX;
 pub use crate::settings::ArchiverArgs;
+pub use crate::store::compact::Compaction;
 
 /// Opens a data directory with its policy directory on the system clock.
 /// `Error::AlreadyOpen` when a running engine holds it: reach that engine through its API.
 pub fn open(data: &Path, policies: &Path, archiver: &ArchiverArgs) -> Result<Arc<Engine>> {
     let settings = archiver.validate()?;
     Engine::open(data, policies, settings, Arc::new(SystemClock))
+}
+
+/// Compacts the hot store of the data directory `data` (`frostline compact`, the engine
+/// stopped): the file gives back the pages archival and erasure freed, and keeps none of what
+/// they held.
+pub fn compact(data: &Path) -> Result<Compaction> {
+    crate::store::compact::compact(&data.join(crate::engine::DATABASE_FILE))
 }
 
 /// The status file a running engine rewrites (`ops::status::write_status_file`).

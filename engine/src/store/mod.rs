@@ -21,6 +21,7 @@
 mod adopt;
 mod append;
 pub mod backfill;
+pub mod compact;
 pub mod encoding;
 pub mod erasure;
 mod expiry;
