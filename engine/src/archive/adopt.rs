@@ -70,7 +70,11 @@ pub struct AdoptReport {
 /// two engines answer for them.
 pub async fn adopt(ctx: &Arc<Context>, dry_run: bool, from_installations: &[String]) -> Result<AdoptReport> {
     let policies = ctx.policies.clone();
-    let known = recorded_manifest_keys(ctx).await?;
+    // A generation a recorded archive replaced holds no row that archive lacks (but those an
+    // erasure took out), and a key this directory released is its own leftover: neither is a
+    // candidate, even once the archive that replaced it has expired and it names a segment
+    // the expiry deleted.
+    let (known, replaced_by_recorded) = recorded_manifest_keys(ctx).await?;
     let mut report = AdoptReport { dry_run, ..Default::default() };
     let mut changed_tables = BTreeSet::new();
     // The claim on each (target, installation) adopted from, made once per run.
@@ -144,6 +148,11 @@ pub async fn adopt(ctx: &Arc<Context>, dry_run: bool, from_installations: &[Stri
                 for (i, (_, _, key)) in manifests.iter().enumerate() {
                     if known.contains(key) {
                         report.known += 1;
+                        chosen = Some(i);
+                        break;
+                    }
+                    if replaced_by_recorded.contains(key) {
+                        report.superseded += 1;
                         chosen = Some(i);
                         break;
                     }
@@ -392,15 +401,33 @@ async fn claim_adoption(
 }
 
 /// Every manifest key the database records, from one read transaction.
-async fn recorded_manifest_keys(ctx: &Arc<Context>) -> Result<HashSet<String>> {
+/// The manifest keys the database records as its buckets' archives, and the keys that are no
+/// candidates for adoption: every generation those archives replaced (their lineage), and
+/// every key this data directory released.
+async fn recorded_manifest_keys(ctx: &Arc<Context>) -> Result<(HashSet<String>, HashSet<String>)> {
     let store = ctx.store.clone();
     blocking(move || {
-        let mut keys = HashSet::new();
-        store.snapshot()?.visit_buckets(|meta| {
+        let snapshot = store.snapshot()?;
+        let (mut keys, mut replaced) = (HashSet::new(), HashSet::new());
+        let mut ids = Vec::new();
+        snapshot.visit_buckets(|meta| {
+            if meta.manifest_key.is_some() {
+                ids.push(meta.id.clone());
+            }
             keys.extend(meta.manifest_key);
             Ok(())
         })?;
-        Ok(keys)
+        for id in ids {
+            if let Some(amends) = snapshot.latest_manifest(&id)?.and_then(|m| m.amends) {
+                replaced.insert(amends.manifest_key);
+                replaced.extend(amends.lineage);
+            }
+        }
+        // Manifests this data directory released (a claim's attempt that never published, a
+        // replaced generation), which its sweep deletes: an expiry may have deleted a segment
+        // they shared with the archive that replaced them.
+        replaced.extend(snapshot.released(usize::MAX)?.into_iter().map(|k| k.key));
+        Ok((keys, replaced))
     })
     .await
 }
