@@ -304,3 +304,39 @@ fn an_erasure_deletes_nothing_beside_another_copys_keys() {
         assert!(listed.contains(key), "the other copy's `{key}` is kept");
     }
 }
+
+/// A pass and every claim read only the open requests, through an index of their ids (a store
+/// of many finished requests decodes none of them), and a data directory written before the
+/// index builds it when it is first opened: an open request placed then is still carried out.
+#[test]
+fn only_open_requests_are_read_and_a_directory_written_before_their_index_builds_it() {
+    let backup = tempfile::tempdir().unwrap();
+    let e = TestEngine::new(&expiring_policy("3650d"), "2024-03-01T12:00:00Z");
+    let both = vec![record("2024-03-01T01:00:00Z", "a", "acme"), record("2024-03-01T02:00:00Z", "b", "globex")];
+    e.engine.append("r", both.clone()).unwrap();
+    let tenant = |t: &str| ErasureSelector { tenant: Some(t.into()), ..Default::default() };
+    let first = e.engine.store().place_erasure(request(tenant("acme")), e.clock.now()).unwrap();
+    passes_until_finished(&e, &first.id);
+    let second = e.engine.store().place_erasure(request(tenant("globex")), e.clock.now()).unwrap();
+    let open_ids =
+        |e: &TestEngine| e.engine.store().open_erasures().unwrap().into_iter().map(|r| r.id).collect::<Vec<_>>();
+    assert_eq!(open_ids(&e), vec![second.id.clone()]);
+    assert_eq!(e.engine.store().erasures().unwrap().len(), 2);
+
+    // The same data directory as a version before the index left it: no index, no mark.
+    let e = e.backup(backup.path()).unwrap();
+    {
+        let db = redb::Database::open(backup.path().join("hot.redb")).unwrap();
+        let txn = db.begin_write().unwrap();
+        assert!(txn.delete_table(redb::TableDefinition::<&str, ()>::new("open_erasures")).unwrap());
+        let mut meta = txn.open_table(redb::TableDefinition::<&str, &[u8]>::new("meta")).unwrap();
+        assert!(meta.remove("open_erasures_indexed").unwrap().is_some());
+        drop(meta);
+        txn.commit().unwrap();
+    }
+    let e = e.restore(backup.path()).unwrap();
+    assert_eq!(open_ids(&e), vec![second.id.clone()], "the index is built at the first open");
+    passes_until_finished(&e, &second.id);
+    assert!(open_ids(&e).is_empty());
+    assert_eq!(e.query_all("r"), Vec::<Record>::new(), "both tenants' records are erased");
+}

@@ -31,8 +31,7 @@ use crate::store::schema::{BucketId, BucketMeta, Hold};
 /// buckets are written in one.
 pub async fn carry_out(ctx: &Arc<Context>) -> Result<u64> {
     let store = ctx.store.clone();
-    let open: Vec<ErasureRequest> =
-        blocking(move || store.erasures()).await?.into_iter().filter(ErasureRequest::is_open).collect();
+    let open: Vec<ErasureRequest> = blocking(move || store.open_erasures()).await?;
     if open.is_empty() {
         return Ok(0);
     }

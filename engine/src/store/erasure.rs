@@ -18,7 +18,8 @@ use crate::model::{BucketState, Micros, Record};
 use super::keys::{decode_row_key, rows_table, rows_table_name};
 use super::outbox::push_outbox;
 use super::schema::{
-    BUCKETS, BucketId, BucketMeta, ERASURES, RELEASED, ReleasedKey, Shared, StoredRow, decode_value, encode_value,
+    BUCKETS, BucketId, BucketMeta, ERASURES, META, META_OPEN_ERASURES_INDEXED, OPEN_ERASURES, RELEASED, ReleasedKey,
+    Shared, StoredRow, decode_value, encode_value,
 };
 use super::{Store, check_lease, load_meta, record_step, save_meta};
 use crate::model::lifecycle::Step;
@@ -246,6 +247,47 @@ pub fn selectors_by_bucket(requests: &[ErasureRequest]) -> std::collections::BTr
 
 fn save_request(txn: &redb::WriteTransaction, request: &ErasureRequest) -> Result<()> {
     txn.open_table(ERASURES)?.insert(request.id.as_str(), encode_value(request)?.as_slice())?;
+    let mut open = txn.open_table(OPEN_ERASURES)?;
+    if request.is_open() {
+        open.insert(request.id.as_str(), ())?;
+    } else {
+        open.remove(request.id.as_str())?;
+    }
+    Ok(())
+}
+
+/// The open requests, by the index of their ids, in id order.
+fn open_requests(
+    ids: &impl ReadableTable<&'static str, ()>,
+    requests: &impl ReadableTable<&'static str, &'static [u8]>,
+) -> Result<Vec<ErasureRequest>> {
+    let mut out = Vec::new();
+    for entry in ids.iter()? {
+        let (id, _) = entry?;
+        let request = requests
+            .get(id.value())?
+            .ok_or_else(|| Error::Corruption(format!("open erasure request `{}` is not recorded", id.value())))?;
+        out.push(decode_value(request.value())?);
+    }
+    Ok(out)
+}
+
+/// Builds the index of open requests of a data directory written before it (once; store
+/// start-up, in the schema's transaction).
+pub(super) fn index_open_requests(txn: &redb::WriteTransaction) -> Result<()> {
+    let mut meta = txn.open_table(META)?;
+    if meta.get(META_OPEN_ERASURES_INDEXED)?.is_some() {
+        return Ok(());
+    }
+    let requests = txn.open_table(ERASURES)?;
+    let mut open = txn.open_table(OPEN_ERASURES)?;
+    for entry in requests.iter()? {
+        let request: ErasureRequest = decode_value(entry?.1.value())?;
+        if request.is_open() {
+            open.insert(request.id.as_str(), ())?;
+        }
+    }
+    meta.insert(META_OPEN_ERASURES_INDEXED, [1u8].as_slice())?;
     Ok(())
 }
 
@@ -355,6 +397,12 @@ impl Store {
         Ok(out)
     }
 
+    /// The requests not yet finished, without reading the finished ones.
+    pub fn open_erasures(&self) -> Result<Vec<ErasureRequest>> {
+        let txn = self.read()?;
+        open_requests(&txn.open_table(OPEN_ERASURES)?, &txn.open_table(ERASURES)?)
+    }
+
     pub fn erasure(&self, id: &str) -> Result<Option<ErasureRequest>> {
         let txn = self.read()?;
         txn.open_table(ERASURES)?.get(id)?.map(|v| decode_value(v.value())).transpose()
@@ -363,7 +411,7 @@ impl Store {
     /// The selectors of the open requests that match bucket `meta`, unless a hold covers it
     /// (a held bucket is erased only once its holds are lifted).
     pub fn erasure_selectors(&self, meta: &BucketMeta) -> Result<Vec<ErasureSelector>> {
-        let open: Vec<ErasureRequest> = self.erasures()?.into_iter().filter(ErasureRequest::is_open).collect();
+        let open = self.open_erasures()?;
         if open.is_empty() || self.holds()?.iter().any(|h| h.covers(meta)) {
             return Ok(Vec::new());
         }
@@ -407,13 +455,9 @@ impl Store {
             meta.byte_count = meta.byte_count.saturating_sub(archived_erased.body_bytes);
             save_meta(txn, &meta)?;
             let erased = matched.len() as u64;
-            let mut table = txn.open_table(ERASURES)?;
+            let open = open_requests(&txn.open_table(OPEN_ERASURES)?, &txn.open_table(ERASURES)?)?;
             let mut changed = Vec::new();
-            for entry in table.iter()? {
-                let mut request: ErasureRequest = decode_value(entry?.1.value())?;
-                if !request.is_open() {
-                    continue;
-                }
+            for mut request in open {
                 let mut touched = false;
                 for b in request.buckets.iter_mut().filter(|b| b.bucket == id && b.progress != ErasureProgress::Done) {
                     b.hot_rows_erased += erased;
@@ -425,7 +469,7 @@ impl Store {
                 }
             }
             for request in &changed {
-                table.insert(request.id.as_str(), encode_value(request)?.as_slice())?;
+                save_request(txn, request)?;
             }
             Ok(Some(erased))
         })

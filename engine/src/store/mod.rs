@@ -273,6 +273,7 @@ fn init_schema(db: &Database) -> Result<()> {
         txn.open_table(RELEASED)?;
         txn.open_table(ERASURES)?;
     }
+    erasure::index_open_requests(&txn)?;
     txn.commit()?;
     upgrade::upgrade(db, stored_version)
 }

@@ -84,6 +84,12 @@ pub const RELEASED: TableDefinition<&[u8], &[u8]> = TableDefinition::new("releas
 /// Erasure requests by id, with each matched bucket's progress and receipt
 /// (`store::erasure::ErasureRequest`).
 pub const ERASURES: TableDefinition<&str, &[u8]> = TableDefinition::new("erasures");
+/// The ids of the erasure requests not yet finished: a pass and every claim read the open
+/// requests, which would otherwise mean decoding every request ever placed.
+pub const OPEN_ERASURES: TableDefinition<&str, ()> = TableDefinition::new("open_erasures");
+/// Set once `OPEN_ERASURES` holds every open request (a data directory written before the
+/// index has it built when first opened).
+pub const META_OPEN_ERASURES_INDEXED: &str = "open_erasures_indexed";
 
 pub const META_SCHEMA_VERSION: &str = "schema_version";
 pub const META_OUTBOX_SEQUENCE: &str = "outbox_sequence";
