@@ -400,10 +400,9 @@ async fn claim_adoption(
     )))
 }
 
-/// Every manifest key the database records, from one read transaction.
-/// The manifest keys the database records as its buckets' archives, and the keys that are no
-/// candidates for adoption: every generation those archives replaced (their lineage), and
-/// every key this data directory released.
+/// From one read transaction: the manifest keys the database records as its buckets'
+/// archives, and the keys that are no candidates for adoption: every generation those archives
+/// replaced (their lineage), and every key this data directory released.
 async fn recorded_manifest_keys(ctx: &Arc<Context>) -> Result<(HashSet<String>, HashSet<String>)> {
     let store = ctx.store.clone();
     blocking(move || {
