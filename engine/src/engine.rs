@@ -104,6 +104,27 @@ impl Context {
     }
 }
 
+/// Which files the Delta logs no longer list, so their objects may be deleted: a bucket takes a
+/// ticket once the files to delete are no longer published (an expiry's tombstone is durable,
+/// or a newer generation replaced them), and a successful sync of its table covers every ticket
+/// taken before it read the store, since it committed the removes of every file that was not
+/// published then. An expiry or an erasure deletes only once its ticket is covered, so the
+/// pass's one sync serves all of them (`archive::expiry`, `archive::erase`) instead of a sync
+/// each.
+#[cfg(feature = "delta")]
+#[derive(Default)]
+pub(crate) struct DeltaCoverage {
+    /// The last ticket taken (tickets start at 1).
+    pub last_ticket: u64,
+    /// The ticket of each bucket whose expiry has not deleted its objects yet.
+    pub expiries: HashMap<BucketId, u64>,
+    /// The ticket of each bucket whose erasure has not deleted the replaced generations yet,
+    /// with the manifest published when it was taken (a newer one needs a new ticket).
+    pub erasures: HashMap<BucketId, (u64, String)>,
+    /// Per table, the last ticket a successful sync covered.
+    pub covered: HashMap<String, u64>,
+}
+
 /// What the archival remembers between passes: kept by the engine, so two engines in one
 /// process (tests, the simulation, a restored copy opened after the original closed) never
 /// share it, and an engine that closes forgets it, as a process that exits does.
@@ -116,6 +137,12 @@ pub(crate) struct PassMemory {
     /// add it.
     #[cfg(feature = "delta")]
     pub delta_locks: std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// What the Delta logs have caught up with (`DeltaCoverage`).
+    #[cfg(feature = "delta")]
+    pub delta_coverage: std::sync::Mutex<DeltaCoverage>,
+    /// Objects of the shared erasure exchange (`archive::fleet_erase`) this life created or
+    /// found on a target ("target\nkey"), so each is created once.
+    pub shared_erasure_keys: std::sync::Mutex<std::collections::HashSet<String>>,
     /// Per sink: when its next delivery may be tried (on the engine's clock, so a simulation
     /// drives it) and how many failed in a row.
     pub sink_backoffs: std::sync::Mutex<HashMap<String, (crate::model::Micros, u32)>>,

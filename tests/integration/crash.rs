@@ -52,6 +52,8 @@
 //!
 //! CI runs `FROSTLINE_CRASHES` (default 50) crashes. The long run (about an hour on two cores):
 //!     FROSTLINE_CRASHES=1000 cargo test --test integration crash -- --nocapture
+//! The final run logs at `info` beside the data directory; when it stops settling, the failure
+//! prints the log's end, and `FROSTLINE_CRASH_KEEP=1` keeps the run's files to start it again.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
@@ -205,7 +207,14 @@ fn spawn_engine(data: &Path, policies: &Path, failpoints: Option<&str>, cutoff: 
         .arg(scan_limit.to_string())
         .env_remove("FROSTLINE_TOKENS")
         .env_remove("FROSTLINE_ADMIN_TOKENS")
-        .env("FROSTLINE_LOG", "warn")
+        .env(
+            "FROSTLINE_LOG",
+            match life {
+                Life::Crashing => "warn",
+                // The final run's log says what each pass did and where its time went.
+                Life::Final => "info",
+            },
+        )
         // Buckets here hold a few rows each: slices of 3 cut most cleanups into several
         // transactions, so a kill or `mid_cleanup` lands between committed slices too.
         .env("ARCHIVER_CLEANUP_SLICE_ROWS", CLEANUP_SLICE_ROWS.to_string())
@@ -218,7 +227,10 @@ fn spawn_engine(data: &Path, policies: &Path, failpoints: Option<&str>, cutoff: 
         // but not for the five minutes of the default: the final run settles in seconds.
         .env("ARCHIVER_LATE_GRACE_SECONDS", "1")
         .stdout(Stdio::null())
-        .stderr(Stdio::null());
+        .stderr(match life {
+            Life::Crashing => Stdio::null(),
+            Life::Final => std::fs::File::create(final_log(data)).expect("creating the final run's log").into(),
+        });
     match failpoints {
         Some(spec) => command.env("FROSTLINE_FAILPOINTS", spec),
         None => command.env_remove("FROSTLINE_FAILPOINTS"),
@@ -228,6 +240,11 @@ fn spawn_engine(data: &Path, policies: &Path, failpoints: Option<&str>, cutoff: 
         None => command.env_remove("ARCHIVER_ELIGIBLE_BEFORE"),
     };
     command.spawn().expect("starting frostline run")
+}
+
+/// Where the final run's log goes: beside the data directory.
+fn final_log(data: &Path) -> PathBuf {
+    data.with_file_name("final.log")
 }
 
 fn wait_for_addr(data: &Path, child: &mut Child) -> Option<String> {
@@ -887,7 +904,17 @@ fn crash_harness_loses_nothing_across_repeated_kills() {
                 .filter(|b| !matches!(b.state, BucketState::Archived { hot_deleted: true }))
                 .take(3)
                 .collect();
-            panic!("the final run stopped settling: {states}; for instance {stuck:#?}");
+            let log = std::fs::read_to_string(final_log(&data)).unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(40).collect::<Vec<_>>().into_iter().rev().collect();
+            // `FROSTLINE_CRASH_KEEP=1` keeps the data directory of a run that stopped settling,
+            // so its final run can be started again and watched.
+            if std::env::var("FROSTLINE_CRASH_KEEP").is_ok_and(|v| v == "1") {
+                eprintln!("crash harness: the run's files are kept in {}", root.keep().display());
+            }
+            panic!(
+                "the final run stopped settling: {states}; for instance {stuck:#?}\nthe final run's log ends:\n{}",
+                tail.join("\n")
+            );
         }
     }
     // SAFETY: signalling our own child process.

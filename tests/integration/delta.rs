@@ -10,6 +10,7 @@ use std::process::Command;
 
 use frostline::archive::delta::{DELTA_CHECKPOINT_INTERVAL, sync};
 use frostline::model::Record;
+use frostline::store::erasure::ErasureSelector;
 
 use crate::object_stores::{KEY_ID, SECRET_FILES, SECRET_KEY, SESSION_TOKEN, Server, s3_target};
 use crate::support::*;
@@ -224,6 +225,11 @@ fn fleet_archive(fleet: Fleet) {
         assert!(report.errors.is_empty(), "{report:?}");
     }
     assert_eq!(fleet.files(None).unwrap(), 0);
+    // One commit of removes per installation and pass, not one per expired bucket: a sync
+    // reads the whole log and every manifest, so a sync per bucket made a pass that expired a
+    // few hundred buckets of a large table last many minutes.
+    let commits = versions(&fleet) - before_expiry;
+    assert!(commits <= ENGINES as i64, "{commits} commits for the expiry of 9 buckets on each of {ENGINES} engines");
     assert!(fleet.records("polars", None).is_empty());
     assert_eq!(fleet.files(Some(before_expiry)).unwrap(), ENGINES * 9, "time travel still lists the expired files");
     let old = fleet.read("deltalake", Some(before_expiry));
@@ -1017,15 +1023,7 @@ fn an_erasure_replaces_the_files_that_held_its_records_and_readers_see_none_of_t
     let before = live_files(&table_dir);
     let e = &fleet.engines[0];
     let selector = frostline::store::erasure::ErasureSelector { tenant: Some("acme".into()), ..Default::default() };
-    let request = frostline::store::erasure::ErasureRequest {
-        id: "e-delta".into(),
-        selector,
-        reason: "test".into(),
-        requester: "test".into(),
-        placed_at: 0,
-        finished_at: None,
-        buckets: Vec::new(),
-    };
+    let request = crate::support::erasure_request("e-delta", selector);
     use frostline::clock::Clock;
     e.engine.store().place_erasure(request, e.clock.now()).unwrap();
     let report = e.pass();
@@ -1045,5 +1043,87 @@ fn an_erasure_replaces_the_files_that_held_its_records_and_readers_see_none_of_t
     assert_eq!(expected.len(), ENGINES * 36 - 18, "{installation}");
     for reader in ["deltalake", "polars"] {
         assert_eq!(fleet.records(reader, None), expected, "{reader} reads none of the erased records");
+    }
+}
+
+/// An erasure placed on one engine of a fleet reaches every installation's archives on the
+/// shared target, each installation erasing only its own objects (issue: archives that can
+/// change, "a fleet forgets together"): three engines on one moto bucket, the third stopped
+/// while the request is placed. The two running engines finish it and leave their receipts; the
+/// request's fleet view names the third as behind; once it starts again its first pass picks the
+/// request up and finishes it, and delta-rs and polars read no erased row.
+#[test]
+fn an_erasure_placed_on_one_engine_reaches_every_installation_on_the_shared_target() {
+    use frostline::clock::Clock as _;
+    let server = Server::moto();
+    server.create_bucket("forget");
+    let target = s3_target(&server.endpoint(), "forget", "");
+    let settings = frostline::settings::Settings { share_erasures: true, ..Default::default() };
+    let engines = (0..ENGINES)
+        .map(|_| {
+            TestEngine::open_with_settings(&policy(&target), NOW, &SECRET_FILES, Default::default(), settings.clone())
+                .unwrap()
+        })
+        .collect();
+    let uri = "s3://forget/archive/v1/delta/events".to_string();
+    let mut fleet = Fleet { uri, env: reader_env(&server), local_root: None, engines };
+    for (n, e) in fleet.engines.iter().enumerate() {
+        e.engine.append("events", engine_records(n)).unwrap();
+    }
+    fleet.passes();
+    fleet.set_clock("2024-03-10T00:00:00Z");
+    for report in fleet.passes() {
+        assert_eq!(report.archived, 9, "{report:?}");
+    }
+    let acme = |records: &[serde_json::Value]| records.iter().filter(|r| r["tenant"] == "acme").count();
+    let before = fleet.records("deltalake", None);
+    let per_engine = acme(&before) / ENGINES;
+    assert!(per_engine > 0 && acme(&before) == ENGINES * per_engine, "each engine archived acme records");
+    let installations: Vec<String> = fleet.engines.iter().map(|e| e.engine.context().installation_id.clone()).collect();
+
+    let third = fleet.engines.pop().unwrap();
+    let third = third
+        .stopped_while(|| {
+            let first = &fleet.engines[0];
+            let selector = ErasureSelector { tenant: Some("acme".into()), ..Default::default() };
+            let request = crate::support::erasure_request("e-fleet", selector);
+            first.engine.store().place_erasure(request, first.clock.now()).unwrap();
+            for _ in 0..3 {
+                for report in fleet.passes() {
+                    assert!(report.errors.is_empty(), "{report:?}");
+                }
+            }
+            for e in &fleet.engines {
+                let receipt = frostline::ops::erasure::erasure(&e.engine, "e-fleet").unwrap();
+                assert!(!receipt.is_open(), "{receipt:?}");
+                let [target] = receipt.fleet.as_slice() else { panic!("one shared target: {:?}", receipt.fleet) };
+                let finished: Vec<&str> = target.finished.iter().map(|r| r.installation.as_str()).collect();
+                assert_eq!(finished.len(), 2, "{target:?}");
+                assert!(finished.contains(&installations[0].as_str()) && finished.contains(&installations[1].as_str()));
+                assert_eq!(target.behind, vec![installations[2].clone()], "the stopped engine is behind");
+                assert!(target.finished.iter().all(|r| r.archived_rows_erased == per_engine as u64), "{target:?}");
+            }
+        })
+        .unwrap();
+    // The stopped engine's archives still hold its acme records until it runs again.
+    let read = fleet.records("deltalake", None);
+    assert_eq!(acme(&read), per_engine, "only the stopped installation's acme rows are left");
+    fleet.engines.push(third);
+    for _ in 0..3 {
+        for report in fleet.passes() {
+            assert!(report.errors.is_empty(), "{report:?}");
+        }
+    }
+    let receipt = frostline::ops::erasure::erasure(&fleet.engines[2].engine, "e-fleet").unwrap();
+    assert!(!receipt.is_open(), "the restarted engine picked the request up and finished it: {receipt:?}");
+    let [target] = receipt.fleet.as_slice() else { panic!("{:?}", receipt.fleet) };
+    assert_eq!(target.finished.len(), ENGINES, "{target:?}");
+    assert!(target.behind.is_empty(), "{target:?}");
+    let expected = fleet.expected();
+    assert_eq!(expected.len(), before.len() - ENGINES * per_engine, "every other record is still there");
+    for reader in ["deltalake", "polars"] {
+        let read = fleet.records(reader, None);
+        assert_eq!(acme(&read), 0, "{reader} reads no erased row");
+        assert_eq!(read, expected, "{reader}");
     }
 }

@@ -31,15 +31,7 @@ fn record(time: &str, sort_key: &str, tenant: &str) -> Record {
 }
 
 fn request(selector: ErasureSelector) -> ErasureRequest {
-    ErasureRequest {
-        id: format!("e-{:x}", rand::random::<u32>()),
-        selector,
-        reason: "GDPR article 17 request 42".into(),
-        requester: "dpo@example.com".into(),
-        placed_at: 0,
-        finished_at: None,
-        buckets: Vec::new(),
-    }
+    erasure_request(&format!("e-{:x}", rand::random::<u32>()), selector)
 }
 
 /// Every file under `dir` whose bytes hold `needle`.

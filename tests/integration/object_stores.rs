@@ -8,6 +8,7 @@
 //! GCS has no emulator here that accepts object_store's writes: gs:// is covered by the
 //! configuration tests in engine/src/storage/target/mod.rs.
 
+use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -163,7 +164,45 @@ impl Server {
         };
         assert!((200..300).contains(&status), "creating {name} on {}: {status} {body}", self.kind);
     }
+
+    /// Turns S3 versioning on for a moto bucket (moto routes the call only with an
+    /// `Authorization` header, whose signature it does not check).
+    fn enable_versioning(&self, bucket: &str) {
+        let body = r#"<VersioningConfiguration xmlns="http://s3.amazonaws.com/doc/2006-03-01/"><Status>Enabled</Status></VersioningConfiguration>"#;
+        let response = agent()
+            .put(&format!("{}/{bucket}?versioning", self.endpoint()))
+            .header("Authorization", MOTO_UNCHECKED_AUTHORIZATION)
+            .header("Content-Type", "application/xml")
+            .send(body)
+            .unwrap();
+        assert_eq!(response.status().as_u16(), 200, "enabling versioning on {bucket}");
+    }
+
+    /// The keys of a moto bucket's noncurrent versions (what a delete kept).
+    fn noncurrent_keys(&self, bucket: &str) -> BTreeSet<String> {
+        let mut response = agent()
+            .get(&format!("{}/{bucket}?versions", self.endpoint()))
+            .header("Authorization", MOTO_UNCHECKED_AUTHORIZATION)
+            .call()
+            .unwrap();
+        let xml = response.body_mut().read_to_string().unwrap();
+        let element = |text: &str, name: &str| -> Option<String> {
+            let start = text.find(&format!("<{name}>"))? + name.len() + 2;
+            let end = text[start..].find(&format!("</{name}>"))? + start;
+            Some(text[start..end].to_string())
+        };
+        xml.split("<Version>")
+            .skip(1)
+            .map(|version| version.split("</Version>").next().unwrap_or_default())
+            .filter(|version| element(version, "IsLatest").as_deref() == Some("false"))
+            .filter_map(|version| element(version, "Key"))
+            .collect()
+    }
 }
+
+/// An `Authorization` header moto accepts without checking its signature.
+const MOTO_UNCHECKED_AUTHORIZATION: &str =
+    "AWS4-HMAC-SHA256 Credential=test/20260101/us-east-1/s3/aws4_request, SignedHeaders=host, Signature=00";
 
 impl Drop for Server {
     fn drop(&mut self) {
@@ -358,6 +397,62 @@ fn whole_protocol(server: &Server, target: &str) {
     let all = list(root.backend("metrics").as_ref(), "");
     assert!(!all.is_empty());
     assert!(all.iter().all(|o| o.key.starts_with("archive/v1/table=metrics/")), "{all:?}");
+}
+
+/// An S3 bucket with versioning keeps what a delete removes as a noncurrent version, which
+/// frostline cannot delete through its object store client: the probe finds it, and `status`
+/// and every erasure receipt say so, truthfully (moto's version listing holds each deleted
+/// object). A bucket without versioning is not flagged.
+#[test]
+fn a_versioned_moto_bucket_is_flagged_and_its_erasure_receipts_say_deleted_objects_stay_as_versions() {
+    use frostline::clock::Clock as _;
+    use frostline::store::erasure::{ErasureSelector, RecordIdentity};
+    let server = Server::moto();
+    server.create_bucket("plain");
+    server.create_bucket("versioned");
+    server.enable_versioning("versioned");
+    let plain = open(&policy(&s3_target(&server.endpoint(), "plain", "")));
+    assert!(!target_report(&plain).keeps_deleted_versions, "{:?}", target_report(&plain));
+    drop(plain);
+
+    let te = open(&policy(&s3_target(&server.endpoint(), "versioned", "")));
+    assert!(target_report(&te).keeps_deleted_versions, "{:?}", target_report(&te));
+    assert!(status_json(&te).contains(r#""keeps_deleted_versions":true"#));
+    let records = monthly_records(1, 20, 200);
+    append(&te, &records);
+    assert_eq!(te.pass().archived, 3, "one month of three partitions");
+    let erased = &records[0];
+    let selector = ErasureSelector {
+        identities: vec![RecordIdentity {
+            partition_key: text(&erased.partition_key),
+            event_time: erased.event_time,
+            sort_key: text(&erased.sort_key),
+        }],
+        ..Default::default()
+    };
+    let request = crate::support::erasure_request("versioned-1", selector);
+    te.engine.store().place_erasure(request, te.clock.now()).unwrap();
+    for _ in 0..6 {
+        let report = te.pass();
+        assert!(report.errors.is_empty(), "{:?}\n{}", report.errors, server.log_text());
+        if !te.engine.store().erasure("versioned-1").unwrap().unwrap().is_open() {
+            break;
+        }
+    }
+    let receipt = te.engine.store().erasure("versioned-1").unwrap().unwrap();
+    assert!(!receipt.is_open(), "{receipt:?}");
+    let deleted: Vec<&String> = receipt.buckets.iter().flat_map(|b| &b.deleted_objects).collect();
+    assert!(!deleted.is_empty(), "{receipt:?}");
+    for bucket in receipt.buckets.iter().filter(|b| !b.deleted_objects.is_empty()) {
+        assert_eq!(bucket.versions_kept_on, vec!["s3://versioned/archive/v1".to_string()], "{bucket:?}");
+    }
+    // The receipt tells the truth: each deleted object is still a noncurrent version.
+    let kept = server.noncurrent_keys("versioned");
+    for key in deleted {
+        assert!(kept.contains(&format!("archive/v1/{key}")), "`{key}` is no noncurrent version: {kept:?}");
+    }
+    let left: Vec<Record> = records[1..].to_vec();
+    assert_all_readable(&te, &left);
 }
 
 #[test]

@@ -1006,6 +1006,7 @@ fn run_lifecycle_seed(seed: u64, ops: usize) -> LifecycleCounts {
                     placed_at: 0,
                     finished_at: None,
                     buckets: Vec::new(),
+                    fleet: Vec::new(),
                 };
                 let placed = e.engine.store().place_erasure(request, e.engine.clock().now()).unwrap();
                 let mut finished = None;

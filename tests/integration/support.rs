@@ -72,6 +72,23 @@ pub struct TestEngine {
     settings: frostline::settings::Settings,
 }
 
+/// An erasure request as the tests place it: `selector`, under the id `id`.
+pub fn erasure_request(
+    id: &str,
+    selector: frostline::store::erasure::ErasureSelector,
+) -> frostline::store::erasure::ErasureRequest {
+    frostline::store::erasure::ErasureRequest {
+        id: id.to_string(),
+        selector,
+        reason: "GDPR article 17 request 42".into(),
+        requester: "dpo@example.com".into(),
+        placed_at: 0,
+        finished_at: None,
+        buckets: Vec::new(),
+        fleet: Vec::new(),
+    }
+}
+
 pub fn t(text: &str) -> i64 {
     frostline::model::time::parse_rfc3339(text).unwrap()
 }
@@ -125,6 +142,11 @@ impl TestEngine {
     /// Closes the engine and opens its directories again (a clean restart; the clock goes on).
     pub fn restart(self) -> Result<TestEngine, frostline::error::Error> {
         self.reopen(false)
+    }
+
+    /// The engine stopped (closed) while `meanwhile` runs, then started again.
+    pub fn stopped_while(self, meanwhile: impl FnOnce()) -> Result<TestEngine, frostline::error::Error> {
+        self.reopen_with(|_| meanwhile())
     }
 
     /// A restart on a data directory whose database was lost and made anew (a new installation

@@ -137,6 +137,7 @@ fn run_round(runtime: &tokio::runtime::Runtime) -> Result<(f64, f64, f64, f64)> 
         placed_at: 0,
         finished_at: None,
         buckets: Vec::new(),
+        fleet: Vec::new(),
     };
     let start = Instant::now();
     engine.store().place_erasure(request, ARCHIVE_NOW_MICROS)?;

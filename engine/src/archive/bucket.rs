@@ -27,11 +27,23 @@ pub(super) enum Outcome {
     },
     Cleaned,
     Expired,
+    /// An expiry's deletes wait for the table's Delta log (`expiry::ExpiryOutcome::AwaitsLog`).
+    ExpiryAwaitsLog,
     Held,
     Deferred(String),
     NotClaimed,
     /// A finished expiry's tombstone, purged.
     Purged,
+}
+
+impl From<expiry::ExpiryOutcome> for Outcome {
+    fn from(outcome: expiry::ExpiryOutcome) -> Outcome {
+        match outcome {
+            expiry::ExpiryOutcome::Expired => Outcome::Expired,
+            expiry::ExpiryOutcome::Held => Outcome::Held,
+            expiry::ExpiryOutcome::AwaitsLog => Outcome::ExpiryAwaitsLog,
+        }
+    }
 }
 
 /// The lease renewal of one claim, driven by the injected clock: before each step, `check`
@@ -172,8 +184,7 @@ async fn archive_bucket(ctx: &Arc<Context>, owner: &str, id: BucketId, seconds: 
         (Err(e), _) => Err(e),
         (Ok(()), BucketState::Archived { hot_deleted: true }) => {
             match expiry::expire(ctx, &table, owner, &meta, &heartbeat).await {
-                Ok(expiry::ExpiryOutcome::Expired) => Ok(Outcome::Expired),
-                Ok(expiry::ExpiryOutcome::Held) => Ok(Outcome::Held),
+                Ok(outcome) => Ok(outcome.into()),
                 Err(e) => Err(e),
             }
         }
@@ -181,7 +192,7 @@ async fn archive_bucket(ctx: &Arc<Context>, owner: &str, id: BucketId, seconds: 
             let (store, tid) = (ctx.store.clone(), id.clone());
             match blocking(move || store.tombstone(&tid)).await {
                 Ok(Some(tombstone)) => {
-                    expiry::finish(ctx, &table, owner, generation, tombstone).await.map(|_| Outcome::Expired)
+                    expiry::finish(ctx, &table, owner, generation, tombstone).await.map(Outcome::from)
                 }
                 Ok(None) => Err(Error::Internal(format!("expired bucket {id} has no tombstone"))),
                 Err(e) => Err(e),
@@ -238,7 +249,8 @@ async fn upload_and_publish(
     // before the snapshot, and their archived rows left out of the next generation.
     let (store, claimed) = (ctx.store.clone(), meta.clone());
     let selectors = blocking(move || store.erasure_selectors(&claimed)).await?;
-    if !selectors.is_empty() {
+    let erasing = !selectors.is_empty();
+    if erasing {
         let mut archived = ArchivedErased::default();
         base_rows.retain(|row| {
             let erased = selectors.iter().any(|s| s.matches_record(&id.table, row));
@@ -300,6 +312,13 @@ async fn upload_and_publish(
     let key = manifest_key.clone();
     blocking(move || store.publish(id, publish_owner, generation, now, manifest, key)).await?;
     seconds.add(Phase::Publish, lap.lap());
+    // An erasure deletes the generations this one replaced once the Delta log no longer names
+    // them: the ticket taken now is covered by this pass's sync, so the pass's second erasure
+    // step deletes them.
+    #[cfg(feature = "delta")]
+    if erasing && table.delta_log() {
+        super::delta::replaced_files_dropped(ctx, &meta.id, &manifest_key);
+    }
     crate::failpoints::hit("after_publish")?;
     tracing::info!(manifest = %manifest_key, rows = rows_n, bytes = bytes_n, "bucket published");
     Ok((rows_n, bytes_n))

@@ -26,8 +26,11 @@
 //!
 //! When it runs: after every pass that published or expired a bucket, on the first pass of a
 //! process and after a failed sync (so a crash between publication and commit is caught up),
-//! before an expiry deletes its first object (so a reader of the newest version is never sent
-//! to a deleted file), and by `frostline delta sync`, which also rebuilds a lost log.
+//! and by `frostline delta sync`, which also rebuilds a lost log. An expiry deletes its first
+//! object only once a sync that started after the bucket was unpublished has succeeded (so a
+//! reader of the newest version is never sent to a deleted file): the pass's own sync serves
+//! every expiry of the pass (`engine::DeltaCoverage`), where one sync per expired bucket, each
+//! reading the whole log and every manifest, made a pass over a large table last many minutes.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -47,7 +50,7 @@ use crate::format::manifest::{Manifest, SegmentInfo};
 use crate::model::Micros;
 use crate::policy::TablePolicy;
 use crate::storage::keys;
-use crate::store::schema::DeltaLogState;
+use crate::store::schema::{BucketId, DeltaLogState};
 
 /// The Delta table's partition columns, in the order of the folders below its root.
 pub const DELTA_PARTITION_COLUMNS: [&str; 3] = ["installation", "bucket", "partition"];
@@ -75,11 +78,13 @@ pub struct DeltaSync {
 }
 
 /// Syncs when the table's log may lag its manifests: `changed` (the pass published or expired
-/// something), or no sync of this process has succeeded since it started or since the last
-/// failure.
+/// something), an expiry or erasure waits for a sync (`engine::DeltaCoverage`), or no sync of
+/// this process has succeeded since it started or since the last failure.
 pub async fn sync_if_needed(ctx: &Arc<Context>, table: &Arc<TablePolicy>, changed: bool) -> Option<Result<DeltaSync>> {
     if !table.delta_log()
-        || (!changed && ctx.memory().delta_in_sync.lock().expect("delta sync state").contains(&table.id))
+        || (!changed
+            && !awaits_sync(ctx, &table.id)
+            && ctx.memory().delta_in_sync.lock().expect("delta sync state").contains(&table.id))
     {
         return None;
     }
@@ -100,12 +105,80 @@ pub async fn sync(ctx: &Arc<Context>, table: &Arc<TablePolicy>) -> Result<DeltaS
     let lock = sync_lock(ctx, table);
     let _serialized = lock.lock().await;
     ctx.memory().delta_in_sync.lock().expect("delta sync state").remove(&table.id);
+    // Every ticket taken so far is of a bucket that is unpublished in what the sync reads next.
+    let issued = ctx.memory().delta_coverage.lock().expect("delta coverage").last_ticket;
     let result = sync_serialized(ctx, table).await;
     if result.is_ok() {
         ctx.memory().delta_in_sync.lock().expect("delta sync state").insert(table.id.clone());
+        let mut coverage = ctx.memory().delta_coverage.lock().expect("delta coverage");
+        let covered = coverage.covered.entry(table.id.clone()).or_default();
+        *covered = (*covered).max(issued);
     }
     record(ctx, table, &result).await?;
     result
+}
+
+/// The ticket of a bucket that is no longer published (`engine::DeltaCoverage`): the one it
+/// took when its expiry began in this process, or a new one (after a restart, say).
+pub(super) fn expiry_ticket(ctx: &Context, bucket: &BucketId) -> u64 {
+    let mut coverage = ctx.memory().delta_coverage.lock().expect("delta coverage");
+    if let Some(ticket) = coverage.expiries.get(bucket) {
+        return *ticket;
+    }
+    coverage.last_ticket += 1;
+    let ticket = coverage.last_ticket;
+    coverage.expiries.insert(bucket.clone(), ticket);
+    ticket
+}
+
+/// Whether a successful sync of the expiring bucket's table has committed the removes of its
+/// files since it took its ticket: its objects may be deleted without sending a reader of the
+/// log's newest version to a missing file.
+pub(super) fn expired_files_dropped(ctx: &Context, bucket: &BucketId) -> bool {
+    let ticket = expiry_ticket(ctx, bucket);
+    covered(ctx, &bucket.table, ticket)
+}
+
+/// Whether a successful sync has committed the removes of the files of every generation that
+/// `published` (the bucket's published manifest) replaced; takes a ticket when it has none for
+/// that manifest.
+pub(super) fn replaced_files_dropped(ctx: &Context, bucket: &BucketId, published: &str) -> bool {
+    let ticket = {
+        let mut coverage = ctx.memory().delta_coverage.lock().expect("delta coverage");
+        match coverage.erasures.get(bucket) {
+            Some((ticket, manifest)) if manifest == published => *ticket,
+            _ => {
+                coverage.last_ticket += 1;
+                let ticket = coverage.last_ticket;
+                coverage.erasures.insert(bucket.clone(), (ticket, published.to_string()));
+                ticket
+            }
+        }
+    };
+    covered(ctx, &bucket.table, ticket)
+}
+
+fn covered(ctx: &Context, table: &str, ticket: u64) -> bool {
+    let coverage = ctx.memory().delta_coverage.lock().expect("delta coverage");
+    coverage.covered.get(table).is_some_and(|covered| *covered >= ticket)
+}
+
+/// Whether an expiry or an erasure of `table` waits for a sync that has not run yet.
+fn awaits_sync(ctx: &Context, table: &str) -> bool {
+    let coverage = ctx.memory().delta_coverage.lock().expect("delta coverage");
+    let covered = coverage.covered.get(table).copied().unwrap_or(0);
+    coverage.expiries.iter().any(|(bucket, ticket)| bucket.table == table && *ticket > covered)
+        || coverage.erasures.iter().any(|(bucket, (ticket, _))| bucket.table == table && *ticket > covered)
+}
+
+/// Forgets a bucket's expiry ticket once its expiry is over (finished, or called off).
+pub(super) fn forget_expiry(ctx: &Context, bucket: &BucketId) {
+    ctx.memory().delta_coverage.lock().expect("delta coverage").expiries.remove(bucket);
+}
+
+/// Forgets a bucket's erasure ticket once the replaced generations are deleted.
+pub(super) fn forget_erasure(ctx: &Context, bucket: &BucketId) {
+    ctx.memory().delta_coverage.lock().expect("delta coverage").erasures.remove(bucket);
 }
 
 /// Records the sync's outcome for `status`: the version and the last commit of a success, the

@@ -116,6 +116,10 @@ async fn advance(
             let manifest = blocking(move || store.latest_manifest(&id)).await?;
             let selectors = step.selectors.get(&meta.id).map(Vec::as_slice).unwrap_or_default();
             let rewritten = match manifest.filter(|m| m.generation > entry.placed_generation) {
+                // The Delta log stops naming the replaced files before they are read or
+                // deleted: the pass's sync (after its archival, before its second erasure
+                // step) serves every bucket waiting here.
+                Some(_) if log_lags(ctx, &meta)? => return Ok(entry),
                 // Published by a later claim; proved by reading it back (hashes checked) that
                 // it holds none of the named records: an archive another copy wrote, adopted
                 // since, may have a higher generation and hold them all.
@@ -142,6 +146,21 @@ async fn advance(
         // Being archived or cleaned up: a later pass finds it settled.
         _ => Ok(entry),
     }
+}
+
+/// Whether the bucket's table has a Delta log that may still name the files of the generations
+/// its published archive replaced (`engine::DeltaCoverage`).
+#[cfg_attr(not(feature = "delta"), allow(unused_variables))]
+fn log_lags(ctx: &Arc<Context>, meta: &BucketMeta) -> Result<bool> {
+    #[cfg(feature = "delta")]
+    {
+        let table = ctx.policies.table(&meta.id.table)?;
+        if table.delta_log() {
+            let published = meta.manifest_key.as_deref().unwrap_or_default();
+            return Ok(!super::delta::replaced_files_dropped(ctx, &meta.id, published));
+        }
+    }
+    Ok(false)
 }
 
 /// Whether the bucket's archive (`manifest`, read back from its target with every hash
@@ -199,11 +218,7 @@ async fn delete_replaced(
         .collect::<BTreeSet<_>>()
         .into_iter()
         .collect();
-    // The Delta log stops naming the replaced files before they are deleted.
-    #[cfg(feature = "delta")]
-    if table.delta_log() {
-        super::delta::sync(ctx, &table).await?;
-    }
+
     // Every target the bucket's generations were written to, and the table's own.
     let mut backends: Vec<Arc<dyn ArchiveBackend>> = vec![table.backend.clone()];
     let (store, bucket) = (ctx.store.clone(), id.clone());
@@ -248,6 +263,9 @@ async fn delete_replaced(
         crate::failpoints::hit("mid_erase_delete")?;
         backend.delete(&key.key).await?;
         entry.deleted_objects.push(key.key.clone());
+        if backend.keeps_deleted_versions() && !entry.versions_kept_on.contains(&key.target) {
+            entry.versions_kept_on.push(key.target.clone());
+        }
     }
     // Absence proved by listing; what is left is the new archive's, or not this directory's.
     let referenced: BTreeSet<&str> =
@@ -276,6 +294,8 @@ async fn delete_replaced(
     entry.manifest_key = meta.manifest_key.clone();
     entry.replaced_manifests = manifest.amends.as_ref().map(|a| a.lineage.clone()).unwrap_or_default();
     entry.proved_absent_at = Some(ctx.clock.now());
+    #[cfg(feature = "delta")]
+    super::delta::forget_erasure(ctx, id);
     tracing::info!(bucket = %id, deleted = entry.deleted_objects.len(), "erasure: replaced objects deleted and proved absent");
     Ok(())
 }

@@ -3,6 +3,12 @@
 //! `Expired`), then delete the objects, manifest first, then prove their absence by listing
 //! (never by one failed read), then complete the tombstone. A crash anywhere is finished by
 //! the next claim, which rereads the tombstone.
+//!
+//! On a table with a Delta log the objects are deleted only once a sync has committed the
+//! removes of the bucket's files (a reader of the log's newest version is never sent to a
+//! missing file). Rather than one sync per expiring bucket, whose cost grows with the table, an
+//! expiry that finds the log not yet caught up releases its lease and waits (`AwaitsLog`);
+//! the pass syncs each table once and then finishes all of them (`archive::run_pass`).
 
 use std::sync::Arc;
 
@@ -19,6 +25,10 @@ pub(super) enum ExpiryOutcome {
     Expired,
     /// A legal hold covers the bucket; it is parked until the hold is lifted.
     Held,
+    /// The tombstone is durable and the lease released; the deletes wait until the table's
+    /// Delta log no longer lists the bucket's files. Due again at once.
+    #[cfg_attr(not(feature = "delta"), allow(dead_code))] // only Delta tables wait
+    AwaitsLog,
 }
 
 /// Starts (and finishes) the expiry of a published, cleaned bucket.
@@ -50,6 +60,11 @@ pub(super) async fn expire(
         tracing::info!(bucket = %meta.id, "expiry stopped by a legal hold");
         return Ok(ExpiryOutcome::Held);
     };
+    #[cfg(feature = "delta")]
+    if table.delta_log() {
+        // Unpublished from here on: a sync that starts later drops the bucket's files.
+        super::delta::expiry_ticket(ctx, &meta.id);
+    }
     crate::failpoints::hit("after_expiry_tombstone")?;
     finish(ctx, table, owner, generation, tombstone).await
 }
@@ -67,6 +82,12 @@ pub(super) async fn finish(
 ) -> Result<ExpiryOutcome> {
     let backend = ctx.policies.clone().archive_backend(table, &tombstone.target)?;
     let id: &BucketId = &tombstone.bucket;
+    #[cfg(feature = "delta")]
+    if table.delta_log() && !super::delta::expired_files_dropped(ctx, id) {
+        let (store, bucket, owner, now) = (ctx.store.clone(), id.clone(), owner.to_string(), ctx.clock.now());
+        blocking(move || store.await_delta_log(bucket, owner, generation, now)).await?;
+        return Ok(ExpiryOutcome::AwaitsLog);
+    }
     // Every folder the objects lie in (a Delta table keeps manifests apart from segments).
     let folders: std::collections::BTreeSet<String> =
         tombstone.keys.iter().map(|key| keys::folder_of(key).to_string()).collect();
@@ -78,14 +99,10 @@ pub(super) async fn finish(
         let (store, bucket, owner, now) = (ctx.store.clone(), id.clone(), owner.to_string(), ctx.clock.now());
         if !blocking(move || store.start_deletes(bucket, owner, generation, now)).await? {
             tracing::info!(bucket = %id, "expiry called off by a legal hold placed before its first delete");
+            #[cfg(feature = "delta")]
+            super::delta::forget_expiry(ctx, id);
             return Ok(ExpiryOutcome::Held);
         }
-    }
-    // A reader of the Delta log's newest version is never sent to a deleted file: the bucket
-    // is no longer published, so the sync commits its removes first.
-    #[cfg(feature = "delta")]
-    if table.delta_log() {
-        super::delta::sync(ctx, table).await?;
     }
     for key in &tombstone.keys {
         backend.delete(key).await?;
@@ -105,6 +122,8 @@ pub(super) async fn finish(
     let purge_at = now.saturating_add(ctx.settings.tombstone_retention_us);
     let (store, id, owner) = (ctx.store.clone(), id.clone(), owner.to_string());
     blocking(move || store.complete_expiry(id, owner, generation, now, purge_at)).await?;
+    #[cfg(feature = "delta")]
+    super::delta::forget_expiry(ctx, &tombstone.bucket);
     tracing::info!(bucket = %tombstone.bucket, objects, reason = %tombstone.reason, "archive expired");
     Ok(ExpiryOutcome::Expired)
 }

@@ -20,6 +20,7 @@ pub mod catalog;
 pub mod delta;
 pub mod erase;
 pub mod expiry;
+pub mod fleet_erase;
 pub mod outbox;
 mod pipeline;
 mod report;
@@ -62,14 +63,21 @@ pub async fn run_pass(ctx: &Arc<Context>, owner: &str) -> Result<PassReport> {
     let previous = *ctx.memory().planning.lock().expect("planning lock");
     plan_buckets(ctx, plan_budget(previous.previous_work), &mut report).await?;
     report.seconds.add(Phase::Plan, lap.lap());
-    // Erasure requests first: an archive they name becomes due in this pass.
+    // Erasure requests first: those other installations placed on a shared target join this
+    // store's (when it shares them), and an archive they name becomes due in this pass.
+    if ctx.settings.share_erasures {
+        for error in fleet_erase::exchange(ctx).await.1 {
+            report.error(PassErrorKind::Erasure, error);
+        }
+    }
     erase_step(ctx, &mut report).await;
+    report.seconds.add(Phase::Erasure, lap.lap());
     // Outbox delivery runs before discovery; a sink that is down never blocks archival.
     match outbox::deliver(ctx).await {
         Ok(n) => report.outbox_delivered = n,
         Err(e) => report.error(PassErrorKind::Outbox, format!("outbox: {e}")),
     }
-    lap.lap();
+    report.seconds.add(Phase::Outbox, lap.lap());
     let now = ctx.clock.now();
     let work_started = now;
     let store = ctx.store.clone();
@@ -89,9 +97,75 @@ pub async fn run_pass(ctx: &Arc<Context>, owner: &str) -> Result<PassReport> {
     metas.sort_by_key(|m| !matches!(m.state, BucketState::Archived { hot_deleted: false }));
     let due_work = !metas.is_empty();
     report.seconds.add(Phase::Discover, lap.lap());
-    // Up to `archive_concurrency` buckets at once, each its own task under its own lease and
-    // fence (started in the order above, cleanups first); the store's single writer orders
-    // their transactions.
+    let awaiting_log = work_on_all(ctx, owner, metas, &mut report).await?;
+    *ctx.memory().planning.lock().expect("planning lock") = crate::engine::Planning {
+        previous_work: if due_work {
+            PreviousWork::Took(ctx.clock.now() - work_started)
+        } else {
+            PreviousWork::NothingDue
+        },
+        planned: report.planned,
+    };
+    // The catalogs are derived from the manifests; refresh them when archives changed.
+    if report.archived + report.expired + awaiting_log.len() as u64 > 0 {
+        lap.lap();
+        // A table with a Delta log has no catalog: its log lists its files, for every
+        // installation that shares the target (each catalog would list one installation's).
+        for (table, policy) in &ctx.policies.clone().tables {
+            if policy.delta_log() {
+                continue;
+            }
+            if let Err(e) = catalog::write(ctx, table).await {
+                report.error(PassErrorKind::Catalog, format!("catalog of `{table}`: {e}"));
+            }
+        }
+        report.seconds.add(Phase::Catalog, lap.lap());
+    }
+    // The Delta logs too, and any whose last sync failed or that this process has not synced.
+    #[cfg(feature = "delta")]
+    {
+        lap.lap();
+        let changed = report.archived + report.expired + awaiting_log.len() as u64 > 0;
+        for table in ctx.policies.clone().tables.values() {
+            if let Some(Err(e)) = delta::sync_if_needed(ctx, table, changed).await {
+                report.error(PassErrorKind::DeltaLog, format!("Delta log of `{}`: {e}", table.id));
+            }
+        }
+        report.seconds.add(Phase::DeltaLog, lap.lap());
+    }
+    // The expiries that waited for the sync above delete their objects now (a failed sync
+    // leaves them waiting for the next pass's).
+    if !awaiting_log.is_empty() {
+        let metas = bucket_metas(ctx, awaiting_log).await?;
+        let still_waiting = work_on_all(ctx, owner, metas, &mut report).await?;
+        report.expiries_awaiting_log = still_waiting.len() as u64;
+    }
+    // And again once this pass's generations are published, cleaned and in the Delta log:
+    // what they replaced is deleted now.
+    lap.lap();
+    erase_step(ctx, &mut report).await;
+    report.seconds.add(Phase::Erasure, lap.lap());
+    // A failed reference check stops the sweep before it deletes anything.
+    match sweep::sweep_if_due(ctx).await {
+        Ok(Some(swept)) => report.orphans_deleted = swept.deleted,
+        Ok(None) => {}
+        Err(e) => report.error(PassErrorKind::Sweep, format!("orphan sweep stopped: {e}")),
+    }
+    report.seconds.add(Phase::Sweep, lap.lap());
+    Ok(report)
+}
+
+/// Works on `metas`, up to `archive_concurrency` buckets at once, each its own task under its
+/// own lease and fence (started in the given order); the store's single writer orders their
+/// transactions. Adds what each did to `report`; returns the expiries whose deletes wait for
+/// their table's Delta log.
+async fn work_on_all(
+    ctx: &Arc<Context>,
+    owner: &str,
+    metas: Vec<BucketMeta>,
+    report: &mut PassReport,
+) -> Result<Vec<BucketId>> {
+    let mut awaiting_log = Vec::new();
     let mut outcomes = futures::stream::iter(metas)
         .map(|meta| {
             let (ctx, owner) = (ctx.clone(), owner.to_string());
@@ -114,6 +188,7 @@ pub async fn run_pass(ctx: &Arc<Context>, owner: &str) -> Result<PassReport> {
             }
             Ok(Outcome::Cleaned) => report.cleaned += 1,
             Ok(Outcome::Expired) => report.expired += 1,
+            Ok(Outcome::ExpiryAwaitsLog) => awaiting_log.push(id),
             Ok(Outcome::Held) => report.held += 1,
             Ok(Outcome::Purged) => report.tombstones_purged += 1,
             Ok(Outcome::Deferred(why)) => {
@@ -124,52 +199,7 @@ pub async fn run_pass(ctx: &Arc<Context>, owner: &str) -> Result<PassReport> {
             Err(e) => report.error(PassErrorKind::Bucket, format!("{id}: {e}")),
         }
     }
-    drop(outcomes);
-    *ctx.memory().planning.lock().expect("planning lock") = crate::engine::Planning {
-        previous_work: if due_work {
-            PreviousWork::Took(ctx.clock.now() - work_started)
-        } else {
-            PreviousWork::NothingDue
-        },
-        planned: report.planned,
-    };
-    // The catalogs are derived from the manifests; refresh them when archives changed.
-    if report.archived + report.expired > 0 {
-        lap.lap();
-        // A table with a Delta log has no catalog: its log lists its files, for every
-        // installation that shares the target (each catalog would list one installation's).
-        for (table, policy) in &ctx.policies.clone().tables {
-            if policy.delta_log() {
-                continue;
-            }
-            if let Err(e) = catalog::write(ctx, table).await {
-                report.error(PassErrorKind::Catalog, format!("catalog of `{table}`: {e}"));
-            }
-        }
-        report.seconds.add(Phase::Catalog, lap.lap());
-    }
-    // The Delta logs too, and any whose last sync failed or that this process has not synced.
-    #[cfg(feature = "delta")]
-    {
-        lap.lap();
-        let changed = report.archived + report.expired > 0;
-        for table in ctx.policies.clone().tables.values() {
-            if let Some(Err(e)) = delta::sync_if_needed(ctx, table, changed).await {
-                report.error(PassErrorKind::DeltaLog, format!("Delta log of `{}`: {e}", table.id));
-            }
-        }
-        report.seconds.add(Phase::DeltaLog, lap.lap());
-    }
-    // And again once this pass's generations are published, cleaned and in the Delta log:
-    // what they replaced is deleted now.
-    erase_step(ctx, &mut report).await;
-    // A failed reference check stops the sweep before it deletes anything.
-    match sweep::sweep_if_due(ctx).await {
-        Ok(Some(swept)) => report.orphans_deleted = swept.deleted,
-        Ok(None) => {}
-        Err(e) => report.error(PassErrorKind::Sweep, format!("orphan sweep stopped: {e}")),
-    }
-    Ok(report)
+    Ok(awaiting_log)
 }
 
 /// One step of every open erasure request (`erase::carry_out`); a failure is the pass's error
@@ -179,6 +209,20 @@ async fn erase_step(ctx: &Arc<Context>, report: &mut PassReport) {
         Ok(done) => report.erasure_buckets_done += done,
         Err(e) => report.error(PassErrorKind::Erasure, format!("erasure: {e}")),
     }
+}
+
+/// The buckets `ids` names, as one snapshot of the store has them (a forgotten one is left out).
+async fn bucket_metas(ctx: &Arc<Context>, ids: Vec<BucketId>) -> Result<Vec<BucketMeta>> {
+    let store = ctx.store.clone();
+    blocking(move || {
+        let snapshot = store.snapshot()?;
+        let mut metas = Vec::with_capacity(ids.len());
+        for id in &ids {
+            metas.extend(snapshot.bucket(id)?);
+        }
+        Ok(metas)
+    })
+    .await
 }
 
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
@@ -242,16 +286,7 @@ async fn plan_buckets(ctx: &Arc<Context>, time_budget: Option<Micros>, report: &
         if index > 0 && out_of_time() {
             break;
         }
-        let (store, lookup) = (ctx.store.clone(), batch.to_vec());
-        let mut metas = blocking(move || {
-            let snapshot = store.snapshot()?;
-            let mut metas = Vec::with_capacity(lookup.len());
-            for id in &lookup {
-                metas.extend(snapshot.bucket(id)?);
-            }
-            Ok(metas)
-        })
-        .await?;
+        let mut metas = bucket_metas(ctx, batch.to_vec()).await?;
         // The queue is in order of the buckets' ends: one policy call per table of the batch.
         metas.sort_by(|a, b| a.id.table.cmp(&b.id.table));
         for same_table in metas.chunk_by(|a, b| a.id.table == b.id.table) {

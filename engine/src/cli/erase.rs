@@ -98,6 +98,17 @@ fn print_request(request: &ErasureRequest) {
         request.requester,
         request.reason
     );
+    for target in &request.fleet {
+        let finished: Vec<&str> = target.finished.iter().map(|r| r.installation.as_str()).collect();
+        println!(
+            "  on {}: finished by {} installation(s) [{}]; not yet by {} [{}]",
+            target.target,
+            finished.len(),
+            finished.join(", "),
+            target.behind.len(),
+            target.behind.join(", ")
+        );
+    }
     for bucket in &request.buckets {
         let blocked = if bucket.blocked_by.is_empty() {
             String::new()
@@ -112,5 +123,12 @@ fn print_request(request: &ErasureRequest) {
             bucket.archived_rows_erased,
             bucket.deleted_objects.len()
         );
+        if !bucket.versions_kept_on.is_empty() {
+            println!(
+                "    the deleted objects stay as noncurrent versions on {} (bucket versioning) until a lifecycle rule \
+                 removes them",
+                bucket.versions_kept_on.join(", ")
+            );
+        }
     }
 }

@@ -68,6 +68,12 @@ pub fn print(status: &Status) {
                 t.reason.as_deref().unwrap_or_default()
             ),
         }
+        if t.keeps_deleted_versions {
+            println!(
+                "  it keeps deleted objects as noncurrent versions (bucket versioning): what expiry and erasure \
+                 delete there stays readable by version until a lifecycle rule removes it"
+            );
+        }
     }
     for t in &status.tables {
         let retired = if p.retired_tables.contains(&t.id) { "  (retired)" } else { "" };

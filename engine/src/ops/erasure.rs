@@ -80,6 +80,7 @@ pub fn place_erasure(engine: &Engine, request: EraseRequest) -> Result<ErasurePl
         placed_at: 0,
         finished_at: None,
         buckets: Vec::new(),
+        fleet: Vec::new(),
     };
     let placed = engine.store().place_erasure(placed, engine.clock().now())?;
     tracing::info!(request = %placed.id, buckets = placed.buckets.len(), "erasure request placed");
@@ -93,10 +94,19 @@ pub fn list_erasures(engine: &Engine) -> Result<Vec<ErasureRequest>> {
     Ok(all)
 }
 
-/// One request with its receipt.
+/// One request with its receipt, and what the targets it shares with other installations say
+/// of it (`fleet`: who finished it, who has not). A target that cannot be read leaves its part
+/// out, with a warning; the local receipt still answers.
 pub fn erasure(engine: &Engine, id: &str) -> Result<ErasureRequest> {
-    engine
+    let mut request = engine
         .store()
         .erasure(id)?
-        .ok_or_else(|| Error::NotFound(format!("no erasure request `{id}`; `frostline erase status` lists them")))
+        .ok_or_else(|| Error::NotFound(format!("no erasure request `{id}`; `frostline erase status` lists them")))?;
+    if engine.settings().share_erasures {
+        match crate::storage::block_on(crate::archive::fleet_erase::progress(&engine.context(), id)) {
+            Ok(fleet) => request.fleet = fleet,
+            Err(e) => tracing::warn!(request = id, error = %e, "cannot read the shared targets' receipts"),
+        }
+    }
+    Ok(request)
 }

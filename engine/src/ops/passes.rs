@@ -75,7 +75,9 @@ pub async fn run_until_idle(
         observe(&result);
         let r = result?;
         let progressed = r.made_progress();
-        let deferred = r.deferred > 0;
+        // Deferred buckets, and expiries waiting for a Delta log whose sync failed, are
+        // retried later, not by another pass now.
+        let deferred = r.deferred + r.expiries_awaiting_log > 0;
         total.add(r);
         if !progressed || deferred {
             break;

@@ -462,7 +462,13 @@ fn open_native_targets(
                 target_name = %spec.name, url = %spec.url, %failure,
                 "target unreachable at load: accepted, but uploads to it wait until a probe passes"
             ),
-            Ok(()) => {
+            Ok(findings) if findings.keeps_deleted_versions => tracing::warn!(
+                target_name = %spec.name, url = %spec.url,
+                "target keeps deleted objects as noncurrent versions (bucket versioning): archives that expiry \
+                 and erasure delete stay readable by version until a lifecycle rule on the bucket removes them \
+                 (policies/README.md, \"Versioned buckets\")"
+            ),
+            Ok(_) => {
                 tracing::debug!(target_name = %spec.name, elapsed_ms = outcome.elapsed_ms, "target passed its probe")
             }
         }

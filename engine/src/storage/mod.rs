@@ -108,6 +108,11 @@ pub trait ArchiveBackend: Send + Sync + std::fmt::Debug {
     fn local_dir(&self) -> Option<std::path::PathBuf> {
         None
     }
+    /// The target keeps deleted objects as noncurrent versions (its probe found it,
+    /// `probe::ProbeFindings`): a delete here hides the bytes but does not remove them.
+    fn keeps_deleted_versions(&self) -> bool {
+        false
+    }
 }
 
 /// One listed object.

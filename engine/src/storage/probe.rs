@@ -12,6 +12,13 @@
 //! - `list`: listing the probe prefix returns both objects with their sizes;
 //! - `delete`: deleted objects read as absent and are no longer listed.
 //!
+//! Besides passing, a probe learns whether the store keeps what it deletes (`ProbeFindings`):
+//! on an S3 bucket with versioning on, a delete only hides the object behind a marker and its
+//! bytes stay readable by version id. frostline cannot delete versions through the object
+//! store client, so such a target is accepted and flagged (a warning at load, `status`, the API
+//! and every erasure receipt): what expiry and erasure delete there stays as noncurrent versions
+//! until the bucket's lifecycle rule removes them (policies/README.md, "Versioned buckets").
+//!
 //! A store that answers but breaks a check is refused (policy loading fails, at start and on
 //! reload, naming the target and the check). A store that cannot be reached (an outage, not a
 //! wrong answer) is accepted but gated: `GatedBackend` refuses uploads to it, which defers
@@ -74,6 +81,14 @@ impl std::fmt::Display for ProbeFailure {
     }
 }
 
+/// What a passed probe learned of a target that an operator must know.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProbeFindings {
+    /// A deleted object still reads by its version id (S3 versioning): deleted archives stay
+    /// as noncurrent versions until a lifecycle rule removes them.
+    pub keeps_deleted_versions: bool,
+}
+
 fn broken(check: Check, reason: impl Into<String>) -> ProbeFailure {
     ProbeFailure { check: check.name().into(), reason: reason.into(), unreachable: false }
 }
@@ -93,7 +108,7 @@ fn payload(label: &str) -> Bytes {
 }
 
 /// Runs every check against `backend` under a fresh probe prefix, and removes what it wrote.
-pub async fn probe(backend: &dyn ArchiveBackend) -> std::result::Result<(), ProbeFailure> {
+pub async fn probe(backend: &dyn ArchiveBackend) -> std::result::Result<ProbeFindings, ProbeFailure> {
     let prefix = keys::probe_prefix(rand::random());
     let plain = keys::probe_key(&prefix, "create");
     let staged = keys::probe_key(&prefix, "staged");
@@ -112,7 +127,7 @@ async fn run_checks(
     prefix: &str,
     plain: &str,
     staged: &str,
-) -> std::result::Result<(), ProbeFailure> {
+) -> std::result::Result<ProbeFindings, ProbeFailure> {
     let (first, second) = (payload("first"), payload("second"));
 
     match backend.put_create(plain, first.clone()).await.map_err(|e| failed_call(Check::CreateIfAbsent, e))? {
@@ -183,6 +198,7 @@ async fn run_checks(
         }
     }
 
+    let version = current_version(backend, plain).await;
     for key in [plain, staged] {
         backend.delete(key).await.map_err(|e| failed_call(Check::Delete, e))?;
         if backend.get(key).await.map_err(|e| failed_call(Check::Delete, e))?.is_some() {
@@ -194,7 +210,28 @@ async fn run_checks(
         let keys: Vec<&str> = left.iter().map(|o| o.key.as_str()).collect();
         return Err(broken(Check::Delete, format!("deleted objects are still listed: {keys:?}")));
     }
-    Ok(())
+    let keeps_deleted_versions = match version {
+        Some(version) => reads_by_version(backend, plain, &version).await.is_some_and(|bytes| bytes == first),
+        None => false,
+    };
+    Ok(ProbeFindings { keeps_deleted_versions })
+}
+
+/// The version id the store gives `key`'s current object, if it versions objects (S3's
+/// `x-amz-version-id`; `null` is the id of an object written while versioning was off or
+/// suspended, which a delete removes).
+async fn current_version(backend: &dyn ArchiveBackend, key: &str) -> Option<String> {
+    let store = backend.object_store()?;
+    use object_store::ObjectStoreExt as _;
+    let meta = store.head(&super::object_path(key).ok()?).await.ok()?;
+    meta.version.filter(|v| v != "null")
+}
+
+/// The bytes of one version of `key`, if the store still serves it.
+async fn reads_by_version(backend: &dyn ArchiveBackend, key: &str, version: &str) -> Option<Bytes> {
+    let store = backend.object_store()?;
+    let options = object_store::GetOptions { version: Some(version.to_string()), ..Default::default() };
+    store.get_opts(&super::object_path(key).ok()?, options).await.ok()?.bytes().await.ok()
 }
 
 async fn read_back(
@@ -235,7 +272,7 @@ pub fn probe_all_blocking(backends: &[Arc<dyn ArchiveBackend>]) -> Result<Vec<Pr
 /// One probe run's result and duration.
 #[derive(Debug, Clone)]
 pub struct ProbeOutcome {
-    pub result: std::result::Result<(), ProbeFailure>,
+    pub result: std::result::Result<ProbeFindings, ProbeFailure>,
     pub elapsed_ms: u64,
 }
 
@@ -260,11 +297,14 @@ pub struct TargetReport {
     pub attempts: u32,
     pub last_probe_ms: u64,
     pub seconds_since_probe: u64,
+    /// The store keeps deleted objects as noncurrent versions (`ProbeFindings`).
+    #[serde(default)]
+    pub keeps_deleted_versions: bool,
 }
 
 #[derive(Debug)]
 struct ProbeState {
-    result: std::result::Result<(), ProbeFailure>,
+    result: std::result::Result<ProbeFindings, ProbeFailure>,
     attempts: u32,
     elapsed_ms: u64,
     at: Instant,
@@ -301,6 +341,11 @@ impl TargetProbe {
         self.state.lock().expect("probe state").result.is_ok()
     }
 
+    /// Whether the last probe that passed found deleted objects kept as versions.
+    pub fn keeps_deleted_versions(&self) -> bool {
+        self.state.lock().expect("probe state").result.as_ref().is_ok_and(|f| f.keeps_deleted_versions)
+    }
+
     pub fn failure(&self) -> Option<ProbeFailure> {
         self.state.lock().expect("probe state").result.clone().err()
     }
@@ -308,7 +353,7 @@ impl TargetProbe {
     pub fn report(&self) -> TargetReport {
         let state = self.state.lock().expect("probe state");
         let (probe, check, reason) = match &state.result {
-            Ok(()) => ("ok", None, None),
+            Ok(_) => ("ok", None, None),
             Err(f) => {
                 (if f.unreachable { "unreachable" } else { "failed" }, Some(f.check.clone()), Some(f.reason.clone()))
             }
@@ -323,6 +368,7 @@ impl TargetProbe {
             attempts: state.attempts,
             last_probe_ms: state.elapsed_ms,
             seconds_since_probe: state.at.elapsed().as_secs(),
+            keeps_deleted_versions: state.result.as_ref().is_ok_and(|f| f.keeps_deleted_versions),
         }
     }
 
@@ -364,7 +410,7 @@ impl TargetProbe {
             state.at = Instant::now();
             state.result = outcome.result;
             match &state.result {
-                Ok(()) => tracing::info!(target = %self.name, attempts = state.attempts, "target passed its probe"),
+                Ok(_) => tracing::info!(target = %self.name, attempts = state.attempts, "target passed its probe"),
                 Err(f) => tracing::warn!(target = %self.name, failure = %f, "target still fails its probe"),
             }
         }
@@ -402,6 +448,10 @@ impl ArchiveBackend for GatedBackend {
 
     fn local_dir(&self) -> Option<std::path::PathBuf> {
         self.inner.local_dir()
+    }
+
+    fn keeps_deleted_versions(&self) -> bool {
+        self.probe.keeps_deleted_versions()
     }
 
     async fn put_create(&self, key: &str, bytes: Bytes) -> Result<PutOutcome> {

@@ -166,8 +166,38 @@ pub struct ErasureBucket {
     /// installation's): not deleted here, named so the operator knows.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub kept_unproven: Vec<String>,
+    /// Targets of the deleted objects that keep deleted objects as noncurrent versions (S3
+    /// bucket versioning): the objects are gone from listings and reads, and their bytes stay
+    /// readable by version id until the bucket's lifecycle rule removes them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub versions_kept_on: Vec<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub done_at: Option<Micros>,
+}
+
+/// One installation's receipt for a request, as a shared target carries it
+/// (`archive::fleet_erase`): counts and times, never the selector or a record.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SharedReceipt {
+    pub installation: String,
+    pub request: String,
+    pub finished_at: Micros,
+    pub buckets: u64,
+    pub hot_rows_erased: u64,
+    pub archived_rows_erased: u64,
+    pub objects_deleted: u64,
+    /// Targets that keep deleted objects as noncurrent versions (policies/README.md).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub versions_kept_on: Vec<String>,
+}
+
+/// What one shared target says of a request: which installations finished it, which have not.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FleetProgress {
+    pub target: String,
+    pub finished: Vec<SharedReceipt>,
+    /// Installations that archived to the target and left no receipt yet.
+    pub behind: Vec<String>,
 }
 
 /// A durable erasure request and its receipt.
@@ -181,6 +211,10 @@ pub struct ErasureRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finished_at: Option<Micros>,
     pub buckets: Vec<ErasureBucket>,
+    /// Every installation sharing a target with this one, and whether it has finished the
+    /// request there: filled when one request is read (`ops::erasure::erasure`), never stored.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fleet: Vec<FleetProgress>,
 }
 
 impl ErasureRequest {
@@ -337,6 +371,7 @@ impl Store {
                         deleted_objects: Vec::new(),
                         proved_absent_at: None,
                         kept_unproven: Vec::new(),
+                        versions_kept_on: Vec::new(),
                         done_at: None,
                     });
                 }

@@ -293,6 +293,20 @@ impl Store {
         })
     }
 
+    /// An expiry whose deletes wait for the table's Delta log to drop the bucket's files
+    /// (`archive::expiry::finish`): the lease is released and the bucket is due again at once,
+    /// with no attempt counted and no error, as nothing failed.
+    pub fn await_delta_log(&self, id: BucketId, owner: String, generation: u64, now: Micros) -> Result<()> {
+        self.write(move |txn| {
+            let mut meta = load_meta(txn, &id)?;
+            if meta.lease_owner.as_deref() != Some(owner.as_str()) || meta.generation != generation {
+                return Ok(()); // someone else owns it now
+            }
+            record_step(txn, &mut meta, Step::Defer { retry_at: now }, now)?;
+            save_meta(txn, &meta)
+        })
+    }
+
     /// A failure before publication: the bucket stays fenced (`Archiving`), its lease is
     /// released and it is retried at `retry_at`.
     pub fn defer(

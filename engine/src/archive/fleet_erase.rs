@@ -1,0 +1,241 @@
+//! Erasure across a fleet: engines that share a target learn each other's erasure requests
+//! from it and leave their receipts beside them, so a request placed on one engine reaches
+//! every installation's archives while each deletes only its own objects (the ownership rule).
+//!
+//! An engine started with `--share-erasures` (`ARCHIVER_SHARE_ERASURES`); off by default, as
+//! a request taken up erases what matches when it is taken up: a copy of a data directory
+//! restored beside the one that went on would apply the other copy's requests to records
+//! appended since. On each target of its tables, at the start of every pass, an engine lists
+//! `_frostline-erasures/` (nothing is written there while no request exists) and
+//! - writes every request of its own store that the target lacks
+//!   (`_frostline-erasures/<id>/request.json`: the selector, reason, requester and time);
+//! - places every request it finds there that its store lacks, which its passes then carry
+//!   out on its own hot rows and archives like any other;
+//! - leaves a receipt for each request its store has finished
+//!   (`_frostline-erasures/<id>/receipt-<installation>.json`: counts and times, never the
+//!   selector or a record).
+//!
+//! Which installations share a target is read from the archives there (the installation in
+//! every manifest's name) when a request's progress is asked for, so an installation that has
+//! archived to the target and left no receipt is named as behind, even one that was stopped
+//! before the request was placed.
+//!
+//! Objects are created only if absent and never rewritten, so engines racing each other need
+//! no coordination. A request stays on the target as long as the receipts beside it: it names
+//! what was erased (a tenant or partition key is personal data too), as the local receipt does
+//! (ARCHITECTURE.md, "Erasure", what stays). An engine that was stopped when a request was
+//! placed picks it up on its first pass after it starts.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use super::blocking;
+use crate::engine::Context;
+use crate::error::{Error, Result};
+use crate::model::Micros;
+use crate::storage::{ArchiveBackend, PutOutcome};
+use crate::store::erasure::{ErasureProgress, ErasureRequest, ErasureSelector};
+pub use crate::store::erasure::{FleetProgress, SharedReceipt};
+
+/// Where requests, receipts and the installations that share a target live, below its root.
+pub const SHARED_ERASURES_PREFIX: &str = "_frostline-erasures/";
+/// The longest request id taken from a target (ids this engine makes are 14 characters).
+pub const SHARED_ID_BYTES_MAX: usize = 64;
+
+/// A request as the target carries it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SharedRequest {
+    pub id: String,
+    pub selector: ErasureSelector,
+    pub reason: String,
+    pub requester: String,
+    pub placed_at: Micros,
+    /// The installation it was placed on.
+    pub placed_by: String,
+}
+
+fn json(value: &impl Serialize) -> Result<Vec<u8>> {
+    serde_json::to_vec(value).map_err(|e| Error::Internal(format!("cannot encode a shared erasure object: {e}")))
+}
+
+fn request_key(id: &str) -> String {
+    format!("{SHARED_ERASURES_PREFIX}{id}/request.json")
+}
+
+fn receipt_key(id: &str, installation: &str) -> String {
+    format!("{SHARED_ERASURES_PREFIX}{id}/receipt-{installation}.json")
+}
+
+/// A request id from a target is a folder name this engine made: letters, digits, `-`, `_`.
+fn valid_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= SHARED_ID_BYTES_MAX
+        && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
+/// Every distinct target of the policy set's tables.
+fn targets(ctx: &Context) -> Vec<Arc<dyn ArchiveBackend>> {
+    let mut seen = BTreeSet::new();
+    ctx.policies.tables.values().map(|t| t.backend.clone()).filter(|b| seen.insert(b.target().to_string())).collect()
+}
+
+/// Creates `key` with `bytes` unless it exists (then it is left as it is), once per life of
+/// this engine per target and key.
+async fn create_once(ctx: &Context, backend: &dyn ArchiveBackend, key: &str, bytes: Vec<u8>) -> Result<()> {
+    let remembered = format!("{}\n{key}", backend.target());
+    if ctx.memory().shared_erasure_keys.lock().expect("shared erasure keys").contains(&remembered) {
+        return Ok(());
+    }
+    match backend.put_create(key, bytes.into()).await? {
+        PutOutcome::Created | PutOutcome::AlreadyExists => {}
+    }
+    ctx.memory().shared_erasure_keys.lock().expect("shared erasure keys").insert(remembered);
+    Ok(())
+}
+
+/// One exchange with every target (module documentation); returns the requests placed here
+/// from a target. A target that cannot be reached is skipped with its error, the others go on.
+pub async fn exchange(ctx: &Arc<Context>) -> (u64, Vec<String>) {
+    let mut placed = 0;
+    let mut errors = Vec::new();
+    for backend in targets(ctx) {
+        match exchange_with(ctx, backend.as_ref()).await {
+            Ok(n) => placed += n,
+            Err(e) => errors.push(format!("shared erasures on {}: {e}", backend.target())),
+        }
+    }
+    (placed, errors)
+}
+
+async fn exchange_with(ctx: &Arc<Context>, backend: &dyn ArchiveBackend) -> Result<u64> {
+    let me = ctx.installation_id.clone();
+    let listed: BTreeSet<String> =
+        backend.list(SHARED_ERASURES_PREFIX).await?.into_iter().map(|object| object.key).collect();
+    let store = ctx.store.clone();
+    let mine: Vec<ErasureRequest> = blocking(move || store.erasures()).await?;
+    let known: BTreeSet<&str> = mine.iter().map(|r| r.id.as_str()).collect();
+    // Requests on the target that this store lacks.
+    let mut placed = 0;
+    for key in &listed {
+        let Some(id) = key.strip_prefix(SHARED_ERASURES_PREFIX).and_then(|rest| rest.strip_suffix("/request.json"))
+        else {
+            continue;
+        };
+        if known.contains(id) || !valid_id(id) {
+            continue;
+        }
+        let Some(bytes) = backend.get(key).await? else { continue };
+        let shared: SharedRequest = serde_json::from_slice(&bytes)
+            .map_err(|e| Error::Corruption(format!("shared erasure request `{key}` cannot be read: {e}")))?;
+        if shared.id != id {
+            return Err(Error::Corruption(format!("shared erasure request `{key}` names another id, `{}`", shared.id)));
+        }
+        let request = ErasureRequest {
+            id: shared.id,
+            selector: shared.selector,
+            reason: shared.reason,
+            requester: shared.requester,
+            placed_at: 0,
+            finished_at: None,
+            buckets: Vec::new(),
+            fleet: Vec::new(),
+        };
+        let (store, now) = (ctx.store.clone(), ctx.clock.now());
+        let request = blocking(move || store.place_erasure(request, now)).await?;
+        tracing::info!(
+            request = %request.id, placed_by = %shared.placed_by, buckets = request.buckets.len(),
+            "erasure request placed from the shared target"
+        );
+        placed += 1;
+    }
+    // This store's requests the target lacks, and receipts for those it finished.
+    for request in &mine {
+        let key = request_key(&request.id);
+        if !listed.contains(&key) {
+            let shared = SharedRequest {
+                id: request.id.clone(),
+                selector: request.selector.clone(),
+                reason: request.reason.clone(),
+                requester: request.requester.clone(),
+                placed_at: request.placed_at,
+                placed_by: me.clone(),
+            };
+            create_once(ctx, backend, &key, json(&shared)?).await?;
+        }
+        let Some(finished_at) = request.finished_at else { continue };
+        let key = receipt_key(&request.id, &me);
+        if !listed.contains(&key) {
+            let receipt = receipt_of(request, &me, finished_at);
+            create_once(ctx, backend, &key, json(&receipt)?).await?;
+        }
+    }
+    Ok(placed)
+}
+
+fn receipt_of(request: &ErasureRequest, installation: &str, finished_at: Micros) -> SharedReceipt {
+    let mut versions_kept_on: Vec<String> =
+        request.buckets.iter().flat_map(|b| b.versions_kept_on.iter().cloned()).collect();
+    versions_kept_on.sort();
+    versions_kept_on.dedup();
+    SharedReceipt {
+        installation: installation.to_string(),
+        request: request.id.clone(),
+        finished_at,
+        buckets: request.buckets.iter().filter(|b| b.progress == ErasureProgress::Done).count() as u64,
+        hot_rows_erased: request.buckets.iter().map(|b| b.hot_rows_erased).sum(),
+        archived_rows_erased: request.buckets.iter().map(|b| b.archived_rows_erased).sum(),
+        objects_deleted: request.buckets.iter().map(|b| b.deleted_objects.len() as u64).sum(),
+        versions_kept_on,
+    }
+}
+
+/// The installations whose manifests lie in the folders of this policy set's tables on
+/// `backend` (a listing of every table's archive: what a status read costs).
+async fn installations_archiving(ctx: &Context, backend: &dyn ArchiveBackend) -> Result<BTreeSet<String>> {
+    let mut found = BTreeSet::new();
+    for table in ctx.policies.tables.keys() {
+        for folder in crate::storage::keys::table_folders(table) {
+            for object in backend.list(&folder).await? {
+                if let Some(origin) = crate::storage::keys::origin(&object.key)
+                    && origin.generation.is_some()
+                    && !origin.installation.is_empty()
+                {
+                    found.insert(origin.installation.to_string());
+                }
+            }
+        }
+    }
+    Ok(found)
+}
+
+/// What every target of the policy set says of request `id`: the installations that left a
+/// receipt, and those that archived there and have not.
+pub async fn progress(ctx: &Arc<Context>, id: &str) -> Result<Vec<FleetProgress>> {
+    let mut out = Vec::new();
+    for backend in targets(ctx) {
+        let folder = format!("{SHARED_ERASURES_PREFIX}{id}/");
+        if !valid_id(id) || backend.get(&request_key(id)).await?.is_none() {
+            continue;
+        }
+        let mut finished = Vec::new();
+        for object in backend.list(&folder).await? {
+            if object.key.rsplit('/').next().is_some_and(|name| name.starts_with("receipt-"))
+                && let Some(bytes) = backend.get(&object.key).await?
+            {
+                finished.push(serde_json::from_slice::<SharedReceipt>(&bytes).map_err(|e| {
+                    Error::Corruption(format!("shared erasure receipt `{}` cannot be read: {e}", object.key))
+                })?);
+            }
+        }
+        let done: BTreeSet<&str> = finished.iter().map(|r| r.installation.as_str()).collect();
+        let behind = installations_archiving(ctx, backend.as_ref())
+            .await?
+            .into_iter()
+            .filter(|installation| !done.contains(installation.as_str()))
+            .collect();
+        out.push(FleetProgress { target: backend.target().to_string(), finished, behind });
+    }
+    Ok(out)
+}
