@@ -118,9 +118,19 @@ pub async fn sync(ctx: &Arc<Context>, table: &Arc<TablePolicy>) -> Result<DeltaS
     result
 }
 
-/// The ticket of a bucket that is no longer published (`engine::DeltaCoverage`): the one it
-/// took when its expiry began in this process, or a new one (after a restart, say).
-pub(super) fn expiry_ticket(ctx: &Context, bucket: &BucketId) -> u64 {
+/// A new ticket for a bucket whose expiry's tombstone was just written (`engine::DeltaCoverage`),
+/// replacing any older one: an expiry called off by a hold published the bucket again, and a
+/// sync since may have listed its files again.
+pub(super) fn take_expiry_ticket(ctx: &Context, bucket: &BucketId) {
+    let mut coverage = ctx.memory().delta_coverage.lock().expect("delta coverage");
+    coverage.last_ticket += 1;
+    let ticket = coverage.last_ticket;
+    coverage.expiries.insert(bucket.clone(), ticket);
+}
+
+/// The ticket of a bucket that is no longer published: the one it took when its expiry began
+/// in this process, or a new one (after a restart, say).
+fn expiry_ticket(ctx: &Context, bucket: &BucketId) -> u64 {
     let mut coverage = ctx.memory().delta_coverage.lock().expect("delta coverage");
     if let Some(ticket) = coverage.expiries.get(bucket) {
         return *ticket;

@@ -63,7 +63,7 @@ pub(super) async fn expire(
     #[cfg(feature = "delta")]
     if table.delta_log() {
         // Unpublished from here on: a sync that starts later drops the bucket's files.
-        super::delta::expiry_ticket(ctx, &meta.id);
+        super::delta::take_expiry_ticket(ctx, &meta.id);
     }
     crate::failpoints::hit("after_expiry_tombstone")?;
     finish(ctx, table, owner, generation, tombstone).await
