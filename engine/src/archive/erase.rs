@@ -218,7 +218,6 @@ async fn delete_replaced(
         .collect::<BTreeSet<_>>()
         .into_iter()
         .collect();
-
     // Every target the bucket's generations were written to, and the table's own.
     let mut backends: Vec<Arc<dyn ArchiveBackend>> = vec![table.backend.clone()];
     let (store, bucket) = (ctx.store.clone(), id.clone());

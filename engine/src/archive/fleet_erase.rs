@@ -127,11 +127,18 @@ async fn exchange_with(ctx: &Arc<Context>, backend: &dyn ArchiveBackend) -> Resu
             continue;
         }
         let Some(bytes) = backend.get(key).await? else { continue };
-        let shared: SharedRequest = serde_json::from_slice(&bytes)
-            .map_err(|e| Error::Corruption(format!("shared erasure request `{key}` cannot be read: {e}")))?;
-        if shared.id != id {
-            return Err(Error::Corruption(format!("shared erasure request `{key}` names another id, `{}`", shared.id)));
-        }
+        // One unreadable request must not stop the others: it is named and skipped.
+        let shared = match serde_json::from_slice::<SharedRequest>(&bytes) {
+            Ok(shared) if shared.id == id => shared,
+            Ok(shared) => {
+                tracing::warn!(key = %key, named = %shared.id, "a shared erasure request names another id; skipped");
+                continue;
+            }
+            Err(e) => {
+                tracing::warn!(key = %key, error = %e, "a shared erasure request cannot be read; skipped");
+                continue;
+            }
+        };
         let request = ErasureRequest {
             id: shared.id,
             selector: shared.selector,
