@@ -12,6 +12,7 @@ use crate::model::{BucketDescriptor, BucketState, Record};
 use crate::plugin::PluginHost;
 use crate::policy::{PolicySet, TablePolicy};
 use crate::settings::Settings;
+use crate::store::fleet_key::FleetKey;
 use crate::store::schema::{BucketId, BucketMeta, TableState};
 use crate::store::{AppendBatch, AppendOutcome, PreparedRow, Store};
 
@@ -61,6 +62,8 @@ struct Life {
     rng: std::sync::Mutex<rand::rngs::StdRng>,
     /// What the archival remembers between passes, this engine's own.
     memory: PassMemory,
+    /// The fleet's key for shared erasure requests (`--share-erasures`), when they are shared.
+    fleet_key: Option<FleetKey>,
 }
 
 /// The narrow context a pass, a query or a maintenance operation works with, taken once from
@@ -101,6 +104,11 @@ impl Context {
     /// What the archival remembers between passes.
     pub(crate) fn memory(&self) -> &PassMemory {
         &self.life.memory
+    }
+
+    /// The fleet's key when this engine shares erasure requests (`archive::fleet_erase`).
+    pub fn fleet_key(&self) -> Option<&FleetKey> {
+        self.life.fleet_key.as_ref()
     }
 }
 
@@ -216,6 +224,11 @@ impl Engine {
         let policies_dir = &std::path::absolute(policies_dir).map_err(|e| Error::io(policies_dir, e))?;
         std::fs::create_dir_all(data_dir).map_err(|e| Error::io(data_dir, e))?;
         let store = Store::open_with_cache(&data_dir.join(DATABASE_FILE), settings.store_cache_bytes)?;
+        let fleet_key = settings.share_erasures.as_deref().map(FleetKey::from_file).transpose()?;
+        if let Some(key) = &fleet_key {
+            crate::store::fleet_key::register(key);
+        }
+        store.check_fleet_keys()?;
         let host = PluginHost::with_cache(
             Some(settings.plugin_cache_dir(data_dir)),
             settings.plugin_cache_key_file.as_deref(),
@@ -246,6 +259,7 @@ impl Engine {
                     None => rand::SeedableRng::from_os_rng(),
                 }),
                 memory: PassMemory::default(),
+                fleet_key,
             }),
         };
         engine.register_tables()?;

@@ -84,11 +84,13 @@ pub struct ArchiverArgs {
     #[arg(long, env = "ARCHIVER_LATE_GRACE_SECONDS", default_value_t = LATE_GRACE_SECONDS_DEFAULT)]
     pub late_grace_seconds: u64,
     /// Share erasure requests with the other installations on this engine's targets, and take
-    /// theirs up (docs/FLEET.md, "Erasure across the fleet"): for hosts that share one target.
-    /// A request taken up erases what matches when it is taken up, so give it to every host of
-    /// a fleet, and to no copy of a data directory restored beside the one that went on.
-    #[arg(long, env = "ARCHIVER_SHARE_ERASURES")]
-    pub share_erasures: bool,
+    /// theirs up (docs/FLEET.md, "Erasure across the fleet"), naming their values on the target
+    /// only by digests under the key in FILE, which every host of the fleet is given (at least
+    /// 32 bytes: `openssl rand -hex 32`). A request taken up erases what matches when it is
+    /// taken up, so give it to every host of a fleet, and to no copy of a data directory
+    /// restored beside the one that went on.
+    #[arg(long, env = "ARCHIVER_SHARE_ERASURES", value_name = "FILE")]
+    pub share_erasures: Option<std::path::PathBuf>,
     /// Memory for the hot store's page cache, in MiB (4 to 65536).
     #[arg(long, env = "FROSTLINE_STORE_CACHE_MIB", default_value_t = STORE_CACHE_MIB_DEFAULT)]
     pub store_cache_mib: u64,
@@ -125,7 +127,7 @@ impl Default for ArchiverArgs {
             orphan_grace_seconds: ORPHAN_GRACE_SECONDS_DEFAULT,
             sweep_interval_seconds: SWEEP_INTERVAL_SECONDS_DEFAULT,
             late_grace_seconds: LATE_GRACE_SECONDS_DEFAULT,
-            share_erasures: false,
+            share_erasures: None,
             store_cache_mib: STORE_CACHE_MIB_DEFAULT,
             cleanup_slice_rows: CLEANUP_SLICE_ROWS_DEFAULT,
             concurrency: None,
@@ -149,8 +151,9 @@ pub struct Settings {
     pub sweep_interval_us: Micros,
     /// How long a bucket with late records waits before its next generation (0: at once).
     pub late_grace_us: Micros,
-    /// Erasure requests go through the shared targets (`archive::fleet_erase`).
-    pub share_erasures: bool,
+    /// Erasure requests go through the shared targets (`archive::fleet_erase`), their values
+    /// named there by digests under the key in this file (`store::fleet_key`).
+    pub share_erasures: Option<std::path::PathBuf>,
     pub store_cache_bytes: usize,
     pub cleanup_slice_rows: usize,
     pub archive_concurrency: usize,
@@ -264,7 +267,7 @@ impl ArchiverArgs {
             orphan_grace_us: orphan_grace_seconds.unwrap_or(self.orphan_grace_seconds) as i64 * MICROS_PER_SECOND,
             sweep_interval_us: positive("ARCHIVER_SWEEP_INTERVAL_SECONDS", self.sweep_interval_seconds)?,
             late_grace_us: self.late_grace_seconds as i64 * MICROS_PER_SECOND,
-            share_erasures: self.share_erasures,
+            share_erasures: self.share_erasures.clone(),
             eligible_before,
             interval_us: positive("ARCHIVER_INTERVAL_SECONDS", self.interval_seconds)?,
             lease_us,

@@ -1058,7 +1058,12 @@ fn an_erasure_placed_on_one_engine_reaches_every_installation_on_the_shared_targ
     let server = Server::moto();
     server.create_bucket("forget");
     let target = s3_target(&server.endpoint(), "forget", "");
-    let settings = frostline::settings::Settings { share_erasures: true, ..Default::default() };
+    // Every host of the fleet is given the same key; the target names the request's values
+    // only by digests under it.
+    let key_dir = tempfile::tempdir().unwrap();
+    let key_file = key_dir.path().join("fleet.key");
+    std::fs::write(&key_file, "5f0c7e2a9b14d3e8a6c1f0b27d49e85a3c6b0f1e9d2a7c4b8e5f3a1d0c9b7e26\n").unwrap();
+    let settings = frostline::settings::Settings { share_erasures: Some(key_file), ..Default::default() };
     let engines = (0..ENGINES)
         .map(|_| {
             TestEngine::open_with_settings(&policy(&target), NOW, &SECRET_FILES, Default::default(), settings.clone())
@@ -1105,6 +1110,16 @@ fn an_erasure_placed_on_one_engine_reaches_every_installation_on_the_shared_targ
             }
         })
         .unwrap();
+    // The target names the request only by digests: no object of the exchange holds the
+    // tenant, and the request names no reason or requester.
+    let backend = fleet.engines[0].backend("events");
+    let shared = frostline::storage::block_on(backend.list("_frostline-erasures/")).unwrap();
+    assert!(shared.iter().any(|o| o.key.ends_with("e-fleet/request.json")), "{shared:?}");
+    for object in &shared {
+        let bytes = frostline::storage::block_on(backend.get(&object.key)).unwrap().unwrap();
+        let text = String::from_utf8_lossy(&bytes);
+        assert!(!text.contains("acme") && !text.contains("reason"), "{}: {text}", object.key);
+    }
     // The stopped engine's archives still hold its acme records until it runs again.
     let read = fleet.records("deltalake", None);
     assert_eq!(acme(&read), per_engine, "only the stopped installation's acme rows are left");

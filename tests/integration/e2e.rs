@@ -549,8 +549,14 @@ fn erasing_a_tenant_through_the_binary_leaves_no_byte_of_it_on_the_target() {
     let open = frostline(&d, &["erase", "status", &id], None);
     assert_eq!(open.status.code(), Some(1), "open: {}", text_of(&open));
 
-    let archive = frostline(&d, &["archive", "--once"], None);
+    // With the request shared on the target too, as a fleet's hosts share it: the target then
+    // holds it, named by digests under the fleet's key.
+    let key_file = Path::new(&d.data).join("fleet.key");
+    std::fs::write(&key_file, "0f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f0\n").unwrap();
+    let archive = frostline(&d, &["archive", "--once", "--share-erasures", key_file.to_str().unwrap()], None);
     assert!(archive.status.success(), "{}", text_of(&archive));
+    let shared = target.join(format!("_frostline-erasures/{id}/request.json"));
+    assert!(shared.exists(), "the request is shared on the target: {}", text_of(&archive));
     let status = frostline(&d, &["erase", "status", &id, "--json"], None);
     assert!(status.status.success(), "{}", text_of(&status));
     let receipt: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
@@ -562,6 +568,9 @@ fn erasing_a_tenant_through_the_binary_leaves_no_byte_of_it_on_the_target() {
     assert_eq!(got.len(), globex);
     assert!(got.iter().all(|v| v["tenant"] == "globex"));
     assert_eq!(holding("\"acme\""), Vec::<std::path::PathBuf>::new(), "the tenant's name or records on the target");
+    assert_eq!(holding("acme"), Vec::<std::path::PathBuf>::new(), "the tenant's name, unquoted, on the target");
+    let request = std::fs::read_to_string(&shared).unwrap();
+    assert!(!request.contains("dpo") && !request.contains("erasure request 7"), "no requester or reason: {request}");
 }
 
 /// `frostline compact --data DIR`, as an operator runs it.

@@ -8,9 +8,12 @@
 //! appended since. On each target of its tables, at the start of every pass, an engine lists
 //! `_frostline-erasures/` (nothing is written there while no request exists) and
 //! - writes every request of its own store that the target lacks
-//!   (`_frostline-erasures/<id>/request.json`: the selector, reason, requester and time);
+//!   (`_frostline-erasures/<id>/request.json`: the selector, its tenant, partition and sort
+//!   keys as HMAC-SHA256 digests under the fleet's key (`store::fleet_key`), and when and where
+//!   it was placed; never the reason or the requester, which may name the person too);
 //! - places every request it finds there that its store lacks, which its passes then carry
-//!   out on its own hot rows and archives like any other;
+//!   out on its own hot rows and archives like any other, matching records by digesting
+//!   their values under the same key (a request under another key is named and skipped);
 //! - leaves a receipt for each request its store has finished
 //!   (`_frostline-erasures/<id>/receipt-<installation>.json`: counts and times, never the
 //!   selector or a record).
@@ -21,10 +24,10 @@
 //! before the request was placed.
 //!
 //! Objects are created only if absent and never rewritten, so engines racing each other need
-//! no coordination. A request stays on the target as long as the receipts beside it: it names
-//! what was erased (a tenant or partition key is personal data too), as the local receipt does
-//! (ARCHITECTURE.md, "Erasure", what stays). An engine that was stopped when a request was
-//! placed picks it up on its first pass after it starts.
+//! no coordination. A request stays on the target as long as the receipts beside it; it names
+//! what was erased only by digests, which tell nothing without the fleet's key (ARCHITECTURE.md,
+//! "Erasure", what stays). An engine that was stopped when a request was placed picks it up on
+//! its first pass after it starts.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -44,13 +47,12 @@ pub const SHARED_ERASURES_PREFIX: &str = "_frostline-erasures/";
 /// The longest request id taken from a target (ids this engine makes are 14 characters).
 pub const SHARED_ID_BYTES_MAX: usize = 64;
 
-/// A request as the target carries it.
+/// A request as the target carries it: its selector keyed by the fleet's key.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct SharedRequest {
     pub id: String,
     pub selector: ErasureSelector,
-    pub reason: String,
-    pub requester: String,
     pub placed_at: Micros,
     /// The installation it was placed on.
     pub placed_by: String,
@@ -111,6 +113,7 @@ pub async fn exchange(ctx: &Arc<Context>) -> (u64, Vec<String>) {
 
 async fn exchange_with(ctx: &Arc<Context>, backend: &dyn ArchiveBackend) -> Result<u64> {
     let me = ctx.installation_id.clone();
+    let fleet_key = ctx.fleet_key().ok_or_else(|| Error::Internal("shared erasures without a fleet key".into()))?;
     let listed: BTreeSet<String> =
         backend.list(SHARED_ERASURES_PREFIX).await?.into_iter().map(|object| object.key).collect();
     let store = ctx.store.clone();
@@ -118,32 +121,45 @@ async fn exchange_with(ctx: &Arc<Context>, backend: &dyn ArchiveBackend) -> Resu
     let known: BTreeSet<&str> = mine.iter().map(|r| r.id.as_str()).collect();
     // Requests on the target that this store lacks.
     let mut placed = 0;
-    for key in &listed {
-        let Some(id) = key.strip_prefix(SHARED_ERASURES_PREFIX).and_then(|rest| rest.strip_suffix("/request.json"))
+    for listed_key in &listed {
+        let Some(id) =
+            listed_key.strip_prefix(SHARED_ERASURES_PREFIX).and_then(|rest| rest.strip_suffix("/request.json"))
         else {
             continue;
         };
         if known.contains(id) || !valid_id(id) {
             continue;
         }
-        let Some(bytes) = backend.get(key).await? else { continue };
+        let Some(bytes) = backend.get(listed_key).await? else { continue };
         // One unreadable request must not stop the others: it is named and skipped.
         let shared = match serde_json::from_slice::<SharedRequest>(&bytes) {
             Ok(shared) if shared.id == id => shared,
             Ok(shared) => {
-                tracing::warn!(key = %key, named = %shared.id, "a shared erasure request names another id; skipped");
+                tracing::warn!(key = %listed_key, named = %shared.id, "a shared erasure request names another id; skipped");
                 continue;
             }
             Err(e) => {
-                tracing::warn!(key = %key, error = %e, "a shared erasure request cannot be read; skipped");
+                tracing::warn!(
+                    key = %listed_key, error = %e,
+                    "a shared erasure request cannot be read (one written before requests were keyed names its \
+                     values in clear: place it again on an engine of this build); skipped"
+                );
                 continue;
             }
         };
+        if shared.selector.keyed.as_deref() != Some(fleet_key.id()) {
+            tracing::warn!(
+                key = %listed_key, request_key = ?shared.selector.keyed, fleet_key = fleet_key.id(),
+                "a shared erasure request is keyed by another fleet key than this engine's; skipped: give every \
+                 host of the fleet the same key file"
+            );
+            continue;
+        }
         let request = ErasureRequest {
             id: shared.id,
             selector: shared.selector,
-            reason: shared.reason,
-            requester: shared.requester,
+            reason: format!("shared on {} by installation {}", backend.target(), shared.placed_by),
+            requester: format!("installation {}", shared.placed_by),
             placed_at: 0,
             finished_at: None,
             buckets: Vec::new(),
@@ -163,9 +179,7 @@ async fn exchange_with(ctx: &Arc<Context>, backend: &dyn ArchiveBackend) -> Resu
         if !listed.contains(&key) {
             let shared = SharedRequest {
                 id: request.id.clone(),
-                selector: request.selector.clone(),
-                reason: request.reason.clone(),
-                requester: request.requester.clone(),
+                selector: request.selector.keyed_by(fleet_key),
                 placed_at: request.placed_at,
                 placed_by: me.clone(),
             };

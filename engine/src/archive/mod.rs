@@ -65,7 +65,7 @@ pub async fn run_pass(ctx: &Arc<Context>, owner: &str) -> Result<PassReport> {
     report.seconds.add(Phase::Plan, lap.lap());
     // Erasure requests first: those other installations placed on a shared target join this
     // store's (when it shares them), and an archive they name becomes due in this pass.
-    if ctx.settings.share_erasures {
+    if ctx.fleet_key().is_some() {
         for error in fleet_erase::exchange(ctx).await.1 {
             report.error(PassErrorKind::Erasure, error);
         }

@@ -67,6 +67,7 @@ pub fn place_erasure(engine: &Engine, request: EraseRequest) -> Result<ErasurePl
         identities: request.records,
         from: time("from", &request.from)?,
         to: time("to", &request.to)?,
+        keyed: None,
     };
     if request.dry_run {
         let preview = engine.store().preview_erasure(&selector)?;
@@ -102,7 +103,7 @@ pub fn erasure(engine: &Engine, id: &str) -> Result<ErasureRequest> {
         .store()
         .erasure(id)?
         .ok_or_else(|| Error::NotFound(format!("no erasure request `{id}`; `frostline erase status` lists them")))?;
-    if engine.settings().share_erasures {
+    if engine.settings().share_erasures.is_some() {
         match crate::storage::block_on(crate::archive::fleet_erase::progress(&engine.context(), id)) {
             Ok(fleet) => request.fleet = fleet,
             Err(e) => tracing::warn!(request = id, error = %e, "cannot read the shared targets' receipts"),

@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 use crate::model::{BucketState, Micros, Record};
 
+use super::fleet_key::{self, FleetKey};
 use super::keys::{decode_row_key, rows_table, rows_table_name};
 use super::outbox::push_outbox;
 use super::schema::{
@@ -23,6 +24,11 @@ use super::schema::{
 };
 use super::{Store, check_lease, load_meta, record_step, save_meta};
 use crate::model::lifecycle::Step;
+
+/// The selector fields whose values a keyed selector names by digest, as the digests cover them.
+const TENANT: &str = "tenant";
+const PARTITION_KEY: &str = "partition_key";
+const SORT_KEY: &str = "sort_key";
 
 /// Identities an erasure request may name at most (larger sets: by partition key or tenant).
 pub const ERASURE_IDENTITIES_MAX: usize = 10_000;
@@ -55,6 +61,11 @@ pub struct ErasureSelector {
     /// Event times to (exclusive), in microseconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub to: Option<Micros>,
+    /// The id of the fleet key (`store::fleet_key`) when `tenant`, `partition_key` and the
+    /// identities' partition and sort keys are named by their digests under it, as a request
+    /// taken from a shared target names them; `None`: named as they are.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keyed: Option<String>,
 }
 
 impl ErasureSelector {
@@ -77,25 +88,72 @@ impl ErasureSelector {
         {
             return Err(format!("the time range is empty: from {from} is not before to {to}"));
         }
+        if let Some(id) = &self.keyed
+            && fleet_key::registered(id).is_none()
+        {
+            return Err(format!(
+                "the request names its values by digests under fleet key {id}, which this engine was not given: start \
+                 it with --share-erasures naming the fleet's key file"
+            ));
+        }
         Ok(())
+    }
+
+    /// This selector with its values named by digests under `key`, as a shared target carries
+    /// it (`archive::fleet_erase`); one that is keyed already is returned as it is.
+    pub fn keyed_by(&self, key: &FleetKey) -> ErasureSelector {
+        if self.keyed.is_some() {
+            return self.clone();
+        }
+        ErasureSelector {
+            table: self.table.clone(),
+            tenant: self.tenant.as_ref().map(|t| key.digest(TENANT, t.as_bytes())),
+            partition_key: self.partition_key.as_ref().map(|p| key.digest(PARTITION_KEY, p.as_bytes())),
+            identities: self
+                .identities
+                .iter()
+                .map(|i| RecordIdentity {
+                    partition_key: key.digest(PARTITION_KEY, i.partition_key.as_bytes()),
+                    event_time: i.event_time,
+                    sort_key: key.digest(SORT_KEY, i.sort_key.as_bytes()),
+                })
+                .collect(),
+            from: self.from,
+            to: self.to,
+            keyed: Some(key.id().to_string()),
+        }
+    }
+
+    /// Whether `named` (a value of this selector's field `field`) names `value`.
+    fn names(&self, field: &str, named: &str, value: &[u8]) -> bool {
+        match &self.keyed {
+            None => named.as_bytes() == value,
+            // Registered before any keyed request is placed or matched (module `fleet_key`).
+            Some(id) => {
+                fleet_key::registered(id)
+                    .unwrap_or_else(|| panic!("fleet key {id} of an open erasure request is not registered"))
+                    .digest(field, value)
+                    == named
+            }
+        }
     }
 
     /// Whether bucket `meta` may hold a record the selector names.
     pub fn may_match(&self, meta: &BucketMeta) -> bool {
         let (start, end) = (meta.descriptor.start, meta.descriptor.end);
+        let partition = meta.id.partition_key.as_slice();
         self.table.as_ref().is_none_or(|t| *t == meta.id.table)
-            && self.partition_key.as_ref().is_none_or(|p| p.as_bytes() == meta.id.partition_key.as_slice())
             && self.from.is_none_or(|from| end > from)
             && self.to.is_none_or(|to| start < to)
+            && self.partition_key.as_ref().is_none_or(|p| self.names(PARTITION_KEY, p, partition))
             && self.tenant.as_ref().is_none_or(|t| match &meta.tenant {
-                Shared::One(one) => one == t,
+                Shared::One(one) => self.names(TENANT, t, one.as_bytes()),
                 Shared::Mixed => true,
                 Shared::Unset => false,
             })
             && (self.identities.is_empty()
                 || self.identities.iter().any(|i| {
-                    i.partition_key.as_bytes() == meta.id.partition_key.as_slice()
-                        && (start..end).contains(&i.event_time)
+                    (start..end).contains(&i.event_time) && self.names(PARTITION_KEY, &i.partition_key, partition)
                 }))
     }
 
@@ -109,15 +167,18 @@ impl ErasureSelector {
         tenant: Option<&str>,
     ) -> bool {
         self.table.as_deref().is_none_or(|t| t == table)
-            && self.partition_key.as_ref().is_none_or(|p| p.as_bytes() == partition_key)
             && self.from.is_none_or(|from| event_time >= from)
             && self.to.is_none_or(|to| event_time < to)
-            && self.tenant.as_deref().is_none_or(|t| tenant == Some(t))
+            && self.partition_key.as_ref().is_none_or(|p| self.names(PARTITION_KEY, p, partition_key))
+            && self
+                .tenant
+                .as_deref()
+                .is_none_or(|t| tenant.is_some_and(|tenant| self.names(TENANT, t, tenant.as_bytes())))
             && (self.identities.is_empty()
                 || self.identities.iter().any(|i| {
-                    i.partition_key.as_bytes() == partition_key
-                        && i.event_time == event_time
-                        && i.sort_key.as_bytes() == sort_key
+                    i.event_time == event_time
+                        && self.names(PARTITION_KEY, &i.partition_key, partition_key)
+                        && self.names(SORT_KEY, &i.sort_key, sort_key)
                 }))
     }
 
@@ -438,6 +499,24 @@ impl Store {
         open_requests(&txn.open_table(OPEN_ERASURES)?, &txn.open_table(ERASURES)?)
     }
 
+    /// Refuses an engine that holds an open request named by digests under a fleet key it was
+    /// not given (`store::fleet_key`): without the key, nothing of it could be matched.
+    pub fn check_fleet_keys(&self) -> Result<()> {
+        for request in self.open_erasures()? {
+            if let Some(id) = &request.selector.keyed
+                && fleet_key::registered(id).is_none()
+            {
+                return Err(Error::InvalidInput(format!(
+                    "erasure request `{}` is open and names its values by digests under fleet key {id}, which this \
+                     engine was not given: start it with --share-erasures (ARCHIVER_SHARE_ERASURES) naming the \
+                     fleet's key file, so the request can be carried out",
+                    request.id
+                )));
+            }
+        }
+        Ok(())
+    }
+
     pub fn erasure(&self, id: &str) -> Result<Option<ErasureRequest>> {
         let txn = self.read()?;
         txn.open_table(ERASURES)?.get(id)?.map(|v| decode_value(v.value())).transpose()
@@ -564,5 +643,68 @@ impl Store {
             }
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(partition: &str, event_time: Micros, sort_key: &str, tenant: Option<&str>) -> Record {
+        Record {
+            partition_key: partition.as_bytes().to_vec(),
+            event_time,
+            sort_key: sort_key.as_bytes().to_vec(),
+            tenant: tenant.map(str::to_string),
+            kind: None,
+            body: "{}".into(),
+        }
+    }
+
+    #[test]
+    fn a_keyed_selector_names_exactly_the_records_its_clear_form_names() {
+        let key = FleetKey::from_material(b"a fleet key of at least thirty-two bytes").unwrap();
+        fleet_key::register(&key);
+        let records = [
+            record("site-a/sensor 0%=é", 10, "k/1", Some("acme")),
+            record("site-a/sensor 0%=é", 20, "k/2", Some("globex")),
+            record("site-b", 10, "k/1", Some("acme")),
+            record("site-b", 30, "k/3", None),
+        ];
+        let selectors = [
+            ErasureSelector { tenant: Some("acme".into()), ..Default::default() },
+            ErasureSelector { partition_key: Some("site-a/sensor 0%=é".into()), to: Some(15), ..Default::default() },
+            ErasureSelector {
+                identities: vec![RecordIdentity {
+                    partition_key: "site-b".into(),
+                    event_time: 30,
+                    sort_key: "k/3".into(),
+                }],
+                ..Default::default()
+            },
+        ];
+        for clear in selectors {
+            let keyed = clear.keyed_by(&key);
+            assert_eq!(keyed.keyed.as_deref(), Some(key.id()));
+            let text = serde_json::to_string(&keyed).unwrap();
+            assert!(!["acme", "site-", "k/3"].iter().any(|v| text.contains(v)), "clear values in {text}");
+            assert_eq!(keyed.keyed_by(&key), keyed, "keying twice changes nothing");
+            keyed.check().unwrap();
+            for r in &records {
+                assert_eq!(keyed.matches_record("t", r), clear.matches_record("t", r), "{clear:?} on {r:?}");
+            }
+            assert!(records.iter().any(|r| keyed.matches_record("t", r)), "{clear:?} names a record");
+        }
+    }
+
+    #[test]
+    fn a_selector_keyed_by_a_key_this_engine_lacks_is_refused_with_the_setting_to_give() {
+        let selector = ErasureSelector {
+            tenant: Some("ab".repeat(32)),
+            keyed: Some("00ff00ff00ff00ff".into()),
+            ..Default::default()
+        };
+        let why = selector.check().unwrap_err();
+        assert!(why.contains("fleet key 00ff00ff00ff00ff") && why.contains("--share-erasures"), "{why}");
     }
 }

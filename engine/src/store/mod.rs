@@ -25,6 +25,7 @@ pub mod compact;
 pub mod encoding;
 pub mod erasure;
 mod expiry;
+pub mod fleet_key;
 mod holds;
 mod keys;
 mod outbox;
