@@ -49,6 +49,8 @@
 //! and their proof of absence race the kills like the rest. A record named by an accepted
 //! request may read back, exactly, until the request is carried out; once the final run has
 //! settled (every request finished), none does, and every other record still reads back.
+//! Now and then a few batches go as a backfill (`?backfill=true`, then `?backfill=end`), so the
+//! table's archival pauses and resumes under the kills too; a backfill a kill cut off lapses.
 //!
 //! CI runs `FROSTLINE_CRASHES` (default 50) crashes. The long run (about an hour on two cores):
 //!     FROSTLINE_CRASHES=1000 cargo test --test integration crash -- --nocapture
@@ -102,6 +104,11 @@ const FINAL_SCAN_LIMIT: usize = 1_000;
 const DAY_US: i64 = 86_400_000_000;
 /// The appender places an erasure request instead of one batch in this many.
 const ERASE_ONE_IN: u32 = 80;
+/// The appender starts a backfill (a few batches under the table's backfill lease, then its
+/// end, as `frostline ingest` into a running engine sends them) at one batch in this many: rare
+/// enough that a backfill a kill cut off, which pauses the table's archival until its lease
+/// lapses (`BACKFILL_LEASE_SECONDS`), seldom stands in the way.
+const BACKFILL_ONE_IN: u32 = 200;
 const POLICY: &str = r#"
 [[table]]
 id = "c"
@@ -172,6 +179,9 @@ struct Model {
     next_day: i64,
     late_batches: usize,
     erasures: usize,
+    /// Batches acknowledged under a backfill lease, and backfills ended.
+    backfill_batches: usize,
+    backfills_ended: usize,
 }
 
 impl Model {
@@ -271,11 +281,17 @@ fn appender(addr: String, model: Arc<Mutex<Model>>, stop: Arc<AtomicBool>, seed:
         .http_status_as_error(false)
         .build()
         .into();
+    // Batches left in the backfill under way (each late records or history of days still
+    // hot): the pass makes no generation of the table until its end.
+    let mut backfill_left: u32 = 0;
     while !stop.load(Ordering::SeqCst) {
         // A steady flow, not a flood: the point is appends racing passes, not load.
         std::thread::sleep(Duration::from_millis(rng.random_range(5..40)));
         if rng.random_range(0..ERASE_ONE_IN) == 0 && !erase(&agent, &addr, &model, &mut rng) {
             return;
+        }
+        if backfill_left == 0 && rng.random_range(0..BACKFILL_ONE_IN) == 0 {
+            backfill_left = rng.random_range(1..5);
         }
         let day = {
             let mut m = model.lock().unwrap();
@@ -311,16 +327,33 @@ fn appender(addr: String, model: Arc<Mutex<Model>>, stop: Arc<AtomicBool>, seed:
                 format!(r#"{{"partition_key":"{p}","event_time":{t},"sort_key":"{s}"{kind},"body":{body}}}"#) + "\n"
             })
             .collect();
+        let backfill = if backfill_left > 0 { "?backfill=true" } else { "" };
         let sent = agent
-            .post(&format!("http://{addr}/v1/tables/c/records"))
+            .post(&format!("http://{addr}/v1/tables/c/records{backfill}"))
             .header("Content-Type", "application/x-ndjson")
             .send(lines);
         let mut m = model.lock().unwrap();
         match sent {
             Ok(response) if response.status().as_u16() == 200 => {
                 m.late_batches += usize::from(late);
+                m.backfill_batches += usize::from(backfill_left > 0);
                 m.fresh.extend(batch.iter().map(|(id, _)| id.clone()));
                 m.acknowledged.extend(batch);
+                if backfill_left == 1 {
+                    drop(m);
+                    let ended = agent
+                        .post(&format!("http://{addr}/v1/tables/c/records?backfill=end"))
+                        .header("Content-Type", "application/x-ndjson")
+                        .send("");
+                    match ended {
+                        Ok(response) if response.status().as_u16() == 200 => {
+                            model.lock().unwrap().backfills_ended += 1;
+                        }
+                        Ok(_) => {}
+                        Err(_) => return,
+                    }
+                }
+                backfill_left = backfill_left.saturating_sub(1);
             }
             // Refused (for instance 503 while shutting down): nothing was written.
             Ok(_) => {}
@@ -931,11 +964,13 @@ fn crash_harness_loses_nothing_across_repeated_kills() {
     #[cfg(feature = "delta")]
     check_delta_log(&data, &policies);
     eprintln!(
-        "crash harness: {crashes} crashes; {} acknowledged records ({} batches of late records), {} erased by {} \
-         requests; {} buckets published ({} since expired), {} objects; {} full checks, {} records looked up by \
+        "crash harness: {crashes} crashes; {} acknowledged records ({} batches of late records, {} in {} backfills \
+         ended), {} erased by {} requests; {} buckets published ({} since expired), {} objects; {} full checks, {} records looked up by \
          query; {lifecycle_reloads} policy changes while running; {:.0}s; by cause: {by_fail_point:?}",
         m.acknowledged.len(),
         m.late_batches,
+        m.backfill_batches,
+        m.backfills_ended,
         m.erasing.len(),
         m.erasures,
         checker.published.len(),

@@ -461,6 +461,9 @@ struct LifecycleCounts {
     erasures: u64,
     records_erased: u64,
     erasure_objects_deleted: u64,
+    /// Batches appended under a backfill lease, and passes that found the table paused by one.
+    backfill_batches: u64,
+    passes_paused_by_backfill: u64,
 }
 
 impl LifecycleCounts {
@@ -495,6 +498,8 @@ impl LifecycleCounts {
         self.erasures += other.erasures;
         self.records_erased += other.records_erased;
         self.erasure_objects_deleted += other.erasure_objects_deleted;
+        self.backfill_batches += other.backfill_batches;
+        self.passes_paused_by_backfill += other.passes_paused_by_backfill;
     }
 }
 
@@ -511,6 +516,10 @@ fn run_lifecycle_seed(seed: u64, ops: usize) -> LifecycleCounts {
     // change.
     let mut erase_rng = StdRng::seed_from_u64(seed ^ 0x0e5a_5e00);
     let erasures_on = !LIFECYCLE_PINNED_SEEDS.contains(&seed);
+    // So do backfills (batches that hold the table's backfill lease, as `frostline ingest` into
+    // a running engine sends them), for the same reason.
+    let mut backfill_rng = StdRng::seed_from_u64(seed ^ 0x0bac_0f11);
+    let backfills_on = erasures_on;
     let mut counts = LifecycleCounts::default();
     let base = t("2024-01-01T00:00:00Z");
     let mut retention = Retention::random(&mut rng);
@@ -615,6 +624,22 @@ fn run_lifecycle_seed(seed: u64, ops: usize) -> LifecycleCounts {
                 // with an archive its other copy may have expired: that fails, loudly, as a
                 // fault would, and writes nothing.
                 let tolerated = faults_active || unadopted_restore;
+                // One batch in six is part of a backfill: it holds the table's backfill lease
+                // (as `ops::records::append_backfill` does), so no pass archives or expires the
+                // table until the backfill ends or its lease lapses; one batch in twelve ends
+                // the backfill first, as an ingest that finished does.
+                if backfills_on {
+                    match backfill_rng.random_range(0..12) {
+                        0 | 1 => {
+                            let lease_us = frostline::store::backfill::BACKFILL_LEASE_SECONDS as i64 * 1_000_000;
+                            let until = e.engine.clock().now() + lease_us;
+                            e.engine.store().hold_backfill("r", until).unwrap();
+                            counts.backfill_batches += 1;
+                        }
+                        2 => e.engine.store().end_backfill("r").unwrap(),
+                        _ => {}
+                    }
+                }
                 if appended(e.engine.append("r", batch), conflict_expected, tolerated, seed, op) {
                     for (id, body) in &staged {
                         buckets.entry(bucket_of(id)).or_default().kinds.insert(kind);
@@ -629,6 +654,7 @@ fn run_lifecycle_seed(seed: u64, ops: usize) -> LifecycleCounts {
                 // Before the pass: which buckets may it expire? (The policy in force, the
                 // kinds each bucket holds now, the holds now.)
                 let now = e.engine.clock().now();
+                let paused = e.engine.store().backfilling_tables(now).unwrap().contains("r");
                 for ((partition, day), bucket) in buckets.iter_mut() {
                     let end = (day + 1) * DAY_US;
                     let held = holds.values().any(|p| p == partition);
@@ -650,6 +676,15 @@ fn run_lifecycle_seed(seed: u64, ops: usize) -> LifecycleCounts {
                     if !held && retention.expire_at((day + 1) * DAY_US, &bucket.kinds) <= after {
                         bucket.expirable = true;
                     }
+                }
+                if paused {
+                    // A live backfill: no generation of the table is made, none expires.
+                    assert_eq!(
+                        (report.archived, report.expired),
+                        (0, 0),
+                        "seed {seed} op {op}: a pass archived or expired during a backfill: {report:?}"
+                    );
+                    counts.passes_paused_by_backfill += 1;
                 }
                 counts.passes += 1;
                 counts.archived += report.archived;
@@ -982,6 +1017,9 @@ fn run_lifecycle_seed(seed: u64, ops: usize) -> LifecycleCounts {
                 }
                 clear_faults();
                 faults_active = false;
+                // The operator lets a backfill finish before erasing (the twelve passes below
+                // would otherwise wait out its lease).
+                e.engine.store().end_backfill("r").unwrap();
                 let (from, to) = match erase_rng.random_range(0..2) {
                     0 => (None, None),
                     _ => {
