@@ -67,6 +67,7 @@ impl Heartbeat {
         let renewed_at = Arc::new(std::sync::atomic::AtomicI64::new(ctx.clock.now()));
         let store = ctx.store.clone();
         let lease_us = ctx.settings.lease_us;
+        let bucket = id.clone();
         let renew: Arc<dyn Fn(Micros) -> Result<()> + Send + Sync> = Arc::new(move |now| {
             crate::failpoints::hit("heartbeat")?;
             store.renew(id.clone(), owner.clone(), generation, now, lease_us).map(|_| ())
@@ -86,8 +87,22 @@ impl Heartbeat {
                     match blocking(move || renew(now)).await {
                         Ok(()) => renewed_at.store(now, Ordering::SeqCst),
                         Err(e) => {
-                            tracing::warn!(error = %e, "lease renewal failed; no further destructive step will start");
                             lost.store(true, Ordering::SeqCst);
+                            // A step of this very claim may have released the lease just before
+                            // the task was stopped (an expiry that waits for the Delta log): the
+                            // bucket then has no lease owner at this claim's generation, and
+                            // nothing was lost. Another claim would have taken a later one.
+                            let (store, bucket) = (ctx.store.clone(), bucket.clone());
+                            let released = blocking(move || store.bucket(&bucket))
+                                .await
+                                .ok()
+                                .flatten()
+                                .is_some_and(|meta| meta.lease_owner.is_none() && meta.generation == generation);
+                            if released {
+                                tracing::debug!("lease released by this claim's own step; renewal stopped");
+                            } else {
+                                tracing::warn!(error = %e, "lease renewal failed; no further destructive step will start");
+                            }
                             return;
                         }
                     }
