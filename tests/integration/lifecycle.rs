@@ -550,3 +550,75 @@ fn a_ca_file_that_cannot_serve_is_refused_at_load_with_the_reason() {
         assert!(err.contains("tables.toml") && err.contains("sink `hook`") && err.contains(reason), "{sink}: {err}");
     }
 }
+
+/// A target that lists segments before manifests (a local directory lists in no particular
+/// order) and fails every delete after the first, as a sweep cut off between its deletes.
+#[derive(Debug)]
+struct SegmentsFirstOneDelete {
+    inner: std::sync::Arc<dyn frostline::storage::ArchiveBackend>,
+    deletes: std::sync::atomic::AtomicUsize,
+}
+
+#[async_trait::async_trait]
+impl frostline::storage::ArchiveBackend for SegmentsFirstOneDelete {
+    fn target(&self) -> &str {
+        self.inner.target()
+    }
+    async fn put_create(&self, key: &str, bytes: bytes::Bytes) -> frostline::Result<frostline::storage::PutOutcome> {
+        self.inner.put_create(key, bytes).await
+    }
+    async fn get(&self, key: &str) -> frostline::Result<Option<bytes::Bytes>> {
+        self.inner.get(key).await
+    }
+    async fn delete(&self, key: &str) -> frostline::Result<()> {
+        if self.deletes.fetch_add(1, std::sync::atomic::Ordering::SeqCst) >= 1 {
+            return Err(frostline::error::Error::StorageUnavailable(format!("delete of `{key}` failed (injected)")));
+        }
+        self.inner.delete(key).await
+    }
+    async fn list(&self, prefix: &str) -> frostline::Result<Vec<frostline::storage::ObjectInfo>> {
+        let mut listed = self.inner.list(prefix).await?;
+        listed.sort_by_key(|o| !o.key.rsplit('/').next().is_some_and(|name| name.starts_with("seg-")));
+        Ok(listed)
+    }
+}
+
+/// The sweep deletes a replaced generation's manifest before its segments, as an expiry does:
+/// a sweep cut off between its deletes leaves a segment no manifest names (deleted by a later
+/// sweep), never a manifest whose segment is gone, which a data directory rebuilt later would
+/// find on the target and report as a damaged archive (the lifecycle simulation met one).
+#[test]
+fn a_sweep_cut_off_between_its_deletes_never_leaves_a_manifest_without_its_segment() {
+    let e = TestEngine::new(&policy(""), "2024-03-01T12:00:00Z");
+    e.engine.append("r", records("2024-03-01T00:00:00Z", 1, 3)).unwrap();
+    e.pass(); // plan
+    e.clock.set(t("2024-03-05T00:00:00Z"));
+    assert_eq!(e.pass().archived, 3);
+    // A late record: p0's next generation replaces the first, whose manifest and segment are
+    // released for the sweep.
+    let mut late = records("2024-03-01T00:00:00Z", 1, 1);
+    late[0].sort_key = b"late".to_vec();
+    e.engine.append("r", late).unwrap();
+    e.clock.advance(DAY_US);
+    let report = e.pass();
+    assert_eq!(report.archived, 1, "{report:?}");
+    let before = objects(&e);
+    e.with_backend(
+        "r",
+        std::sync::Arc::new(SegmentsFirstOneDelete { inner: e.backend("r"), deletes: Default::default() }),
+    );
+    // Real time is what the store stamps objects with; the engine's clock decides their age.
+    e.clock.set(frostline::clock::SystemClock.now() + 2 * DAY_US);
+    let cut_off = runtime().block_on(frostline::archive::sweep::sweep(&e.engine.context(), false));
+    assert!(cut_off.is_err(), "the second delete fails: {cut_off:?}");
+    let left = objects(&e);
+    assert_eq!(left.len(), before.len() - 1, "one object deleted: {before:?} then {left:?}");
+    for manifest in left.iter().filter(|k| k.rsplit('/').next().is_some_and(|n| n.starts_with("manifest-"))) {
+        let bytes = runtime().block_on(e.backend("r").get(manifest)).unwrap().unwrap();
+        let parsed: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+        for segment in parsed["segments"].as_array().unwrap() {
+            let key = segment["key"].as_str().unwrap();
+            assert!(left.iter().any(|k| k == key), "`{manifest}` names `{key}`, which the sweep deleted");
+        }
+    }
+}

@@ -204,9 +204,19 @@ pub async fn sweep(ctx: &Arc<Context>, dry_run: bool) -> Result<SweepReport> {
         }
         listings.push((backend, listed, *scratch));
     }
+    // Manifests before everything else, as an expiry deletes: a sweep cut off between its
+    // deletes (a failed call, the per-run limit, a crash) then leaves segments no manifest
+    // names, never a manifest whose segment is gone, which a data directory rebuilt later
+    // would find on the target and take for a damaged archive. (A local directory lists in no
+    // particular order.)
+    let mut objects: Vec<(Arc<dyn ArchiveBackend>, ObjectInfo, bool)> = listings
+        .into_iter()
+        .flat_map(|(backend, listed, scratch)| listed.into_iter().map(move |o| (backend.clone(), o, scratch)))
+        .collect();
+    objects.sort_by_key(|(_, object, _)| keys::origin(&object.key).is_none_or(|o| o.generation.is_none()));
     let mut seen: HashSet<(String, String)> = HashSet::new();
-    for (backend, listed, scratch) in listings {
-        for object in listed {
+    for (backend, object, scratch) in objects {
+        {
             if object.key.ends_with(super::catalog::CATALOG_FILE) || keys::in_delta_log(&object.key) {
                 continue; // derived, rewritten by every pass that changes archives
             }
