@@ -142,9 +142,10 @@ pub(crate) struct PassMemory {
     #[cfg(feature = "delta")]
     pub delta_in_sync: std::sync::Mutex<std::collections::HashSet<String>>,
     /// One Delta sync at a time per table: two at once would each see a file missing and both
-    /// add it.
+    /// add it. The lock holds what the table's syncs keep between them (`archive::delta`'s
+    /// index of this installation's files, which this layer does not know the type of).
     #[cfg(feature = "delta")]
-    pub delta_locks: std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    pub delta_locks: std::sync::Mutex<HashMap<String, DeltaSyncLock>>,
     /// What the Delta logs have caught up with (`DeltaCoverage`).
     #[cfg(feature = "delta")]
     pub delta_coverage: std::sync::Mutex<DeltaCoverage>,
@@ -161,6 +162,10 @@ pub(crate) struct PassMemory {
     /// and estimates when the plan queue is empty (`ops::status`).
     pub planning: std::sync::Mutex<Planning>,
 }
+
+/// A table's Delta sync lock, holding what its syncs keep between them.
+#[cfg(feature = "delta")]
+pub(crate) type DeltaSyncLock = Arc<tokio::sync::Mutex<Option<Box<dyn std::any::Any + Send>>>>;
 
 /// What the previous pass of this life did, as far as planning cares.
 #[derive(Debug, Default, Clone, Copy)]

@@ -256,6 +256,37 @@ fn three_engines_share_one_delta_table_on_a_local_directory() {
     fleet_archive(Fleet::open(policy(&target), uri, Vec::new(), Some(dir.path().to_path_buf())));
 }
 
+/// A running engine's Delta sync reads the buckets whose publication changed since its last
+/// sync, not every manifest the table ever recorded: its first sync reads every archived
+/// bucket, each later one only what the pass before it published, expired or replaced (and a
+/// debug build checks each update against a whole reading).
+#[test]
+fn a_running_engines_delta_sync_reads_only_the_buckets_whose_publication_changed() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = format!("[[target]]\nname = \"cold\"\nurl = \"file://{}\"\n", dir.path().display());
+    let te = TestEngine::new(&policy(&target), "2024-01-15T00:00:00Z");
+    // Three passes (plan, archive, clean up): the buckets they archived and the Delta syncs read.
+    let passes = || {
+        (0..3).fold((0, 0), |(archived, read), _| {
+            let report = te.pass();
+            assert!(report.errors.is_empty(), "{report:?}");
+            (archived + report.archived, read + report.delta_buckets_read)
+        })
+    };
+    te.engine.append("events", records("2024-01-01T00:00:00Z", 10, 6)).unwrap();
+    assert_eq!(passes(), (30, 30), "the first sync of a process reads every bucket");
+    // One more day: its three buckets are all the next sync reads.
+    te.engine.append("events", records("2024-01-12T00:00:00Z", 1, 6)).unwrap();
+    assert_eq!(passes(), (3, 3), "only the day's three new buckets are read");
+    // A late record replaces one bucket's generation: that bucket is read again, no other.
+    let mut late = records("2024-01-03T00:00:00Z", 1, 1);
+    late[0].sort_key = b"late".to_vec();
+    te.engine.append("events", late).unwrap();
+    te.clock.advance(3_600_000_000); // past the late grace
+    assert_eq!(passes(), (1, 1), "only the bucket that took the late record is read");
+    assert_eq!(te.engine.store().buckets("events", None).unwrap().len(), 33);
+}
+
 /// What the Python readers need to reach `server` (moto).
 fn reader_env(server: &Server) -> Vec<(String, String)> {
     vec![
@@ -930,8 +961,11 @@ fn encode_paths_as_before_the_fix(table_dir: &Path) {
 fn a_log_with_doubly_encoded_paths_is_repaired_by_the_next_sync() {
     let dir = tempfile::tempdir().unwrap();
     let table_dir = dir.path().join("delta/events");
-    let fleet = odd_keys_fleet(dir.path());
+    let mut fleet = odd_keys_fleet(dir.path());
     encode_paths_as_before_the_fix(&table_dir);
+    // The log is one an earlier build wrote: the engine of this build starts on it.
+    let restarted = fleet.engines.remove(0).restart().unwrap();
+    fleet.engines.insert(0, restarted);
     let bad = live_files(&table_dir);
     let needing_encoding = bad.keys().filter(|p| p.contains('%')).count();
     assert!(needing_encoding < bad.len(), "some paths need no encoding, and stay as they are");

@@ -33,6 +33,7 @@ mod append;
 mod archive;
 mod data;
 mod delta;
+mod delta_sync;
 mod edge;
 mod erase;
 mod footprint;
@@ -77,6 +78,11 @@ const SCENARIOS: &[Scenario] = &[
         name: "append",
         about: "append throughput through Engine::append and `frostline ingest` against plain redb inserts of the same records with the same durability, and with the WASM strategy against the same strategy in native Rust",
         run: append::append,
+    },
+    Scenario {
+        name: "delta-sync",
+        about: "a running engine's Delta sync after one new publication on a table of 5,000 archived buckets against one of 200, and against the first sync of a process (which reads every manifest)",
+        run: delta_sync::delta_sync,
     },
     Scenario {
         name: "delta",

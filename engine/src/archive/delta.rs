@@ -3,11 +3,13 @@
 //! and delta-rs read without frostline.
 //!
 //! The log is derived, like the catalog: frostline's manifests stay the source of truth, and
-//! [`sync`] makes this installation's files in the log match them. It lists the files of
-//! every published bucket of the table (on the target the log lives on) and the files the
-//! log's newest version holds below `installation=<this installation>/`, then commits remove
-//! actions for what is no longer published and add actions (with partition values and
-//! statistics) for what is. Other installations' files are never touched (except those of
+//! [`sync`] makes this installation's files in the log match them. It takes the files of every
+//! published bucket of the table (on the target the log lives on) from an index it keeps
+//! between syncs (`FileIndex`: made whole from every manifest by a process's first sync, then
+//! updated from the buckets whose publication changed, so a sync reads what changed, not the
+//! table's history), compares them with the files the log's newest version holds that this
+//! installation answers for, then commits remove actions for what is no longer published and
+//! add actions (with partition values and statistics) for what is. Other installations' files are never touched (except those of
 //! archives it adopted from a lost installation, which it now answers for), so several engines
 //! can share one table: their commits race through the store's conditional create, and a
 //! commit that lost the race, or whose outcome is unknown, is not retried blindly; the log is
@@ -71,6 +73,10 @@ pub struct DeltaSync {
     /// Files whose entry, written with the path encoding of earlier builds, was replaced by
     /// one with the right path (module documentation).
     pub repaired: usize,
+    /// Buckets whose manifests the sync read from the store: every one the table ever
+    /// archived when it made its index whole, else only those whose publication changed since
+    /// the last sync (`FileIndex`).
+    pub buckets_read: usize,
     /// The log's version after the sync.
     pub version: u64,
     /// Whether this sync wrote the table's first version.
@@ -92,8 +98,8 @@ pub async fn sync_if_needed(ctx: &Arc<Context>, table: &Arc<TablePolicy>, change
 }
 
 /// One sync at a time per table of this installation: two at once would each see a file
-/// missing and both add it.
-fn sync_lock(ctx: &Context, table: &TablePolicy) -> Arc<tokio::sync::Mutex<()>> {
+/// missing and both add it. The lock holds the table's `FileIndex` between syncs.
+fn sync_lock(ctx: &Context, table: &TablePolicy) -> crate::engine::DeltaSyncLock {
     let mut locks = ctx.memory().delta_locks.lock().expect("delta sync locks");
     locks.entry(table.id.clone()).or_default().clone()
 }
@@ -103,11 +109,31 @@ fn sync_lock(ctx: &Context, table: &TablePolicy) -> Arc<tokio::sync::Mutex<()>> 
 /// sync, and the next one starts again from what the log holds.
 pub async fn sync(ctx: &Arc<Context>, table: &Arc<TablePolicy>) -> Result<DeltaSync> {
     let lock = sync_lock(ctx, table);
-    let _serialized = lock.lock().await;
+    let mut kept = lock.lock().await;
     ctx.memory().delta_in_sync.lock().expect("delta sync state").remove(&table.id);
     // Every ticket taken so far is of a bucket that is unpublished in what the sync reads next.
     let issued = ctx.memory().delta_coverage.lock().expect("delta coverage").last_ticket;
-    let result = sync_serialized(ctx, table).await;
+    let KeptSync { index, mut log } =
+        kept.take().and_then(|k| k.downcast::<KeptSync>().ok()).map_or_else(KeptSync::default, |k| *k);
+    let result = match file_index(ctx, table, index).await {
+        Ok(index) => {
+            if log.is_some() && index.updates == 0 {
+                log = None; // a whole index: the log is read whole too
+            }
+            let result = sync_serialized(ctx, table, &index, &mut log).await;
+            // Kept only after a sync that succeeded: a failed one reads everything again.
+            if result.is_ok() {
+                let (store, id, through) = (ctx.store.clone(), table.id.clone(), index.changes_read);
+                *kept = Some(Box::new(KeptSync { index: Some(index), log }));
+                // What the index has taken in is dropped from the store's list of changes.
+                if let Err(e) = blocking(move || store.drop_publication_changes(&id, through)).await {
+                    tracing::warn!(table = %table.id, error = %e, "cannot drop the publication changes a Delta sync read");
+                }
+            }
+            result
+        }
+        Err(e) => Err(e),
+    };
     if result.is_ok() {
         ctx.memory().delta_in_sync.lock().expect("delta sync state").insert(table.id.clone());
         let mut coverage = ctx.memory().delta_coverage.lock().expect("delta coverage");
@@ -216,12 +242,36 @@ async fn record(ctx: &Arc<Context>, table: &TablePolicy, result: &Result<DeltaSy
     .await
 }
 
-async fn sync_serialized(ctx: &Arc<Context>, table: &Arc<TablePolicy>) -> Result<DeltaSync> {
+/// What a table's syncs keep between them: this installation's files (`FileIndex`) and the
+/// log as the last sync left it, which the next one brings up to date by reading only the
+/// commits made since (delta-rs's `update_state`), not the whole log.
+#[derive(Default)]
+struct KeptSync {
+    index: Option<FileIndex>,
+    log: Option<KeptLog>,
+}
+
+/// The log as a sync left it, with the bytes of its first commit: a log deleted and written
+/// anew (lost and rebuilt, by this engine or another) starts with another first commit (its
+/// table id is new), so the kept state is read whole again instead of brought up to date.
+struct KeptLog {
+    table: DeltaTable,
+    first_commit: bytes::Bytes,
+}
+
+/// `kept_log`: the log as the last sync of this process left it (read whole when `None`);
+/// left as this sync leaves it when it succeeds, `None` when it fails.
+async fn sync_serialized(
+    ctx: &Arc<Context>,
+    table: &Arc<TablePolicy>,
+    index: &FileIndex,
+    kept_log: &mut Option<KeptLog>,
+) -> Result<DeltaSync> {
     let store = table.backend.object_store().ok_or_else(|| {
         Error::InvalidInput(format!("table `{}`: its target is not an object store; it has no Delta log", table.id))
     })?;
     let root = keys::delta_table_root(&table.id);
-    let (wanted, known) = published_files(ctx, table, &root).await?;
+    let (wanted, known) = (&index.wanted, &index.known);
     let known_misencoded: BTreeSet<String> = known.keys().map(|path| doubly_encoded(path)).collect();
     // The buckets that have a published file: a file of theirs that the log lists and that is
     // no longer wanted belongs to a generation a newer one replaced (late records).
@@ -229,13 +279,34 @@ async fn sync_serialized(ctx: &Arc<Context>, table: &Arc<TablePolicy>) -> Result
         wanted.values().map(|f| (f.partition_key.as_str(), f.bucket_key.as_str())).collect();
     let log_store = log_store(store, table.backend.local_dir(), &root)?;
     let created = create_if_absent(&log_store, &table.id, ctx.clock.now()).await?;
-    let mut report = DeltaSync { table: table.id.clone(), created, ..Default::default() };
+    let mut report =
+        DeltaSync { table: table.id.clone(), created, buckets_read: index.buckets_read, ..Default::default() };
     let app_id = format!("frostline-{}", ctx.installation_id);
     let mut attempt = 0;
+    // Only the commits since the last sync are read; a log written anew since, or one that
+    // cannot be brought up to date, is read whole.
+    let first_commit =
+        log_store.read_commit_entry(0).await.map_err(|e| unavailable(&table.id, "cannot read its Delta log", e))?;
+    let mut updated = None;
+    if let Some(KeptLog { table: mut delta, first_commit: kept_first }) = kept_log.take()
+        && first_commit.as_ref() == Some(&kept_first)
+        && delta.update_state().await.is_ok()
+    {
+        updated = Some(delta);
+    }
+    let mut delta = match updated {
+        Some(delta) => delta,
+        None => {
+            let mut delta = DeltaTable::new(log_store.clone());
+            delta.load().await.map_err(|e| unavailable(&table.id, "cannot read its Delta log", e))?;
+            delta
+        }
+    };
     loop {
         attempt += 1;
-        let mut delta = DeltaTable::new(log_store.clone());
-        delta.load().await.map_err(|e| unavailable(&table.id, "cannot read its Delta log", e))?;
+        if attempt > 1 {
+            delta.update_state().await.map_err(|e| unavailable(&table.id, "cannot read its Delta log", e))?;
+        }
         let state = delta.snapshot().map_err(|e| unavailable(&table.id, "cannot read its Delta log", e))?;
         let present: BTreeMap<String, i64> = state
             .log_data()
@@ -298,6 +369,7 @@ async fn sync_serialized(ctx: &Arc<Context>, table: &Arc<TablePolicy>) -> Result
         }
         if repairs.is_empty() && removes.is_empty() && adds.is_empty() && rewrites.is_empty() {
             report.version = delta.version().unwrap_or(0);
+            *kept_log = first_commit.map(|first_commit| KeptLog { table: delta, first_commit });
             return Ok(report);
         }
         let last = state
@@ -358,7 +430,10 @@ async fn sync_serialized(ctx: &Arc<Context>, table: &Arc<TablePolicy>) -> Result
             delta.update_state().await.map_err(|e| unavailable(&table.id, "cannot read its Delta log", e))?;
         }
         match outcome {
-            Ok(()) => return Ok(report),
+            Ok(()) => {
+                *kept_log = first_commit.map(|first_commit| KeptLog { table: delta, first_commit });
+                return Ok(report);
+            }
             Err(e) if attempt < DELTA_COMMIT_ATTEMPTS_MAX => {
                 tracing::debug!(table = %table.id, attempt, error = %e, "Delta commit lost a race; reading the log again");
                 let pause = 10 * u64::from(attempt) + ctx.random_u64() % 20;
@@ -374,6 +449,7 @@ fn unavailable(table: &str, what: &str, error: impl std::fmt::Display) -> Error 
 }
 
 /// One file of a published bucket, as the log should hold it.
+#[derive(Debug, Clone, PartialEq)]
 struct PublishedFile {
     segment: SegmentInfo,
     installation: String,
@@ -386,56 +462,148 @@ struct PublishedFile {
 /// root: the partition key and bucket key it holds rows of.
 type KnownFiles = BTreeMap<String, (String, String)>;
 
-/// The published segments of `table` below the Delta root on the table's current target, by
-/// path relative to the root; and every file this installation answers for in the log: the
-/// segments of every manifest its database ever recorded there (published, adopted from a
-/// lost installation, or since expired), whose entries it removes once they are no longer
-/// published. Nothing else in the log is its own, not even a file below its own installation's
-/// folder that a copy of its data directory wrote (ARCHITECTURE.md, "The ownership rule").
-async fn published_files(
-    ctx: &Arc<Context>,
-    table: &Arc<TablePolicy>,
-    root: &str,
-) -> Result<(BTreeMap<String, PublishedFile>, KnownFiles)> {
-    let (store, id, target) = (ctx.store.clone(), table.id.clone(), table.backend.target().to_string());
-    let root = root.to_string();
-    blocking(move || {
-        let mut known = BTreeMap::new();
-        store.snapshot()?.visit_manifests(|manifest| {
-            if manifest.table == id && manifest.target == target {
-                for path in manifest.segments.iter().filter_map(|s| s.key.strip_prefix(root.as_str())) {
-                    known.insert(path.to_string(), (manifest.partition_key.clone(), manifest.bucket.key.clone()));
-                }
+/// This installation's files of a table's log as its store has them (`file_index`): the
+/// published segments of `table` below the Delta root on the table's current target, by path
+/// relative to the root (`wanted`); and every file this installation answers for in the log
+/// (`known`): the segments of every manifest its database ever recorded there (published,
+/// adopted from a lost installation, or since expired), whose entries it removes once they are
+/// no longer published. Nothing else in the log is its own, not even a file below its own
+/// installation's folder that a copy of its data directory wrote (ARCHITECTURE.md, "The
+/// ownership rule").
+///
+/// Made whole by a process's first sync (and every `FULL_INDEX_EVERY` syncs, and after a
+/// failed one), from every manifest of the store; then kept up to date from the store's list
+/// of the buckets whose publication changed (`Store::publication_changes`), so a sync reads
+/// what changed, not the table's history. A debug build checks every update against a whole
+/// reading.
+#[derive(Debug, Clone, PartialEq)]
+struct FileIndex {
+    target: String,
+    wanted: BTreeMap<String, PublishedFile>,
+    known: KnownFiles,
+    /// The paths each bucket put in `wanted` and `known`, so an update can take them out.
+    by_bucket: HashMap<BucketId, (Vec<String>, Vec<String>)>,
+    /// The last publication change taken in.
+    changes_read: u64,
+    /// Syncs since the index was made whole.
+    updates: u32,
+    /// Buckets read to make or update it, in the last `file_index`.
+    buckets_read: usize,
+}
+
+/// A kept index is made whole again after this many updates: a change that reached the store
+/// some other way than `record_step` is taken in within that many syncs.
+const FULL_INDEX_EVERY: u32 = 100;
+
+impl FileIndex {
+    fn new(target: String, changes_read: u64) -> FileIndex {
+        FileIndex {
+            target,
+            wanted: BTreeMap::new(),
+            known: BTreeMap::new(),
+            by_bucket: HashMap::new(),
+            changes_read,
+            updates: 0,
+            buckets_read: 0,
+        }
+    }
+
+    /// Puts bucket `id`'s files in, as its manifests say now (replacing what it had).
+    fn set_bucket(&mut self, root: &str, id: &BucketId, manifests: &[Manifest], published: Option<&Manifest>) {
+        if let Some((wanted, known)) = self.by_bucket.remove(id) {
+            for path in wanted {
+                self.wanted.remove(&path);
             }
-            Ok(())
-        })?;
-        let mut files = BTreeMap::new();
-        for (meta, manifest) in store.published(&id)? {
-            if manifest.target != target {
-                continue; // archived on another target, whose log is not this one
+            for path in known {
+                self.known.remove(&path);
             }
-            let Manifest { segments, partition_key, created_at, .. } = manifest;
-            for segment in segments {
-                let Some(relative) = segment.key.strip_prefix(&root) else { continue };
+        }
+        let (mut wanted, mut known) = (Vec::new(), Vec::new());
+        for manifest in manifests.iter().filter(|m| m.target == self.target) {
+            for path in manifest.segments.iter().filter_map(|s| s.key.strip_prefix(root)) {
+                self.known.insert(path.to_string(), (manifest.partition_key.clone(), manifest.bucket.key.clone()));
+                known.push(path.to_string());
+            }
+        }
+        // Archived on another target, whose log is not this one: nothing of it is wanted here.
+        if let Some(manifest) = published.filter(|m| m.target == self.target) {
+            for segment in &manifest.segments {
+                let Some(relative) = segment.key.strip_prefix(root) else { continue };
                 let Some(writer) = relative.strip_prefix("installation=").and_then(|r| r.split('/').next()) else {
                     continue;
                 };
-                files.insert(
+                self.wanted.insert(
                     relative.to_string(),
                     PublishedFile {
                         // Installation ids are hex digits: their folder names are the ids.
                         installation: writer.to_string(),
-                        bucket_key: meta.id.bucket_key.clone(),
-                        partition_key: partition_key.clone(),
-                        created_at,
-                        segment,
+                        bucket_key: id.bucket_key.clone(),
+                        partition_key: manifest.partition_key.clone(),
+                        created_at: manifest.created_at,
+                        segment: segment.clone(),
                     },
                 );
+                wanted.push(relative.to_string());
             }
         }
-        Ok((files, known))
+        if !wanted.is_empty() || !known.is_empty() {
+            self.by_bucket.insert(id.clone(), (wanted, known));
+        }
+    }
+}
+
+/// The table's `FileIndex`: `kept` brought up to date, or a whole one when there is none (or it
+/// is of another target, or due to be made whole again).
+async fn file_index(ctx: &Arc<Context>, table: &Arc<TablePolicy>, kept: Option<FileIndex>) -> Result<FileIndex> {
+    let (store, id, target) = (ctx.store.clone(), table.id.clone(), table.backend.target().to_string());
+    let root = keys::delta_table_root(&table.id);
+    blocking(move || {
+        let kept = kept.filter(|index| index.target == target && index.updates < FULL_INDEX_EVERY);
+        let Some(mut index) = kept else { return whole_index(&store, &id, &target, &root) };
+        let (changed, through) = store.publication_changes(&id, index.changes_read)?;
+        for (bucket, recorded) in &changed {
+            index.set_bucket(&root, bucket, &recorded.manifests, recorded.published());
+        }
+        index.changes_read = through;
+        index.updates += 1;
+        index.buckets_read = changed.len();
+        if cfg!(debug_assertions) {
+            let whole = whole_index(&store, &id, &target, &root)?;
+            if (&whole.wanted, &whole.known) != (&index.wanted, &index.known) {
+                return Err(Error::Internal(format!(
+                    "table `{id}`: the Delta sync's index, kept up to date from {} changed buckets, differs from one                      made from every manifest: {} and {} wanted files, {} and {} known",
+                    changed.len(),
+                    index.wanted.len(),
+                    whole.wanted.len(),
+                    index.known.len(),
+                    whole.known.len()
+                )));
+            }
+        }
+        Ok(index)
     })
     .await
+}
+
+/// A `FileIndex` made from every manifest of the store. The changes are counted first, so a
+/// change made while it reads is read again by the next update (which is harmless: an update
+/// puts a bucket's files in as they are).
+fn whole_index(store: &crate::store::Store, id: &str, target: &str, root: &str) -> Result<FileIndex> {
+    let mut index = FileIndex::new(target.to_string(), store.publication_changes_seq()?);
+    let mut manifests: BTreeMap<BucketId, Vec<Manifest>> = BTreeMap::new();
+    store.snapshot()?.visit_table_manifests(id, |bucket, manifest| {
+        manifests.entry(bucket).or_default().push(manifest);
+        Ok(())
+    })?;
+    let published: HashMap<BucketId, Manifest> =
+        store.published(id)?.into_iter().map(|(meta, manifest)| (meta.id, manifest)).collect();
+    let buckets: BTreeSet<&BucketId> = manifests.keys().chain(published.keys()).collect();
+    index.buckets_read = buckets.len();
+    for bucket in buckets {
+        let recorded = manifests.get(bucket).map(Vec::as_slice).unwrap_or_default();
+        index.set_bucket(root, bucket, recorded, published.get(bucket));
+    }
+    Ok(index)
 }
 
 /// A log store over the target's own object store (the same client, credentials and limits

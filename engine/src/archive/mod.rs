@@ -127,11 +127,24 @@ pub async fn run_pass(ctx: &Arc<Context>, owner: &str) -> Result<PassReport> {
         lap.lap();
         let changed = report.archived + report.expired + awaiting_log.len() as u64 > 0;
         for table in ctx.policies.clone().tables.values() {
-            if let Some(Err(e)) = delta::sync_if_needed(ctx, table, changed).await {
-                report.error(PassErrorKind::DeltaLog, format!("Delta log of `{}`: {e}", table.id));
+            match delta::sync_if_needed(ctx, table, changed).await {
+                Some(Ok(sync)) => report.delta_buckets_read += sync.buckets_read as u64,
+                Some(Err(e)) => report.error(PassErrorKind::DeltaLog, format!("Delta log of `{}`: {e}", table.id)),
+                None => {}
             }
         }
         report.seconds.add(Phase::DeltaLog, lap.lap());
+    }
+    // The store lists the buckets whose publication changed for the Delta syncs; a table
+    // without a log has nobody to read its list.
+    let read_by_syncs: std::collections::BTreeSet<String> = if cfg!(feature = "delta") {
+        ctx.policies.tables.values().filter(|t| t.delta_log()).map(|t| t.id.clone()).collect()
+    } else {
+        Default::default()
+    };
+    let store = ctx.store.clone();
+    if let Err(e) = blocking(move || store.drop_unread_publication_changes(&read_by_syncs)).await {
+        report.error(PassErrorKind::DeltaLog, format!("publication changes: {e}"));
     }
     // The expiries that waited for the sync above delete their objects now (a failed sync
     // leaves them waiting for the next pass's).

@@ -27,6 +27,10 @@ pub struct PassReport {
     /// Buckets whose part of an erasure request was finished (hot rows deleted, or the
     /// replaced generations deleted and proved absent).
     pub erasure_buckets_done: u64,
+    /// Buckets whose manifests the pass's Delta syncs read from the store (`delta::DeltaSync`):
+    /// those whose publication changed, or every one a table ever archived when a sync made
+    /// its index whole.
+    pub delta_buckets_read: u64,
     /// Every error the pass met and went on from, with its cause (`PassReport::error`).
     pub errors: Vec<String>,
     /// How many of `errors` there were of each kind (`PassErrorKind`), for the metrics.

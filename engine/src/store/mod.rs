@@ -31,6 +31,7 @@ mod keys;
 mod outbox;
 mod ownership;
 mod protocol;
+mod publications;
 mod reads;
 mod recovery;
 pub mod schema;
@@ -43,13 +44,14 @@ pub use self::expiry::TOMBSTONE_PURGE_RETRY_US;
 use self::holds::all_holds;
 pub use self::holds::{HoldPlacement, PolicyHoldSync};
 pub use self::protocol::{CleanupSlice, PlanOutcome};
+pub use self::publications::BucketManifests;
 pub use self::reads::Snapshot;
 pub use self::recovery::{RECOVERY_PROBE_BYTES, RECOVERY_WAIT_MS_MAX};
 use self::schema::{
     BUCKETS, BUCKETS_BY_END, BUCKETS_BY_TIME, BucketId, BucketMeta, DELIVERIES, DUE, EPOCHS, ERASURES, HOLDS, INTENTS,
-    MANIFESTS, META, META_INSTALLATION_ID, META_SCHEMA_VERSION, OUTBOX, PLAN_QUEUE, PlanClass, RELEASED,
-    SCHEMA_VERSION, TABLES, TOMBSTONES, TableState, Tombstone, by_end_key, by_time_key, decode_value, due_key,
-    encode_value, plan_queue_key,
+    MANIFESTS, META, META_INSTALLATION_ID, META_PUBLICATION_CHANGES_SEQ, META_SCHEMA_VERSION, OUTBOX, PLAN_QUEUE,
+    PUBLICATION_CHANGES, PlanClass, RELEASED, SCHEMA_VERSION, TABLES, TOMBSTONES, TableState, Tombstone, by_end_key,
+    by_time_key, decode_value, due_key, encode_value, plan_queue_key,
 };
 pub use self::writer::GROUP_COMMIT_REQUESTS_MAX;
 use self::writer::{Poison, TxnFn, WriteRequest, writer_loop};
@@ -273,6 +275,7 @@ fn init_schema(db: &Database) -> Result<()> {
         txn.open_table(EPOCHS)?;
         txn.open_table(RELEASED)?;
         txn.open_table(ERASURES)?;
+        txn.open_table(PUBLICATION_CHANGES)?;
     }
     erasure::index_open_requests(&txn)?;
     txn.commit()?;
@@ -334,6 +337,7 @@ fn record_step_with(
 ) -> Result<()> {
     let transition = lifecycle::apply(&inputs.view(meta, now), step, now)
         .map_err(|why| Error::Internal(format!("bucket {}: {step:?} refused: {why}", meta.id)))?;
+    let published_before = meta.has_published_archive();
     if transition.state != meta.state {
         meta.state = transition.state;
         meta.state_since = now;
@@ -362,7 +366,33 @@ fn record_step_with(
     if transition.needs_plan {
         queue_for_plan(txn, meta)?;
     }
+    // A publication or an adoption records a manifest; an expiry begun, finished or called off
+    // changes whether the bucket's archive is published.
+    if matches!(step, Step::Publish | Step::Adopt) || meta.has_published_archive() != published_before {
+        note_publication_change(txn, &meta.id)?;
+    }
     Ok(())
+}
+
+/// Appends bucket `id` to `PUBLICATION_CHANGES`. Only `record_step` calls it.
+fn note_publication_change(txn: &WriteTransaction, id: &BucketId) -> Result<()> {
+    let mut meta = txn.open_table(META)?;
+    let seq = meta
+        .get(META_PUBLICATION_CHANGES_SEQ)?
+        .and_then(|v| v.value().try_into().ok().map(u64::from_be_bytes))
+        .unwrap_or(0)
+        + 1;
+    meta.insert(META_PUBLICATION_CHANGES_SEQ, seq.to_be_bytes().as_slice())?;
+    txn.open_table(PUBLICATION_CHANGES)?
+        .insert(publication_change_key(&id.table, seq).as_slice(), id.encode().as_slice())?;
+    Ok(())
+}
+
+/// The key of a `PUBLICATION_CHANGES` entry: the table, then the sequence (in order).
+fn publication_change_key(table: &str, seq: u64) -> Vec<u8> {
+    let mut out = BucketId::table_prefix(table, None);
+    encoding::put_u64(&mut out, seq);
+    out
 }
 
 /// Moves the bucket's due-index entry to `due_at` (or removes it). Only `record_step` calls it.

@@ -466,6 +466,23 @@ impl Snapshot {
         Ok(())
     }
 
+    /// Every manifest recorded for a bucket of `table`, with the bucket's id, bucket by bucket
+    /// and oldest generation first.
+    pub fn visit_table_manifests(
+        &self,
+        table: &str,
+        mut visit: impl FnMut(BucketId, crate::format::manifest::Manifest) -> Result<()>,
+    ) -> Result<()> {
+        let t = self.txn.open_table(MANIFESTS)?;
+        let prefix = BucketId::table_prefix(table, None);
+        let end = encoding::prefix_end(&prefix);
+        for entry in t.range(prefix.as_slice()..end.as_slice())? {
+            let (k, v) = entry?;
+            visit(BucketId::decode(&mut encoding::Reader::new(k.value()))?, decode_value(v.value())?)?;
+        }
+        Ok(())
+    }
+
     pub fn intents(&self) -> Result<Vec<UploadIntent>> {
         let t = self.txn.open_table(INTENTS)?;
         let mut out = Vec::new();

@@ -87,6 +87,13 @@ pub const ERASURES: TableDefinition<&str, &[u8]> = TableDefinition::new("erasure
 /// The ids of the erasure requests not yet finished: a pass and every claim read the open
 /// requests, which would otherwise mean decoding every request ever placed.
 pub const OPEN_ERASURES: TableDefinition<&str, ()> = TableDefinition::new("open_erasures");
+/// Which buckets' publications changed, in the order they changed: `(table, sequence)` to
+/// the bucket's id, written by `record_step` in the transaction of the change (a publication,
+/// an adoption, an expiry begun, finished or called off). A running engine's Delta sync reads
+/// only what is new here (`archive::delta`), and drops what it has read.
+pub const PUBLICATION_CHANGES: TableDefinition<&[u8], &[u8]> = TableDefinition::new("publication_changes");
+/// The sequence of the last entry written to `PUBLICATION_CHANGES`.
+pub const META_PUBLICATION_CHANGES_SEQ: &str = "publication_changes_seq";
 /// Set once `OPEN_ERASURES` holds every open request (a data directory written before the
 /// index has it built when first opened).
 pub const META_OPEN_ERASURES_INDEXED: &str = "open_erasures_indexed";

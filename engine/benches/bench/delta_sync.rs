@@ -1,0 +1,161 @@
+//! Scenario delta-sync: what a Delta sync costs as the table's history grows.
+//!
+//! A running engine keeps an index of its files in the log between syncs and updates it from
+//! the buckets whose publication changed (`archive::delta`), so the sync after one new
+//! publication should cost nearly the same on a table of 5,000 archived buckets as on one of
+//! 200. Both tables are built the same way (one bucket per partition, two records each,
+//! archived to a local directory), then each timed round appends one record to a new bucket and
+//! runs passes until idle: the figure is the passes' `delta_log` phase (the sync, its log read
+//! and its commit). The first sync of a process makes the index from every manifest the table
+//! ever recorded: timed on the large table by reopening the engine before the round, the
+//! figure a sync cost before the index was kept.
+
+use std::sync::Arc;
+
+use anyhow::{Result, ensure};
+use frostline::archive::Phase;
+use frostline::clock::ManualClock;
+use frostline::engine::Engine;
+use frostline::model::Record;
+use frostline::model::time::MICROS_PER_DAY;
+
+use crate::data::{ARCHIVE_NOW_MICROS, DATASET_START_MICROS, Dirs, passes_until_idle, reading_body};
+use crate::harness::{Bench, Figure, Unit};
+
+const TABLE: &str = "events";
+const BUCKETS_SMALL: usize = 200;
+const BUCKETS_LARGE: usize = 5_000;
+/// The sync on the large table should cost at most twice the one on the small table.
+const SCALE_RATIO_MIN: f64 = 0.5;
+
+fn policy(dir: &std::path::Path) -> String {
+    format!(
+        "[[target]]\nname = \"cold\"\nurl = \"file://{}\"\n[[table]]\nid = \"{TABLE}\"\nformat = \"parquet\"\n\
+         target = \"cold\"\nstrategy = {{ plugin = \"builtin:calendar-day-utc\" }}\n\
+         retention = {{ plugin = \"builtin:eligible-before\", config = {{ archive_after = \"1s\" }} }}\n",
+        dir.display()
+    )
+}
+
+/// Two records in a bucket of its own (partition `name`, the data set's first day).
+fn bucket_records(name: &str) -> Vec<Record> {
+    (0..2)
+        .map(|i| Record {
+            partition_key: name.as_bytes().to_vec(),
+            event_time: DATASET_START_MICROS + i * 1_000_000,
+            sort_key: format!("{i}").into_bytes(),
+            tenant: None,
+            kind: None,
+            body: reading_body(name, i as usize, i as u64),
+        })
+        .collect()
+}
+
+struct Table {
+    dirs: Dirs,
+    _cold: tempfile::TempDir,
+    engine: Option<Arc<Engine>>,
+    added: usize,
+}
+
+impl Table {
+    fn build(runtime: &tokio::runtime::Runtime, buckets: usize) -> Result<Table> {
+        let cold = tempfile::tempdir()?;
+        let dirs = Dirs::new(&policy(cold.path()))?;
+        let mut table = Table { dirs, _cold: cold, engine: None, added: 0 };
+        let engine = table.open()?;
+        for chunk in (0..buckets).collect::<Vec<_>>().chunks(1_000) {
+            let records = chunk.iter().flat_map(|n| bucket_records(&format!("p{n:06}"))).collect();
+            engine.append(TABLE, records)?;
+        }
+        let report = runtime.block_on(passes_until_idle(&engine))?;
+        ensure!(report.archived as usize == buckets, "built {} of {buckets} archived buckets", report.archived);
+        Ok(table)
+    }
+
+    /// The engine, opened anew when `fresh` (a new process's first sync makes its index whole).
+    fn open(&mut self) -> Result<Arc<Engine>> {
+        self.engine = None;
+        let engine = Engine::open(
+            &self.dirs.data(),
+            &self.dirs.policies(),
+            frostline::settings::Settings::default(),
+            ManualClock::new(ARCHIVE_NOW_MICROS + MICROS_PER_DAY),
+        )?;
+        self.engine = Some(engine.clone());
+        Ok(engine)
+    }
+
+    /// One new bucket archived; the milliseconds its passes spent syncing the Delta log.
+    fn one_publication(&mut self, runtime: &tokio::runtime::Runtime, fresh: bool) -> Result<f64> {
+        let engine = match (&self.engine, fresh) {
+            (Some(engine), false) => engine.clone(),
+            _ => self.open()?,
+        };
+        self.added += 1;
+        engine.append(TABLE, bucket_records(&format!("new{:06}", self.added)))?;
+        let report = runtime.block_on(passes_until_idle(&engine))?;
+        ensure!(report.archived == 1 && report.errors.is_empty(), "one new bucket archived: {report:?}");
+        Ok(report.seconds.get(Phase::DeltaLog) * 1_000.0)
+    }
+}
+
+pub fn delta_sync(bench: &mut Bench) -> Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let mut small = Table::build(&runtime, BUCKETS_SMALL)?;
+    let mut large = Table::build(&runtime, BUCKETS_LARGE)?;
+    // One untimed round each: the first sync of the builds' processes is behind them, and the
+    // log's newest checkpoint is written.
+    small.one_publication(&runtime, false)?;
+    large.one_publication(&runtime, false)?;
+    let (mut small_ms, mut large_ms, mut whole_ms) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 0..bench.options.repeats {
+        // Alternate which goes first, so leftover disk work from one lands on both alike.
+        if round % 2 == 0 {
+            small_ms.push(small.one_publication(&runtime, false)?);
+            large_ms.push(large.one_publication(&runtime, false)?);
+        } else {
+            large_ms.push(large.one_publication(&runtime, false)?);
+            small_ms.push(small.one_publication(&runtime, false)?);
+        }
+        whole_ms.push(large.one_publication(&runtime, true)?);
+    }
+    let small_figure = Figure::new(
+        bench.scenario,
+        format!("Delta sync of a running engine after one publication, {BUCKETS_SMALL} archived buckets"),
+        Unit::Millis,
+        small_ms,
+        1,
+    );
+    let whole_figure = Figure::new(
+        bench.scenario,
+        format!(
+            "the first Delta sync of a process after one publication, {BUCKETS_LARGE} archived buckets (every manifest read)"
+        ),
+        Unit::Millis,
+        whole_ms,
+        1,
+    );
+    let large_figure = Figure::new(
+        bench.scenario,
+        format!("Delta sync of a running engine after one publication, {BUCKETS_LARGE} archived buckets"),
+        Unit::Millis,
+        large_ms,
+        1,
+    )
+    .against(&small_figure)
+    .with_target(SCALE_RATIO_MIN, "a sync on 5,000 archived buckets costs at most twice one on 200");
+    let kept_against_whole = Figure::new(
+        bench.scenario,
+        format!("Delta sync of a running engine after one publication, {BUCKETS_LARGE} archived buckets (against the first sync of a process)"),
+        Unit::Millis,
+        large_figure.samples.clone(),
+        1,
+    )
+    .against(&whole_figure);
+    bench.push(small_figure);
+    bench.push(large_figure);
+    bench.push(whole_figure);
+    bench.push(kept_against_whole);
+    Ok(())
+}

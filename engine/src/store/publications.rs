@@ -1,0 +1,112 @@
+//! What a running engine's Delta sync reads instead of every manifest ever recorded: the
+//! buckets whose publication changed since it last looked (`PUBLICATION_CHANGES`, written by
+//! `record_step`), and each such bucket's manifests, so a sync costs what changed, not the
+//! table's history (`archive::delta`).
+
+use redb::ReadableTable;
+
+use crate::error::Result;
+use crate::format::manifest::Manifest;
+
+use super::Store;
+use super::encoding::Reader;
+use super::keys::generation_key;
+use super::schema::{
+    BUCKETS, BucketId, BucketMeta, MANIFESTS, META, META_PUBLICATION_CHANGES_SEQ, PUBLICATION_CHANGES,
+};
+use super::{decode_value, publication_change_key};
+
+/// One bucket as the Delta sync needs it: every manifest recorded for it (oldest generation
+/// first), and whether its newest is published.
+#[derive(Debug, Clone)]
+pub struct BucketManifests {
+    pub meta: Option<BucketMeta>,
+    pub manifests: Vec<Manifest>,
+}
+
+impl BucketManifests {
+    /// The published manifest: the newest recorded, while the bucket has a published archive.
+    pub fn published(&self) -> Option<&Manifest> {
+        self.meta.as_ref().filter(|m| m.has_published_archive()).and(self.manifests.last())
+    }
+}
+
+impl Store {
+    /// The sequence of the last publication change written (0: none yet).
+    pub fn publication_changes_seq(&self) -> Result<u64> {
+        let txn = self.read()?;
+        let meta = txn.open_table(META)?;
+        Ok(meta
+            .get(META_PUBLICATION_CHANGES_SEQ)?
+            .and_then(|v| v.value().try_into().ok().map(u64::from_be_bytes))
+            .unwrap_or(0))
+    }
+
+    /// The buckets of `table` whose publication changed after sequence `after`, each with its
+    /// manifests, all read from one snapshot; and the sequence they run to (`after` if none).
+    pub fn publication_changes(&self, table: &str, after: u64) -> Result<(Vec<(BucketId, BucketManifests)>, u64)> {
+        let txn = self.read()?;
+        let changes = txn.open_table(PUBLICATION_CHANGES)?;
+        let (start, end) =
+            (publication_change_key(table, after.saturating_add(1)), publication_change_key(table, u64::MAX));
+        let mut ids = std::collections::BTreeSet::new();
+        let mut last = after;
+        for entry in changes.range(start.as_slice()..=end.as_slice())? {
+            let (key, value) = entry?;
+            let mut reader = Reader::new(key.value());
+            reader.bytes()?;
+            last = reader.u64()?;
+            ids.insert(BucketId::decode(&mut Reader::new(value.value()))?);
+        }
+        let (buckets, manifests) = (txn.open_table(BUCKETS)?, txn.open_table(MANIFESTS)?);
+        let mut out = Vec::with_capacity(ids.len());
+        for id in ids {
+            let meta: Option<BucketMeta> =
+                buckets.get(id.encode().as_slice())?.map(|v| decode_value(v.value())).transpose()?;
+            let (from, to) = (generation_key(&id, 0), generation_key(&id, u64::MAX));
+            let mut recorded = Vec::new();
+            for entry in manifests.range(from.as_slice()..=to.as_slice())? {
+                recorded.push(decode_value(entry?.1.value())?);
+            }
+            out.push((id, BucketManifests { meta, manifests: recorded }));
+        }
+        Ok((out, last))
+    }
+
+    /// Drops the publication changes of `table` up to sequence `through`: a sync has read them.
+    pub fn drop_publication_changes(&self, table: &str, through: u64) -> Result<()> {
+        let (start, end) = (publication_change_key(table, 0), publication_change_key(table, through));
+        self.write(move |txn| {
+            let mut changes = txn.open_table(PUBLICATION_CHANGES)?;
+            changes.retain_in(start.as_slice()..=end.as_slice(), |_, _| false)?;
+            Ok(())
+        })
+    }
+
+    /// Drops the publication changes of every table but those in `keep` (the tables whose
+    /// Delta syncs read them): nobody reads the others. Writes only when there is something
+    /// to drop.
+    pub fn drop_unread_publication_changes(&self, keep: &std::collections::BTreeSet<String>) -> Result<()> {
+        let unread = |txn: &redb::ReadTransaction| -> Result<bool> {
+            let changes = txn.open_table(PUBLICATION_CHANGES)?;
+            for entry in changes.iter()? {
+                let (key, _) = entry?;
+                let table = Reader::new(key.value()).bytes()?;
+                if !keep.contains(String::from_utf8_lossy(&table).as_ref()) {
+                    return Ok(true);
+                }
+            }
+            Ok(false)
+        };
+        if !unread(&self.read()?)? {
+            return Ok(());
+        }
+        let keep = keep.clone();
+        self.write(move |txn| {
+            txn.open_table(PUBLICATION_CHANGES)?.retain(|key, _| {
+                Reader::new(key).bytes().is_ok_and(|table| keep.contains(String::from_utf8_lossy(&table).as_ref()))
+            })?;
+            Ok(())
+        })
+    }
+}
