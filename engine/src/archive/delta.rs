@@ -251,12 +251,15 @@ struct KeptSync {
     log: Option<KeptLog>,
 }
 
-/// The log as a sync left it, with the bytes of its first commit: a log deleted and written
-/// anew (lost and rebuilt, by this engine or another) starts with another first commit (its
-/// table id is new), so the kept state is read whole again instead of brought up to date.
+/// The log as a sync left it: where it lives, its version then, and the bytes of that version's
+/// commit. The next sync brings it up to date only when the log at the same place still holds
+/// that commit: a log deleted and written anew, rolled back, or moved with its target (the same
+/// name, another URL) is read whole instead.
 struct KeptLog {
     table: DeltaTable,
-    first_commit: bytes::Bytes,
+    location: String,
+    version: u64,
+    commit: bytes::Bytes,
 }
 
 /// `kept_log`: the log as the last sync of this process left it (read whole when `None`);
@@ -283,13 +286,13 @@ async fn sync_serialized(
         DeltaSync { table: table.id.clone(), created, buckets_read: index.buckets_read, ..Default::default() };
     let app_id = format!("frostline-{}", ctx.installation_id);
     let mut attempt = 0;
-    // Only the commits since the last sync are read; a log written anew since, or one that
-    // cannot be brought up to date, is read whole.
-    let first_commit =
-        log_store.read_commit_entry(0).await.map_err(|e| unavailable(&table.id, "cannot read its Delta log", e))?;
+    // Only the commits since the last sync are read, when the log still holds the commit the
+    // last sync left it at; any other log is read whole.
+    let location = log_store.root_url().to_string();
     let mut updated = None;
-    if let Some(KeptLog { table: mut delta, first_commit: kept_first }) = kept_log.take()
-        && first_commit.as_ref() == Some(&kept_first)
+    if let Some(KeptLog { table: mut delta, location: kept_at, version, commit }) = kept_log.take()
+        && kept_at == location
+        && log_store.read_commit_entry(version).await.ok().flatten().as_ref() == Some(&commit)
         && delta.update_state().await.is_ok()
     {
         updated = Some(delta);
@@ -369,7 +372,7 @@ async fn sync_serialized(
         }
         if repairs.is_empty() && removes.is_empty() && adds.is_empty() && rewrites.is_empty() {
             report.version = delta.version().unwrap_or(0);
-            *kept_log = first_commit.map(|first_commit| KeptLog { table: delta, first_commit });
+            *kept_log = kept(&log_store, delta, location).await;
             return Ok(report);
         }
         let last = state
@@ -431,7 +434,7 @@ async fn sync_serialized(
         }
         match outcome {
             Ok(()) => {
-                *kept_log = first_commit.map(|first_commit| KeptLog { table: delta, first_commit });
+                *kept_log = kept(&log_store, delta, location).await;
                 return Ok(report);
             }
             Err(e) if attempt < DELTA_COMMIT_ATTEMPTS_MAX => {
@@ -442,6 +445,14 @@ async fn sync_serialized(
             Err(e) => return Err(unavailable(&table.id, "cannot commit to its Delta log", e)),
         }
     }
+}
+
+/// The log as this sync leaves it, for the next one (`None`, read whole next time, when its
+/// newest commit cannot be read back).
+async fn kept(log_store: &LogStoreRef, table: DeltaTable, location: String) -> Option<KeptLog> {
+    let version = table.version()?;
+    let commit = log_store.read_commit_entry(version).await.ok().flatten()?;
+    Some(KeptLog { table, location, version, commit })
 }
 
 fn unavailable(table: &str, what: &str, error: impl std::fmt::Display) -> Error {
@@ -569,7 +580,10 @@ async fn file_index(ctx: &Arc<Context>, table: &Arc<TablePolicy>, kept: Option<F
         index.buckets_read = changed.len();
         if cfg!(debug_assertions) {
             let whole = whole_index(&store, &id, &target, &root)?;
-            if (&whole.wanted, &whole.known) != (&index.wanted, &index.known) {
+            // Compared only when no publication changed between the two readings (a hold
+            // calling an expiry off, an adoption through the API): the update saw the store
+            // as it was before.
+            if whole.changes_read == through && (&whole.wanted, &whole.known) != (&index.wanted, &index.known) {
                 return Err(Error::Internal(format!(
                     "table `{id}`: the Delta sync's index, kept up to date from {} changed buckets, differs from one                      made from every manifest: {} and {} wanted files, {} and {} known",
                     changed.len(),

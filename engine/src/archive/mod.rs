@@ -142,6 +142,10 @@ pub async fn run_pass(ctx: &Arc<Context>, owner: &str) -> Result<PassReport> {
     } else {
         Default::default()
     };
+    // A table whose changes are dropped also loses what its syncs kept: should it have a log
+    // again (a reload), its next sync starts from every manifest, not from changes never kept.
+    #[cfg(feature = "delta")]
+    ctx.memory().delta_locks.lock().expect("delta sync locks").retain(|table, _| read_by_syncs.contains(table));
     let store = ctx.store.clone();
     if let Err(e) = blocking(move || store.drop_unread_publication_changes(&read_by_syncs)).await {
         report.error(PassErrorKind::DeltaLog, format!("publication changes: {e}"));
