@@ -378,6 +378,63 @@ fn a_rebuilt_data_directory_adopts_the_fork_of_the_copy_that_ran_last() {
     assert!(manifests(&e).contains(head));
 }
 
+/// Regression (lifecycle simulation, seed 624806462434409201 of the 10,000-seed run at d0599b0):
+/// after a restore, the copy that went on had archived a bucket's next generation on the
+/// table's second target, and the restored copy its own on the first. When that database was
+/// lost, the table was on the second target again; adoption chose the head written last only
+/// among the manifests of one target, visiting the table's current target first, so it took
+/// the stale fork there, and the restored copy's archive on the other target "could not replace
+/// it": a record read back with the body the restored copy had replaced. Now a bucket's
+/// manifests on every target are weighed together.
+#[test]
+fn a_rebuilt_data_directory_adopts_the_fork_written_last_whichever_target_it_lies_on() {
+    let backups = tempfile::tempdir().unwrap();
+    let backup = backups.path().join("backup");
+    let t2 = tempfile::tempdir().unwrap();
+    let on_t1 = expiring_policy("3650d");
+    let target = format!("[[target]]\nname = \"t2\"\nurl = \"file://{}\"\n", t2.path().display());
+    let on_t2 = format!("{target}{}", on_t1.replace("[[table]]", "[[table]]\ntarget = \"t2\""));
+    let mut e = TestEngine::new(&format!("{target}{on_t1}"), "2024-03-01T12:00:00Z");
+    e.engine.append("r", vec![record("2024-03-01T01:00:00Z", "a", "{}")]).unwrap();
+    e.pass();
+    e.clock.set(t("2024-03-03T00:00:00Z"));
+    assert_eq!(e.pass().archived, 1);
+    e = e.backup(&backup).unwrap();
+    // The copy that goes on moves the table to t2 and archives `b` there: generation 2.
+    std::fs::write(e.policies_dir().join("tables.toml"), &on_t2).unwrap();
+    e = e.restart().unwrap();
+    e.engine.append("r", vec![record("2024-03-01T02:00:00Z", "b", r#"{"v":1}"#)]).unwrap();
+    e.clock.advance(LATE_GRACE_US);
+    assert_eq!(e.pass().archived, 1);
+    let stale = runtime().block_on(e.backend("r").list("")).unwrap();
+    let stale: Vec<String> = stale.into_iter().map(|o| o.key).filter(|k| k.contains("/manifest-")).collect();
+    assert_eq!(stale.len(), 1, "the stale fork's generation 2, on t2: {stale:?}");
+    // Restored from the backup with the table back on t1, the copy takes `b` with another body.
+    std::fs::write(e.policies_dir().join("tables.toml"), format!("{target}{on_t1}")).unwrap();
+    e = e.restore(&backup).unwrap();
+    e.engine.append("r", vec![record("2024-03-01T02:00:00Z", "b", r#"{"v":2}"#)]).unwrap();
+    e.clock.advance(LATE_GRACE_US);
+    assert_eq!(e.pass().archived, 1);
+    let living = e.engine.store().buckets("r", None).unwrap()[0].manifest_key.clone().unwrap();
+    let served = e.query_all("r");
+    assert_eq!(served.len(), 2);
+
+    // The table moves to t2 again; then the database is lost and the new one adopts.
+    std::fs::write(e.policies_dir().join("tables.toml"), &on_t2).unwrap();
+    let lost = e.engine.installation_id().to_string();
+    e = e.rebuild().unwrap();
+    let report = runtime().block_on(frostline::archive::adopt::adopt(&e.engine.context(), false, &[lost])).unwrap();
+    assert!(report.failures.is_empty(), "{report:?}");
+    assert_eq!(report.adopted, 1, "{report:?}");
+    let adopted = e.engine.store().buckets("r", None).unwrap()[0].manifest_key.clone();
+    assert_eq!(adopted.as_deref(), Some(living.as_str()), "the head written last, on t1: {report:?}");
+    assert_eq!(e.query_all("r"), served, "the records of the copy that ran last, as it served them");
+    // The stale fork's head is named, and stays on t2.
+    assert_eq!(report.conflicts.len(), 1, "{report:?}");
+    assert!(report.conflicts[0].contains(stale[0].as_str()), "{report:?}");
+    assert!(t2.path().join(&stale[0]).is_file());
+}
+
 /// A backfill into a running engine (`frostline ingest`, whose batches hold their table's
 /// backfill lease) makes one generation per bucket however long it runs and whatever the passes
 /// do meanwhile: history it brings to archived buckets (late records) and to buckets still hot

@@ -4,8 +4,9 @@
 //! them stranded (or, before the sweep's guard, deleting them as orphans).
 //!
 //! Every declared table's folder is listed on every target of the policy directory (a table's
-//! archives may lie on a target it has since left). In each bucket folder the newest archive
-//! (the head of a chain of generations, the one written last: `adoption_order`) is read back
+//! archives may lie on a target it has since left). Of each bucket folder's manifests, over
+//! every target together, the newest archive (the head of a chain of generations, the one
+//! written last: `adoption_order`) is read back
 //! and verified whole (content address, every segment's hash and row checksum, the rows lie in
 //! the bucket and its partition, the manifest's own target resolves to the one it was found
 //! on); if it fails, the next one is tried. `store::adopt` then records it
@@ -89,120 +90,122 @@ pub async fn adopt(ctx: &Arc<Context>, dry_run: bool, from_installations: &[Stri
                 backends.push(backend);
             }
         }
-        // The manifest keys listed on each target, to find recorded archives that are gone.
+        // The manifest keys listed on each target, to find recorded archives that are gone, and
+        // each bucket folder's manifests over every target: a bucket's forks may lie on two
+        // targets (the table moved between them), and only weighed together is the one
+        // written last chosen.
         let mut listed: Vec<(&Arc<dyn ArchiveBackend>, HashSet<String>)> = Vec::new();
+        let mut folders: BTreeMap<String, Vec<FoundManifest>> = BTreeMap::new();
         for backend in backends {
-            let folders =
-                manifests_by_folder(backend.as_ref(), table_id, &ctx.installation_id, &mut own_epochs).await?;
-            listed.push((backend, folders.values().flatten().map(|(_, _, key)| key.clone()).collect()));
-            for (folder, manifests) in folders {
-                report.folders += 1;
-                let writers: BTreeSet<&str> = manifests.iter().map(|(writer, _, _)| writer.as_str()).collect();
-                // An installation writes a bucket's next generation (late records) in the
-                // folder of an archive it adopted: when every writer is this installation or a
-                // named one, the folder holds one chain of generations, not two live writers.
-                let one_chain = writers.iter().all(|w| {
-                    !w.is_empty() && (*w == ctx.installation_id || from_installations.iter().any(|named| named == w))
-                });
-                if writers.len() > 1 && !one_chain {
-                    report.conflicts.push(format!(
-                        "{} `{folder}` holds manifests of {} installations ({}): two writers of one table; \
-                         left alone",
-                        backend.target(),
-                        writers.len(),
-                        writers.iter().map(|w| if w.is_empty() { "none" } else { w }).collect::<Vec<_>>().join(", ")
-                    ));
-                    continue;
+            let found = manifests_by_folder(backend, table_id, &ctx.installation_id, &mut own_epochs).await?;
+            report.folders += found.len() as u64;
+            listed.push((backend, found.values().flatten().map(|m| m.key.clone()).collect()));
+            for (folder, manifests) in found {
+                folders.entry(folder).or_default().extend(manifests);
+            }
+        }
+        for (folder, manifests) in folders {
+            let writers: BTreeSet<&str> = manifests.iter().map(|m| m.writer.as_str()).collect();
+            // An installation writes a bucket's next generation (late records) in the folder
+            // of an archive it adopted: when every writer is this installation or a named one,
+            // the folder holds one chain of generations, not two live writers.
+            let one_chain = writers.iter().all(|w| {
+                !w.is_empty() && (*w == ctx.installation_id || from_installations.iter().any(|named| named == w))
+            });
+            if writers.len() > 1 && !one_chain {
+                let targets: BTreeSet<&str> = manifests.iter().map(|m| m.backend.target()).collect();
+                report.conflicts.push(format!(
+                    "{} `{folder}` holds manifests of {} installations ({}): two writers of one table; left alone",
+                    targets.into_iter().collect::<Vec<_>>().join(", "),
+                    writers.len(),
+                    writers.iter().map(|w| if w.is_empty() { "none" } else { w }).collect::<Vec<_>>().join(", ")
+                ));
+                continue;
+            }
+            let mut refused = false;
+            for found in manifests.iter().filter(|m| !m.writer.is_empty() && m.writer != ctx.installation_id) {
+                if !from_installations.contains(&found.writer) {
+                    report.other_installations.insert(found.writer.clone());
+                    refused = true;
+                    break;
                 }
-                let foreign: Vec<String> = writers
-                    .iter()
-                    .filter(|w| !w.is_empty() && **w != ctx.installation_id)
-                    .map(|w| w.to_string())
-                    .collect();
-                let mut refused = false;
-                for writer in foreign {
-                    if !from_installations.contains(&writer) {
-                        report.other_installations.insert(writer);
-                        refused = true;
-                        break;
-                    }
-                    let claim = (backend.target().to_string(), writer.clone());
-                    if !claims.contains_key(&claim) {
-                        let outcome =
-                            claim_adoption(ctx, backend.as_ref(), &writer, from_installations, dry_run).await?;
-                        claims.insert(claim.clone(), outcome);
-                    }
-                    if let Some(Err(why)) = claims.get(&claim) {
-                        report.conflicts.push(format!("{} `{folder}`: {why}", backend.target()));
-                        refused = true;
-                        break;
-                    }
+                let claim = (found.backend.target().to_string(), found.writer.clone());
+                if !claims.contains_key(&claim) {
+                    let outcome =
+                        claim_adoption(ctx, found.backend.as_ref(), &found.writer, from_installations, dry_run).await?;
+                    claims.insert(claim.clone(), outcome);
                 }
-                if refused {
-                    continue;
+                if let Some(Err(why)) = claims.get(&claim) {
+                    report.conflicts.push(format!("{} `{folder}`: {why}", found.backend.target()));
+                    refused = true;
+                    break;
                 }
-                let (manifests, replaced) = adoption_order(backend.as_ref(), manifests).await;
-                // The manifest that stands for the bucket once this folder is done: the newest
-                // known or adopted one.
-                let mut chosen = None;
-                for (i, (_, _, key)) in manifests.iter().enumerate() {
-                    if known.contains(key) {
+            }
+            if refused {
+                continue;
+            }
+            let (manifests, replaced) = adoption_order(manifests).await;
+            // The manifest that stands for the bucket once this folder is done: the newest
+            // known or adopted one.
+            let mut chosen = None;
+            for (i, found) in manifests.iter().enumerate() {
+                let (backend, key) = (&found.backend, &found.key);
+                if known.contains(key) {
+                    report.known += 1;
+                    chosen = Some(i);
+                    break;
+                }
+                if replaced_by_recorded.contains(key) {
+                    report.superseded += 1;
+                    chosen = Some(i);
+                    break;
+                }
+                let archive = match read_verified(ctx, table_id, backend, &folder, key).await {
+                    Ok(archive) => archive,
+                    Err(e) => {
+                        report.failures.push(format!("{}: `{key}`: {e}", backend.target()));
+                        continue;
+                    }
+                };
+                let rows = archive.rows.len() as u64;
+                if dry_run {
+                    report.adopted += 1;
+                    report.rows += rows;
+                    chosen = Some(i);
+                    break;
+                }
+                let (store, now) = (ctx.store.clone(), ctx.clock.now());
+                match blocking(move || store.adopt(archive, now)).await? {
+                    Adoption::Adopted => {}
+                    Adoption::Replaced { hot_rows } => report.hot_rows_released += hot_rows,
+                    Adoption::Known => {
                         report.known += 1;
                         chosen = Some(i);
                         break;
                     }
-                    if replaced_by_recorded.contains(key) {
+                    Adoption::Superseded => {
                         report.superseded += 1;
                         chosen = Some(i);
                         break;
                     }
-                    let archive = match read_verified(ctx, table_id, backend, &folder, key).await {
-                        Ok(archive) => archive,
-                        Err(e) => {
-                            report.failures.push(format!("{}: `{key}`: {e}", backend.target()));
-                            continue;
-                        }
-                    };
-                    let rows = archive.rows.len() as u64;
-                    if dry_run {
-                        report.adopted += 1;
-                        report.rows += rows;
-                        chosen = Some(i);
-                        break;
+                    // A newer archive of another fork (a stale generation adopted and amended
+                    // elsewhere) does not hide an older one that does follow what this database
+                    // records.
+                    Adoption::Conflict(why) => {
+                        report.conflicts.push(why);
+                        continue;
                     }
-                    let (store, now) = (ctx.store.clone(), ctx.clock.now());
-                    match blocking(move || store.adopt(archive, now)).await? {
-                        Adoption::Adopted => {}
-                        Adoption::Replaced { hot_rows } => report.hot_rows_released += hot_rows,
-                        Adoption::Known => {
-                            report.known += 1;
-                            chosen = Some(i);
-                            break;
-                        }
-                        Adoption::Superseded => {
-                            report.superseded += 1;
-                            chosen = Some(i);
-                            break;
-                        }
-                        // A newer archive of another fork (a stale generation adopted and
-                        // amended elsewhere) does not hide an older one that does follow
-                        // what this database records.
-                        Adoption::Conflict(why) => {
-                            report.conflicts.push(why);
-                            continue;
-                        }
-                    }
-                    tracing::info!(key = %key, rows, "archive adopted");
-                    report.adopted += 1;
-                    report.rows += rows;
-                    changed_tables.insert(table_id.clone());
-                    chosen = Some(i);
-                    break;
                 }
-                if let Some(i) = chosen {
-                    let (chosen, others) = manifests[i..].split_first().expect("chosen lies in the folder");
-                    report_forks(backend.as_ref(), &chosen.2, others, &replaced, &mut report).await;
-                }
+                tracing::info!(key = %key, rows, "archive adopted");
+                report.adopted += 1;
+                report.rows += rows;
+                changed_tables.insert(table_id.clone());
+                chosen = Some(i);
+                break;
+            }
+            if let Some(i) = chosen {
+                let (chosen, others) = manifests[i..].split_first().expect("chosen lies in the folder");
+                report_forks(chosen, others, &replaced, &mut report).await;
             }
         }
         if record_gone_archives(ctx, table_id, &listed, dry_run, &mut report).await? {
@@ -234,8 +237,7 @@ pub async fn adopt(ctx: &Arc<Context>, dry_run: bool, from_installations: &[Stri
 /// the target, and is named as a conflict so that nothing is dropped silently. (Older manifests
 /// of one copy, left by attempts that failed before publishing, hold the same rows.)
 async fn report_forks(
-    backend: &dyn ArchiveBackend,
-    chosen: &str,
+    chosen: &FoundManifest,
     others: &[FoundManifest],
     replaced: &HashSet<String>,
     report: &mut AdoptReport,
@@ -243,8 +245,9 @@ async fn report_forks(
     if others.is_empty() {
         return;
     }
-    let Ok(standing) = read_manifest(backend, chosen).await else { return };
-    for (_, _, key) in others {
+    let Ok(standing) = read_manifest(chosen.backend.as_ref(), &chosen.key).await else { return };
+    for other in others {
+        let (backend, key) = (other.backend.as_ref(), &other.key);
         // A generation the standing archive replaced: its rows are in it.
         if standing.descends_from(key) {
             report.superseded += 1;
@@ -260,10 +263,12 @@ async fn report_forks(
             let id = format!("{}/{}/{}", standing.table, standing.partition_key, standing.bucket.key);
             report.conflicts.push(format!(
                 "bucket {id} on {}: `{key}` is an archive of it by another copy of this data directory, with other \
-                 rows ({} against {} in `{chosen}`); it stays on the target, not adopted",
+                 rows ({} against {} in `{}` on {}); it stays on the target, not adopted",
                 backend.target(),
                 other.summary.rows,
-                standing.summary.rows
+                standing.summary.rows,
+                chosen.key,
+                chosen.backend.target()
             ));
         }
     }
@@ -431,12 +436,19 @@ async fn recorded_manifest_keys(ctx: &Arc<Context>) -> Result<(HashSet<String>, 
     .await
 }
 
-/// A manifest found on a target: the installation that wrote it, its generation and when it
-/// was written, and its key.
-type FoundManifest = (String, (u64, crate::model::Micros), String);
+/// A manifest found on a target: the target, the installation that wrote it, its generation
+/// and when it was written, and its key.
+#[derive(Clone)]
+struct FoundManifest {
+    backend: Arc<dyn ArchiveBackend>,
+    writer: String,
+    generation: u64,
+    written: crate::model::Micros,
+    key: String,
+}
 
-/// The order adoption tries a folder's manifests in, and the keys a later generation in the
-/// folder replaced (its lineage names them).
+/// The order adoption tries a bucket folder's manifests in (over every target), and the keys a
+/// later generation in the folder replaced (its lineage names them).
 ///
 /// First the heads of the folder's chains (manifests no other one replaces), the one written
 /// last first; then the replaced generations, newest first. Generation numbers do not order
@@ -445,16 +457,14 @@ type FoundManifest = (String, (u64, crate::model::Micros), String);
 /// reaches the higher number. The copy that wrote last is the one that ran last, the one whose
 /// records the lost database acknowledged; the other fork's head is then named as a conflict
 /// and stays on the target. Within one chain the lineage orders generations whatever the
-/// clocks say (objects copied to a new store carry the copy's times). A manifest that cannot
-/// be read counts as a head; its verification fails when it is tried.
-async fn adoption_order(
-    backend: &dyn ArchiveBackend,
-    manifests: Vec<FoundManifest>,
-) -> (Vec<FoundManifest>, HashSet<String>) {
+/// clocks say (objects copied to a new store carry the copy's times), and a chain may run
+/// across targets (a table that moved writes its next generation on its new target). A
+/// manifest that cannot be read counts as a head; its verification fails when it is tried.
+async fn adoption_order(manifests: Vec<FoundManifest>) -> (Vec<FoundManifest>, HashSet<String>) {
     let mut replaced = HashSet::new();
     if manifests.len() > 1 {
-        for (_, _, key) in &manifests {
-            if let Ok(manifest) = read_manifest(backend, key).await
+        for found in &manifests {
+            if let Ok(manifest) = read_manifest(found.backend.as_ref(), &found.key).await
                 && let Some(amends) = manifest.amends
             {
                 replaced.insert(amends.manifest_key);
@@ -462,10 +472,9 @@ async fn adoption_order(
             }
         }
     }
-    let (mut heads, mut older): (Vec<_>, Vec<_>) =
-        manifests.into_iter().partition(|(_, _, key)| !replaced.contains(key));
-    heads.sort_by_key(|(_, (generation, written), _)| std::cmp::Reverse((*written, *generation)));
-    older.sort_by_key(|(_, order, _)| std::cmp::Reverse(*order));
+    let (mut heads, mut older): (Vec<_>, Vec<_>) = manifests.into_iter().partition(|m| !replaced.contains(&m.key));
+    heads.sort_by_key(|m| std::cmp::Reverse((m.written, m.generation)));
+    older.sort_by_key(|m| std::cmp::Reverse((m.generation, m.written)));
     heads.extend(older);
     (heads, replaced)
 }
@@ -473,7 +482,7 @@ async fn adoption_order(
 /// A table's manifests on one target, by the folder they lie in; the epochs of `installation`
 /// that wrote any of its segments or manifests are added to `epochs`.
 async fn manifests_by_folder(
-    backend: &dyn ArchiveBackend,
+    backend: &Arc<dyn ArchiveBackend>,
     table: &str,
     installation: &str,
     epochs: &mut BTreeSet<String>,
@@ -487,8 +496,14 @@ async fn manifests_by_folder(
                 epochs.insert(epoch.to_string());
             }
             if let Some((writer, generation)) = keys::manifest_origin(&object.key) {
-                let entry = (writer.to_string(), (generation, object.last_modified), object.key.clone());
-                folders.entry(keys::folder_of(&object.key).to_string()).or_default().push(entry);
+                let found = FoundManifest {
+                    backend: backend.clone(),
+                    writer: writer.to_string(),
+                    generation,
+                    written: object.last_modified,
+                    key: object.key.clone(),
+                };
+                folders.entry(keys::folder_of(&object.key).to_string()).or_default().push(found);
             }
         }
     }
