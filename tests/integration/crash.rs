@@ -55,7 +55,8 @@
 //! CI runs `FROSTLINE_CRASHES` (default 50) crashes. The long run (about an hour on two cores):
 //!     FROSTLINE_CRASHES=1000 cargo test --test integration crash -- --nocapture
 //! The final run logs at `info` beside the data directory; when it stops settling, the failure
-//! prints the log's end, and `FROSTLINE_CRASH_KEEP=1` keeps the run's files to start it again.
+//! prints the log's end, and `FROSTLINE_CRASH_KEEP=1` keeps the run's files (to look into a
+//! failed check, or start the final run again).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
@@ -794,7 +795,14 @@ fn crash_harness_loses_nothing_across_repeated_kills() {
     );
     let run_started = Instant::now();
     let mut rng = StdRng::seed_from_u64(seed);
-    let root = tempfile::tempdir().unwrap();
+    let mut root = tempfile::tempdir().unwrap();
+    // `FROSTLINE_CRASH_KEEP=1` keeps the run's files whatever ends it: a failed check can be
+    // looked into, a final run that stopped settling started again and watched.
+    let keep = std::env::var("FROSTLINE_CRASH_KEEP").is_ok_and(|v| v == "1");
+    if keep {
+        root.disable_cleanup(true);
+        eprintln!("crash harness: the run's files are kept in {}", root.path().display());
+    }
     let (data, policies) = (root.path().join("data"), root.path().join("policies"));
     std::fs::create_dir_all(&policies).unwrap();
     std::fs::write(policies.join("tables.toml"), POLICY).unwrap();
@@ -939,11 +947,6 @@ fn crash_harness_loses_nothing_across_repeated_kills() {
                 .collect();
             let log = std::fs::read_to_string(final_log(&data)).unwrap_or_default();
             let tail: Vec<&str> = log.lines().rev().take(40).collect::<Vec<_>>().into_iter().rev().collect();
-            // `FROSTLINE_CRASH_KEEP=1` keeps the data directory of a run that stopped settling,
-            // so its final run can be started again and watched.
-            if std::env::var("FROSTLINE_CRASH_KEEP").is_ok_and(|v| v == "1") {
-                eprintln!("crash harness: the run's files are kept in {}", root.keep().display());
-            }
             panic!(
                 "the final run stopped settling: {states}; for instance {stuck:#?}\nthe final run's log ends:\n{}",
                 tail.join("\n")

@@ -260,6 +260,19 @@ fn three_engines_share_one_delta_table_on_a_local_directory() {
 /// sync, not every manifest the table ever recorded: its first sync reads every archived
 /// bucket, each later one only what the pass before it published, expired or replaced (and a
 /// debug build checks each update against a whole reading).
+/// Three passes of `te` (plan, archive, clean up), none with an error: what they did, summed.
+fn three_passes(te: &TestEngine) -> frostline::archive::PassReport {
+    let mut sum = frostline::archive::PassReport::default();
+    for _ in 0..3 {
+        let report = te.pass();
+        assert!(report.errors.is_empty(), "{report:?}");
+        sum.archived += report.archived;
+        sum.expired += report.expired;
+        sum.delta_buckets_read += report.delta_buckets_read;
+    }
+    sum
+}
+
 #[test]
 fn a_running_engines_delta_sync_reads_only_the_buckets_whose_publication_changed() {
     let dir = tempfile::tempdir().unwrap();
@@ -267,11 +280,8 @@ fn a_running_engines_delta_sync_reads_only_the_buckets_whose_publication_changed
     let te = TestEngine::new(&policy(&target), "2024-01-15T00:00:00Z");
     // Three passes (plan, archive, clean up): the buckets they archived and the Delta syncs read.
     let passes = || {
-        (0..3).fold((0, 0), |(archived, read), _| {
-            let report = te.pass();
-            assert!(report.errors.is_empty(), "{report:?}");
-            (archived + report.archived, read + report.delta_buckets_read)
-        })
+        let sum = three_passes(&te);
+        (sum.archived, sum.delta_buckets_read)
     };
     te.engine.append("events", records("2024-01-01T00:00:00Z", 10, 6)).unwrap();
     assert_eq!(passes(), (30, 30), "the first sync of a process reads every bucket");
@@ -285,6 +295,77 @@ fn a_running_engines_delta_sync_reads_only_the_buckets_whose_publication_changed
     te.clock.advance(3_600_000_000); // past the late grace
     assert_eq!(passes(), (1, 1), "only the bucket that took the late record is read");
     assert_eq!(te.engine.store().buckets("events", None).unwrap().len(), 33);
+}
+
+/// An operator moves a damaged log aside while the engine runs (docs/FLEET.md): the log the
+/// engine's last sync left is gone, and the next sync writes a new one from version 0. The
+/// engine kept the old log in memory between syncs; brought up to date from it, the new log
+/// would hold the day's three files only and a gap where the old versions were. The kept log
+/// is used only while the log still holds the commit it was left at; here the new one is read
+/// whole and lists every file.
+#[test]
+fn a_log_moved_aside_under_a_running_engine_is_written_anew_with_every_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = format!("[[target]]\nname = \"cold\"\nurl = \"file://{}\"\n", dir.path().display());
+    let te = TestEngine::new(&policy(&target), "2024-01-15T00:00:00Z");
+    let passes = || three_passes(&te).archived;
+    te.engine.append("events", records("2024-01-01T00:00:00Z", 10, 6)).unwrap();
+    assert_eq!(passes(), 30);
+    let table_dir = dir.path().join("delta/events");
+    assert_eq!(live_files(&table_dir).len(), 30);
+    std::fs::rename(table_dir.join("_delta_log"), table_dir.join("_delta_log.damaged")).unwrap();
+    te.engine.append("events", records("2024-01-12T00:00:00Z", 1, 6)).unwrap();
+    assert_eq!(passes(), 3);
+    let files = live_files(&table_dir);
+    assert_eq!(files.len(), 33, "the new log lists every published file: {files:#?}");
+    for path in files.keys() {
+        assert!(table_dir.join(percent_decode(path)).is_file(), "`{path}` is an object");
+    }
+    let mut versions: Vec<u64> = std::fs::read_dir(table_dir.join("_delta_log"))
+        .unwrap()
+        .filter_map(|e| e.unwrap().file_name().to_str()?.strip_suffix(".json")?.parse().ok())
+        .collect();
+    versions.sort();
+    assert_eq!(versions, (0..versions.len() as u64).collect::<Vec<_>>(), "no version is missing");
+}
+
+/// A reload that takes a table's Delta log away (here: its format is no longer Parquet) and a
+/// later one that brings it back. Meanwhile archives expire without waiting for a log, and
+/// nobody reads the table's publication changes, which every pass drops. The index the
+/// engine's syncs kept from those changes would still want the expired files: the log would
+/// go on listing files that are gone. A table whose changes are dropped loses its kept index,
+/// so the sync after the log comes back reads every manifest and removes them.
+#[test]
+fn a_delta_log_taken_away_by_a_reload_and_brought_back_lists_no_file_expired_meanwhile() {
+    use frostline::ops::reload::reload;
+    let dir = tempfile::tempdir().unwrap();
+    let target = format!("[[target]]\nname = \"cold\"\nurl = \"file://{}\"\n", dir.path().display());
+    let te = TestEngine::new(&policy(&target), "2024-01-15T00:00:00Z");
+    let passes = || {
+        let sum = three_passes(&te);
+        (sum.archived, sum.expired)
+    };
+    te.engine.append("events", records("2024-01-01T00:00:00Z", 10, 6)).unwrap();
+    assert_eq!(passes(), (30, 0));
+    let table_dir = dir.path().join("delta/events");
+    assert_eq!(live_files(&table_dir).len(), 30);
+    let policy_file = te.policies_dir().join("tables.toml");
+    let parquet = std::fs::read_to_string(&policy_file).unwrap();
+    assert!(parquet.contains(r#"format = "parquet""#), "{parquet}");
+    std::fs::write(&policy_file, parquet.replace(r#"format = "parquet""#, r#"format = "jsonl""#)).unwrap();
+    assert!(reload(&te.engine, "test").accepted);
+    // Past `expire_after` of the first five days: their archives expire, with no log to wait for.
+    te.clock.set(t("2024-02-05T12:00:00Z"));
+    assert_eq!(passes(), (0, 15));
+    std::fs::write(&policy_file, &parquet).unwrap();
+    assert!(reload(&te.engine, "test").accepted);
+    te.engine.append("events", records("2024-02-03T00:00:00Z", 1, 6)).unwrap();
+    assert_eq!(passes(), (3, 0));
+    let files = live_files(&table_dir);
+    for path in files.keys() {
+        assert!(table_dir.join(percent_decode(path)).is_file(), "the log lists `{path}`, which is gone");
+    }
+    assert_eq!(files.len(), 18, "the five days left and the new one: {files:#?}");
 }
 
 /// What the Python readers need to reach `server` (moto).
