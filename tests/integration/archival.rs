@@ -7,6 +7,7 @@ use frostline::clock::Clock;
 
 use frostline::model::{BucketState, Record};
 use frostline::storage::faults::{Fault, FaultyBackend, Op};
+use frostline::store::Publication;
 use frostline::store::schema::{BucketId, SCHEMA_VERSION};
 use frostline::{Error, ErrorKind};
 
@@ -226,7 +227,7 @@ fn assert_cleanup_refuses(
     let claimed = store.claim(id.clone(), "w".into(), e.clock.now(), lease).unwrap().unwrap();
     let rows = store.rows(&id, None, usize::MAX).unwrap();
     let manifest = manifest_of(&claimed.descriptor, claimed.generation, &rows);
-    store.publish(id.clone(), "w".into(), claimed.generation, e.clock.now(), manifest, "m".into()).unwrap();
+    store.publish(id.clone(), "w".into(), claimed.generation, e.clock.now(), Publication::new(manifest, "m")).unwrap();
     let table = frostline::store::schema::rows_table_name(&id);
     let descriptor = claimed.descriptor.clone();
     store
@@ -294,7 +295,7 @@ fn a_cleanup_drops_a_small_buckets_rows_table_whole_and_slices_a_large_one() {
         let others = rows_tables(&store).len() - 1;
         assert_eq!(others, 2);
         let manifest = manifest_of(&a.descriptor, a.generation, &hot);
-        store.publish(id.clone(), "A".into(), a.generation, e.clock.now(), manifest, "m".into()).unwrap();
+        store.publish(id.clone(), "A".into(), a.generation, e.clock.now(), Publication::new(manifest, "m")).unwrap();
         let mut done = Vec::new();
         loop {
             let slice = store.cleanup_slice(&id, "A", a.generation, e.clock.now(), 5).unwrap();
@@ -508,8 +509,7 @@ fn a_cleanup_cut_off_between_slices_is_finished_by_the_next_worker() {
             "A".into(),
             a.generation,
             e.clock.now(),
-            manifest_of(&a.descriptor, a.generation, &rows),
-            "m".into(),
+            Publication::new(manifest_of(&a.descriptor, a.generation, &rows), "m"),
         )
         .unwrap();
     let first = store.cleanup_slice(&id, "A", a.generation, e.clock.now(), 3).unwrap();
@@ -538,14 +538,28 @@ fn a_stale_worker_can_neither_publish_nor_delete() {
     assert_eq!(b.generation, a.generation + 1);
     let rows = store.rows(&id, None, usize::MAX).unwrap();
     let manifest = |generation| manifest_of(&a.descriptor, generation, &rows);
-    let stale = store.publish(id.clone(), "A".into(), a.generation, e.clock.now(), manifest(a.generation), "ma".into());
+    let stale = store.publish(
+        id.clone(),
+        "A".into(),
+        a.generation,
+        e.clock.now(),
+        Publication::new(manifest(a.generation), "ma"),
+    );
     assert!(matches!(stale, Err(Error::LeaseLost { .. })), "{stale:?}");
     let stale = clean_up(&store, &id, "A", a.generation, e.clock.now(), 2);
     assert!(matches!(stale, Err(Error::LeaseLost { .. })), "{stale:?}");
     // A worker with the right owner but an old generation is refused too.
-    let stale = store.publish(id.clone(), "B".into(), a.generation, e.clock.now(), manifest(a.generation), "ma".into());
+    let stale = store.publish(
+        id.clone(),
+        "B".into(),
+        a.generation,
+        e.clock.now(),
+        Publication::new(manifest(a.generation), "ma"),
+    );
     assert!(matches!(stale, Err(Error::LeaseLost { .. })), "{stale:?}");
-    store.publish(id.clone(), "B".into(), b.generation, e.clock.now(), manifest(b.generation), "mb".into()).unwrap();
+    store
+        .publish(id.clone(), "B".into(), b.generation, e.clock.now(), Publication::new(manifest(b.generation), "mb"))
+        .unwrap();
     assert_eq!(clean_up(&store, &id, "B", b.generation, e.clock.now(), 2).unwrap(), rows.len() as u64);
     let meta = store.bucket(&id).unwrap().unwrap();
     assert_eq!(meta.manifest_key.as_deref(), Some("mb"));
@@ -565,7 +579,7 @@ fn a_pending_cleanup_is_taken_over_after_the_lease_expires() {
     let a = store.claim(id.clone(), "A".into(), e.clock.now(), 60_000_000).unwrap().unwrap();
     let rows = store.rows(&id, None, usize::MAX).unwrap();
     let manifest = manifest_of(&a.descriptor, a.generation, &rows);
-    store.publish(id.clone(), "A".into(), a.generation, e.clock.now(), manifest, "ma".into()).unwrap();
+    store.publish(id.clone(), "A".into(), a.generation, e.clock.now(), Publication::new(manifest, "ma")).unwrap();
     // A dies here. Its lease expires; the next pass claims the pending cleanup and finishes it.
     e.clock.advance(61_000_000);
     let report = e.pass();

@@ -139,6 +139,47 @@ fn erasing_a_tenant_reaches_hot_rows_and_every_generation_of_its_archives() {
     assert_eq!(e.query_all("r").len(), 3);
 }
 
+/// Regression (the crash harness in an optimised build, crash 14 of seed 7167404510672086901):
+/// the archival that erases archived records took them off the bucket's counts when it began,
+/// before its generation was published. Cut off there (a failed upload, a kill), the bucket
+/// counted fewer records than its published archive held, and every retry took them off again.
+/// Now they come off in the publication of the generation that leaves them out, once.
+#[test]
+fn an_erasure_whose_next_generation_fails_before_publication_counts_each_record_once() {
+    use frostline::storage::faults::{Fault, FaultyBackend, Op};
+    let e = TestEngine::new(&expiring_policy("3650d"), "2024-03-01T12:00:00Z");
+    let all = vec![
+        record("2024-03-01T01:00:00Z", "a", "acme"),
+        record("2024-03-01T02:00:00Z", "b", "globex"),
+        record("2024-03-01T03:00:00Z", "c", "acme"),
+        record("2024-03-01T04:00:00Z", "d", "globex"),
+    ];
+    e.engine.append("r", all.clone()).unwrap();
+    e.pass();
+    e.clock.set(t("2024-03-04T00:00:00Z"));
+    assert_eq!(e.pass().archived, 1);
+    let faulty = FaultyBackend::new(e.backend("r"));
+    e.with_backend("r", faulty.clone());
+    faulty.add(Op::Put, "manifest-", Fault::Error, None);
+    let selector = ErasureSelector { tenant: Some("acme".into()), ..Default::default() };
+    let placed = e.engine.store().place_erasure(request(selector), e.clock.now()).unwrap();
+    // Two attempts at the next generation fail before their publication.
+    let count = || e.engine.store().buckets("r", None).unwrap()[0].row_count;
+    for _ in 0..2 {
+        let report = e.pass();
+        assert_eq!(report.deferred, 1, "{report:?}");
+        assert_eq!(count(), 4, "the published archive still holds every record");
+        assert_eq!(e.query_all("r"), sorted(all.clone()));
+        e.clock.advance(16_000_000);
+    }
+    faulty.clear();
+    let receipt = passes_until_finished(&e, &placed.id);
+    let erased: u64 = receipt.buckets.iter().map(|b| b.hot_rows_erased + b.archived_rows_erased).sum();
+    assert_eq!(erased, 2, "{receipt:?}");
+    assert_eq!(count(), 2, "the records left");
+    assert_eq!(e.query_all("r").len(), 2);
+}
+
 #[test]
 fn an_erasure_by_identity_takes_exactly_the_records_it_names() {
     let e = TestEngine::new(&expiring_policy("3650d"), "2024-03-01T12:00:00Z");

@@ -17,6 +17,7 @@ use crate::format::manifest::{Amendment, MANIFEST_VERSION, Manifest, SegmentInfo
 use crate::model::{BucketState, Micros};
 use crate::policy::TablePolicy;
 use crate::storage::{ArchiveBackend, PutOutcome, keys};
+use crate::store::Publication;
 use crate::store::erasure::ArchivedErased;
 use crate::store::schema::{BucketId, BucketMeta, UploadIntent};
 
@@ -265,21 +266,21 @@ async fn upload_and_publish(
     let (store, claimed) = (ctx.store.clone(), meta.clone());
     let selectors = blocking(move || store.erasure_selectors(&claimed)).await?;
     let erasing = !selectors.is_empty();
+    let mut archived_erased = ArchivedErased::default();
     if erasing {
-        let mut archived = ArchivedErased::default();
         base_rows.retain(|row| {
             let erased = selectors.iter().any(|s| s.matches_record(&id.table, row));
             if erased {
-                archived.rows += 1;
-                archived.body_bytes += row.body.len() as u64;
+                archived_erased.rows += 1;
+                archived_erased.body_bytes += row.body.len() as u64;
             }
             !erased
         });
         let (store, bucket, lease, now) =
             (ctx.store.clone(), id.clone(), Some((owner.to_string(), generation)), ctx.clock.now());
-        let hot = blocking(move || store.erase_hot_rows(&bucket, selectors, lease, archived, now)).await?;
+        let hot = blocking(move || store.erase_hot_rows(&bucket, selectors, lease, now)).await?;
         tracing::info!(
-            archived = archived.rows,
+            archived = archived_erased.rows,
             hot = hot.unwrap_or(0),
             "erasure: records left out of the next generation"
         );
@@ -325,7 +326,8 @@ async fn upload_and_publish(
     let (rows_n, bytes_n) = (manifest.summary.rows, manifest.bytes);
     let (store, publish_owner, now) = (ctx.store.clone(), owner.to_string(), ctx.clock.now());
     let key = manifest_key.clone();
-    blocking(move || store.publish(id, publish_owner, generation, now, manifest, key)).await?;
+    let publication = Publication { manifest, manifest_key: key, erased: archived_erased };
+    blocking(move || store.publish(id, publish_owner, generation, now, publication)).await?;
     seconds.add(Phase::Publish, lap.lap());
     // An erasure deletes the generations this one replaced once the Delta log no longer names
     // them: the ticket taken now is covered by this pass's sync, so the pass's second erasure

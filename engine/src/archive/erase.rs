@@ -102,7 +102,7 @@ async fn advance(
         BucketState::Hot => {
             let selectors = step.selectors.get(&meta.id).cloned().unwrap_or_default();
             let (store, id, now) = (ctx.store.clone(), meta.id.clone(), ctx.clock.now());
-            match blocking(move || store.erase_hot_rows(&id, selectors, None, Default::default(), now)).await? {
+            match blocking(move || store.erase_hot_rows(&id, selectors, None, now)).await? {
                 Some(erased) => {
                     entry.hot_rows_erased += erased;
                     Ok(done(ctx, entry))

@@ -314,6 +314,32 @@ pub struct ArchivedErased {
     pub body_bytes: u64,
 }
 
+/// Adds erased records of bucket `id` (`hot` rows deleted, `archived` records a published
+/// generation left out) to every open request that matched the bucket and is not done with it.
+pub(super) fn count_erased(
+    txn: &redb::WriteTransaction,
+    id: &BucketId,
+    hot: u64,
+    archived: ArchivedErased,
+) -> Result<()> {
+    if hot == 0 && archived.rows == 0 {
+        return Ok(());
+    }
+    let open = open_requests(&txn.open_table(OPEN_ERASURES)?, &txn.open_table(ERASURES)?)?;
+    for mut request in open {
+        let mut touched = false;
+        for b in request.buckets.iter_mut().filter(|b| b.bucket == *id && b.progress != ErasureProgress::Done) {
+            b.hot_rows_erased += hot;
+            b.archived_rows_erased += archived.rows;
+            touched = true;
+        }
+        if touched {
+            save_request(txn, &request)?;
+        }
+    }
+    Ok(())
+}
+
 /// What a request would touch, counted without changing anything (`--dry-run`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ErasurePreview {
@@ -534,15 +560,16 @@ impl Store {
 
     /// Deletes the hot rows of bucket `id` that `selectors` name: under the lease of
     /// `(owner, generation)` (an archival about to snapshot the rows), or else only while the
-    /// bucket is hot and nobody holds it (`Ok(None)` otherwise: try again later). Takes the
-    /// archived records the next generation left out (`archived_erased`) off the bucket's
-    /// counts too, and adds both counts to every open request that matched the bucket.
+    /// bucket is hot and nobody holds it (`Ok(None)` otherwise: try again later), and adds
+    /// them to every open request that matched the bucket. The archived records the next
+    /// generation leaves out are counted by its publication (`Store::publish`): until then the
+    /// published archive still holds them, and an attempt cut off before it would count them
+    /// again.
     pub fn erase_hot_rows(
         &self,
         id: &BucketId,
         selectors: Vec<ErasureSelector>,
         lease: Option<(String, u64)>,
-        archived_erased: ArchivedErased,
         now: Micros,
     ) -> Result<Option<u64>> {
         let id = id.clone();
@@ -564,27 +591,9 @@ impl Store {
                 meta.byte_count = meta.byte_count.saturating_sub(*bytes);
             }
             drop(rows);
-            // The bucket's counts are of its records, hot and archived.
-            meta.row_count = meta.row_count.saturating_sub(archived_erased.rows);
-            meta.byte_count = meta.byte_count.saturating_sub(archived_erased.body_bytes);
             save_meta(txn, &meta)?;
             let erased = matched.len() as u64;
-            let open = open_requests(&txn.open_table(OPEN_ERASURES)?, &txn.open_table(ERASURES)?)?;
-            let mut changed = Vec::new();
-            for mut request in open {
-                let mut touched = false;
-                for b in request.buckets.iter_mut().filter(|b| b.bucket == id && b.progress != ErasureProgress::Done) {
-                    b.hot_rows_erased += erased;
-                    b.archived_rows_erased += archived_erased.rows;
-                    touched = true;
-                }
-                if touched {
-                    changed.push(request);
-                }
-            }
-            for request in &changed {
-                save_request(txn, request)?;
-            }
+            count_erased(txn, &id, erased, ArchivedErased::default())?;
             Ok(Some(erased))
         })
     }

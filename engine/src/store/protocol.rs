@@ -8,6 +8,7 @@ use crate::error::{Error, Result};
 use crate::model::lifecycle::{NotClaimable, PlanBasis, Step};
 use crate::model::{BucketState, Micros, RetentionPlan, lifecycle};
 
+use super::erasure::ArchivedErased;
 use super::holds::park;
 use super::outbox::push_outbox;
 use super::ownership::{release_intents, release_replaced};
@@ -268,12 +269,16 @@ impl Store {
         owner: String,
         generation: u64,
         now: Micros,
-        manifest: crate::format::manifest::Manifest,
-        manifest_key: String,
+        publication: Publication,
     ) -> Result<BucketMeta> {
+        let Publication { manifest, manifest_key, erased } = publication;
         self.write(move |txn| {
             let mut meta = load_meta(txn, &id)?;
             check_lease(&meta, &owner, generation, now)?;
+            // The bucket's counts are of its records, hot and archived.
+            meta.row_count = meta.row_count.saturating_sub(erased.rows);
+            meta.byte_count = meta.byte_count.saturating_sub(erased.body_bytes);
+            super::erasure::count_erased(txn, &id, 0, erased)?;
             txn.open_table(MANIFESTS)?
                 .insert(generation_key(&id, generation).as_slice(), encode_value(&manifest)?.as_slice())?;
             meta.manifest_key = Some(manifest_key.clone());
@@ -487,3 +492,21 @@ pub struct CleanupSlice {
 /// What planning one bucket gave: its plan and what it was made from, or the policy's
 /// refusal.
 pub type PlanOutcome = std::result::Result<(RetentionPlan, PlanBasis), String>;
+
+/// What a publication records: the generation's manifest and its key, and the archived records
+/// it leaves out for an erasure (`erased`), which come off the bucket's counts and count for
+/// the requests that named them in the publication, once, as the generation that holds them
+/// stops being the one read (an attempt cut off before it would otherwise count them again).
+#[derive(Debug, Clone)]
+pub struct Publication {
+    pub manifest: crate::format::manifest::Manifest,
+    pub manifest_key: String,
+    pub erased: ArchivedErased,
+}
+
+impl Publication {
+    /// A publication that leaves no archived record out.
+    pub fn new(manifest: crate::format::manifest::Manifest, manifest_key: impl Into<String>) -> Publication {
+        Publication { manifest, manifest_key: manifest_key.into(), erased: ArchivedErased::default() }
+    }
+}
