@@ -88,7 +88,7 @@ impl Store {
                         )));
                     }
                     if meta.state != (BucketState::Archived { hot_deleted: true }) {
-                        match release_hot_rows_held_by(txn, &id, &rows)? {
+                        match release_hot_rows_held_by(txn, &id, &rows, &manifest_key)? {
                             Err(why) => return Ok(Adoption::Conflict(why)),
                             Ok(count) => released = count,
                         }
@@ -299,12 +299,14 @@ fn adopted_meta(id: &BucketId, manifest_key: &str, manifest: &Manifest, rows: &[
 /// A row of one bucket, whole: event time, sort key, tenant, kind, body.
 type RowContent<'a> = (Micros, &'a [u8], Option<&'a str>, Option<&'a str>, &'a str);
 
-/// Deletes the bucket's hot rows if every one of them is in `archived` exactly; otherwise
-/// says which row the archive lacks and deletes nothing.
+/// Deletes the bucket's hot rows if every one of them is in `archived` (the rows of the
+/// archive `manifest_key`) exactly; otherwise says which row the archive lacks and deletes
+/// nothing.
 fn release_hot_rows_held_by(
     txn: &WriteTransaction,
     id: &BucketId,
     archived: &[Record],
+    manifest_key: &str,
 ) -> Result<std::result::Result<u64, String>> {
     let archived: HashSet<RowContent> = archived
         .iter()
@@ -319,8 +321,9 @@ fn release_hot_rows_held_by(
         let row = decode_row_ref(v.value())?;
         if !archived.contains(&(event_time, sort_key.as_slice(), row.tenant, row.kind, row.body)) {
             return Ok(Err(format!(
-                "bucket {id} holds hot rows the archive lacks (the first at {event_time}, sort key `{}`): records \
-                 appended after the copies parted; the bucket is left as it is",
+                "bucket {id} holds hot rows the archive `{manifest_key}` lacks (the first at {event_time}, sort key \
+                 `{}`): records appended after the copies parted; the bucket is left as it is, and the archive stays \
+                 on the target, not adopted",
                 String::from_utf8_lossy(&sort_key)
             )));
         }
