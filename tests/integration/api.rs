@@ -1686,3 +1686,185 @@ fn a_backfill_batch_appends_and_pauses_the_tables_archival() {
     assert!(report["archived"].as_u64().unwrap() > 0, "{report}");
     assert_eq!(count_records(&server), 30);
 }
+
+/// The names of the metrics the queries in `text` use (`frostline_…` and the standard
+/// `process_…`), as PromQL spells them.
+fn metric_names(text: &str) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    for (start, _) in text.match_indices(['f', 'p']) {
+        let rest = &text[start..];
+        let preceded_by_word = text[..start].chars().next_back().is_some_and(|c| c.is_ascii_alphanumeric() || c == '_');
+        if preceded_by_word || !(rest.starts_with("frostline_") || rest.starts_with("process_")) {
+            continue;
+        }
+        let name: String =
+            rest.chars().take_while(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '_').collect();
+        names.insert(name);
+    }
+    names
+}
+
+fn packaging_file(path: &str) -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../packaging").join(path);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// The alert rules load, and their unit tests pass, in Prometheus's own `promtool`
+/// (scripts/install-promtool). A rule whose threshold or labels drift from its test fails here.
+#[test]
+fn the_alert_rules_pass_their_unit_tests_in_promtool() {
+    let promtool = std::env::var("FROSTLINE_PROMTOOL").unwrap_or_else(|_| {
+        panic!(
+            "FROSTLINE_PROMTOOL is not set: run the tests with ./scripts/test (scripts/install-promtool installs it)"
+        )
+    });
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../packaging/prometheus");
+    for args in [["check", "rules", "alerts.yml"], ["test", "rules", "alerts.test.yml"]] {
+        let out = Command::new(&promtool).args(args).current_dir(&dir).output().unwrap();
+        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success(), "promtool {}: {text}", args.join(" "));
+        assert!(text.contains("SUCCESS"), "promtool {}: {text}", args.join(" "));
+    }
+    // Every rule has its test (the test file names each alert it checks).
+    let rules = packaging_file("prometheus/alerts.yml");
+    let tests = packaging_file("prometheus/alerts.test.yml");
+    let alerts: Vec<&str> = rules.lines().filter_map(|l| l.trim().strip_prefix("- alert: ")).collect();
+    assert!(alerts.len() >= 10, "{alerts:?}");
+    for alert in alerts {
+        assert!(tests.contains(&format!("alertname: {alert}\n")), "alert {alert} has no test in alerts.test.yml");
+    }
+}
+
+/// Every metric the dashboard (packaging/grafana) and the alert rules (packaging/prometheus)
+/// query is one a running engine exports, and the counters they watch count: an expiry, an
+/// orphan swept after a late record made a bucket's next generation, and a pass error when a
+/// target's directory is replaced by a file. Before the error, the error series exist at 0,
+/// so `increase()` sees the first one.
+#[test]
+fn the_dashboard_and_the_alert_rules_query_metrics_a_running_engine_exports_and_that_count() {
+    let d = dirs();
+    let broken = d.root.path().join("broken");
+    std::fs::create_dir_all(&broken).unwrap();
+    let retention = r#"{ plugin = "builtin:eligible-before", config = { archive_after = "1s", kinds = { debug = { expire_after = "2s" } } } }"#;
+    std::fs::write(
+        d.policies.join("tables.toml"),
+        format!(
+            r#"
+[[target]]
+name = "broken"
+url = "file://{broken}"
+
+[[table]]
+id = "events"
+writable_buckets = 48
+strategy = {{ plugin = "builtin:calendar-month-utc" }}
+retention = {retention}
+
+[[table]]
+id = "facts"
+format = "parquet"
+strategy = {{ plugin = "builtin:calendar-month-utc" }}
+retention = {retention}
+
+[[table]]
+id = "doomed"
+target = "broken"
+strategy = {{ plugin = "builtin:calendar-month-utc" }}
+retention = {retention}
+"#,
+            broken = broken.display()
+        ),
+    )
+    .unwrap();
+    let mut command = command(&d);
+    command
+        .env("FROSTLINE_TEST_ORPHAN_GRACE_SECONDS", "0")
+        .env("ARCHIVER_SWEEP_INTERVAL_SECONDS", "1")
+        .env("ARCHIVER_LATE_GRACE_SECONDS", "0");
+    let server = Server::start_command(&d, command, &["--interval-seconds", "3600"], true);
+    let started = server.metrics();
+    for kind in ["bucket", "outbox", "catalog", "delta_log", "sweep", "erasure"] {
+        assert_eq!(value(&started, "frostline_pass_errors_total", &[("kind", kind)]), 0.0, "{kind}");
+    }
+
+    let record = |partition: &str, time: &str, sort: &str, kind: &str| {
+        let kind = if kind.is_empty() { String::new() } else { format!(r#","kind":"{kind}""#) };
+        format!(
+            r#"{{"partition_key":"{partition}","event_time":"{time}","sort_key":"{sort}"{kind},"body":{{"v":"{sort}"}}}}"#
+        )
+    };
+    let events = [
+        record("site/1", "2023-01-05T00:00:00Z", "a", ""),
+        record("site/1", "2023-02-05T00:00:00Z", "b", ""),
+        record("debug-1", "2023-01-06T00:00:00Z", "c", "debug"),
+    ];
+    assert_eq!(server.post("/v1/tables/events/records", Some(USER), Some(&events.join("\n"))).0, 200);
+    let fact = record("p", "2023-01-05T00:00:00Z", "f", "");
+    assert_eq!(server.post("/v1/tables/facts/records", Some(USER), Some(&fact)).0, 200);
+    assert_eq!(server.post("/v1/tables/events/records", Some(USER), Some("not json")).0, 422);
+    let archive = |s: &Server| {
+        let (status, body) = s.post("/v1/archive", Some(ADMIN), None);
+        assert_eq!(status, 200, "{body}");
+    };
+    archive(&server);
+    // A late record for the archived January bucket: its next generation replaces the first,
+    // whose objects the sweep deletes (no grace period here).
+    let late = record("site/1", "2023-01-20T00:00:00Z", "late", "");
+    assert_eq!(server.post("/v1/tables/events/records", Some(USER), Some(&late)).0, 200);
+    server.wait_for("an expiry and an orphan swept", |s| {
+        archive(s);
+        let m = s.metrics();
+        value(&m, "frostline_buckets_expired_total", &[]) >= 1.0
+            && value(&m, "frostline_orphans_deleted_total", &[]) >= 1.0
+    });
+
+    // The target's directory replaced by a file: the archival of a bucket there fails.
+    std::fs::remove_dir_all(&broken).unwrap();
+    std::fs::write(&broken, "not a directory").unwrap();
+    let doomed = record("p", "2023-01-05T00:00:00Z", "d", "");
+    assert_eq!(server.post("/v1/tables/doomed/records", Some(USER), Some(&doomed)).0, 200);
+    server.wait_for("a pass error", |s| {
+        archive(s);
+        value(&s.metrics(), "frostline_pass_errors_total", &[("kind", "bucket")]) >= 1.0
+    });
+
+    let scraped = server.metrics();
+    let series: BTreeSet<&str> =
+        scraped.lines().filter(|l| !l.starts_with('#')).filter_map(|l| l.split(['{', ' ']).next()).collect();
+    assert!(value(&scraped, "frostline_archive_pass_duration_seconds_count", &[]) >= 3.0);
+    assert!(value(&scraped, "frostline_store_file_bytes", &[]) > 0.0);
+    assert!(value(&scraped, "process_resident_memory_bytes", &[]) > 0.0);
+    assert_eq!(value(&scraped, "frostline_delta_log_sync_failing", &[("table", "facts")]), 0.0);
+    let dashboard: serde_json::Value = serde_json::from_str(&packaging_file("grafana/frostline.json")).unwrap();
+    let mut exprs = Vec::new();
+    fn collect_exprs(v: &serde_json::Value, out: &mut Vec<String>) {
+        match v {
+            serde_json::Value::Object(map) => {
+                for (key, value) in map {
+                    match value {
+                        serde_json::Value::String(s) if key == "expr" => out.push(s.clone()),
+                        other => collect_exprs(other, out),
+                    }
+                }
+            }
+            serde_json::Value::Array(items) => items.iter().for_each(|item| collect_exprs(item, out)),
+            _ => {}
+        }
+    }
+    collect_exprs(&dashboard, &mut exprs);
+    assert!(exprs.len() >= 20, "{exprs:?}");
+    let rules = packaging_file("prometheus/alerts.yml");
+    let rule_exprs: Vec<&str> = rules.lines().filter_map(|l| l.trim().strip_prefix("expr: ")).collect();
+    for (source, text) in [
+        ("packaging/grafana/frostline.json", exprs.join("\n")),
+        ("packaging/prometheus/alerts.yml", rule_exprs.join("\n")),
+    ] {
+        let names = metric_names(&text);
+        assert!(names.len() >= 10, "{source}: {names:?}");
+        let missing: Vec<&String> = names.iter().filter(|name| !series.contains(name.as_str())).collect();
+        assert!(
+            missing.is_empty(),
+            "{source} queries metrics the engine does not export: {missing:?}\nscrape:\n{scraped}"
+        );
+    }
+}

@@ -12,7 +12,8 @@ use axum::extract::{Request, State};
 use axum::middleware::Next;
 use axum::response::Response;
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+    TextEncoder,
 };
 
 use super::ApiState;
@@ -21,6 +22,11 @@ use crate::error::{Error, Result};
 use crate::model::BucketState;
 use crate::ops::passes::PassReport;
 use crate::ops::status::Status;
+
+/// Upper bounds of the pass-duration histogram, in seconds: an idle pass takes milliseconds,
+/// a pass of a large backlog minutes.
+const PASS_SECONDS_BUCKETS: [f64; 14] =
+    [0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0];
 
 fn internal(e: prometheus::Error) -> Error {
     Error::Internal(format!("metrics: {e}"))
@@ -48,6 +54,7 @@ pub struct Metrics {
     buckets_reconciled: IntCounter,
     rows_archived: IntCounter,
     bytes_archived: IntCounter,
+    pass_seconds: Histogram,
     http_requests: IntCounterVec,
     http_seconds: HistogramVec,
 }
@@ -82,13 +89,29 @@ impl Metrics {
             Opts::new(
                 "frostline_pass_errors_total",
                 "Errors archival passes met and went on from (each also logged at warn), by kind: bucket, outbox, \
-                 catalog, delta_log, sweep.",
+                 catalog, delta_log, sweep, erasure.",
             ),
             &["kind"],
         )
         .map_err(internal)?;
         registry.register(Box::new(pass_errors.clone())).map_err(internal)?;
+        // Every kind from 0, so that `increase()` over the series sees the first error (a
+        // series that appears at 1 has no increase) and an alert on it can fire.
+        for kind in crate::ops::passes::PassErrorKind::ALL {
+            pass_errors.with_label_values(&[kind.label()]);
+        }
+        let pass_seconds = Histogram::with_opts(
+            HistogramOpts::new("frostline_archive_pass_duration_seconds", "Wall time of archival passes that ran.")
+                .buckets(PASS_SECONDS_BUCKETS.to_vec()),
+        )
+        .map_err(internal)?;
+        registry.register(Box::new(pass_seconds.clone())).map_err(internal)?;
+        // process_cpu_seconds_total, process_resident_memory_bytes, process_open_fds and the
+        // rest of the standard set, read from /proc at each scrape.
+        #[cfg(target_os = "linux")]
+        registry.register(Box::new(prometheus::process_collector::ProcessCollector::for_self())).map_err(internal)?;
         Ok(Metrics {
+            pass_seconds,
             pass_errors,
             records_appended: counter("frostline_records_appended_total", "Records appended and committed.")?,
             records_duplicate: counter(
@@ -135,6 +158,7 @@ impl Metrics {
         self.passes.inc();
         match result {
             Ok(r) => {
+                self.pass_seconds.observe(r.wall_seconds);
                 self.buckets_planned.inc_by(r.planned);
                 self.plan_failures.inc_by(r.plan_failures);
                 self.buckets_archived.inc_by(r.archived);
@@ -215,6 +239,44 @@ fn scrape_families(status: &Status) -> Result<Registry> {
     gauge("frostline_store_poisoned", "1 when the hot store refuses writes after a failed commit.")?
         .set(i64::from(status.store_poisoned.is_some()));
     gauge("frostline_policy_generation", "Generation of the active policy set.")?.set(status.policy.generation as i64);
+    gauge("frostline_buckets_deferred", "Buckets whose archival, cleanup or expiry waits for a retry.")?
+        .set(status.deferrals.len() as i64);
+    gauge(
+        "frostline_sweep_stopped",
+        "1 while the orphan sweep is stopped: another copy of this data directory writes.",
+    )?
+    .set(i64::from(status.sweep_stopped.is_some()));
+    gauge("frostline_erasure_requests_open", "Erasure requests not yet finished.")?.set(status.erasures_open as i64);
+    gauge(
+        "frostline_erasure_buckets_blocked",
+        "Buckets of open erasure requests that a legal hold keeps as they are.",
+    )?
+    .set(status.erasure_buckets_blocked as i64);
+    if let Some(disk) = &status.store_disk {
+        gauge("frostline_store_file_bytes", "Bytes of the hot store's file (hot.redb).")?.set(disk.file_bytes as i64);
+        gauge("frostline_store_filesystem_bytes", "Bytes of the filesystem the data directory lies on.")?
+            .set(disk.filesystem_bytes as i64);
+        gauge("frostline_store_filesystem_available_bytes", "Bytes of that filesystem still available to the engine.")?
+            .set(disk.available_bytes as i64);
+    }
+    let target_up = gauge_vec(
+        "frostline_target_up",
+        "1 when the archive target's last probe passed, 0 while it is unreachable or failed.",
+        &["target"],
+    )?;
+    for target in &status.targets {
+        target_up.with_label_values(&[target.name.as_str()]).set(i64::from(target.probe == "ok"));
+    }
+    let delta_version =
+        gauge_vec("frostline_delta_log_version", "The Delta log's version after the last sync.", &["table"])?;
+    let delta_failing =
+        gauge_vec("frostline_delta_log_sync_failing", "1 when the table's last Delta sync failed.", &["table"])?;
+    for table in &status.tables {
+        if let Some(log) = &table.delta_log {
+            delta_version.with_label_values(&[table.id.as_str()]).set(log.version as i64);
+            delta_failing.with_label_values(&[table.id.as_str()]).set(i64::from(log.error.is_some()));
+        }
+    }
 
     let reloads = counter_vec("frostline_policy_reloads_total", "Policy reloads since start, by result.", &["result"])?;
     reloads.with_label_values(&["accepted"]).inc_by(status.policy.reloads_accepted);

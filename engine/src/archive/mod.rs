@@ -55,6 +55,7 @@ pub const PLAN_BATCH_BUCKETS_MAX: usize = crate::plugin::retention::RETENTION_BA
 
 /// Runs one pass: plan, then due work (cleanups first), at most `scan_limit` buckets.
 pub async fn run_pass(ctx: &Arc<Context>, owner: &str) -> Result<PassReport> {
+    let started = std::time::Instant::now();
     let mut report = PassReport::default();
     let mut lap = Lap::start();
     // The epoch is recorded here, off the async threads, before any key is made with it.
@@ -169,6 +170,7 @@ pub async fn run_pass(ctx: &Arc<Context>, owner: &str) -> Result<PassReport> {
         Err(e) => report.error(PassErrorKind::Sweep, format!("orphan sweep stopped: {e}")),
     }
     report.seconds.add(Phase::Sweep, lap.lap());
+    report.wall_seconds = started.elapsed().as_secs_f64();
     Ok(report)
 }
 

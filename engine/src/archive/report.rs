@@ -37,6 +37,8 @@ pub struct PassReport {
     pub error_kinds: std::collections::BTreeMap<&'static str, u64>,
     /// Where the pass spent its time.
     pub seconds: PhaseSeconds,
+    /// The pass's wall time, start to end (summed over passes in `add`).
+    pub wall_seconds: f64,
 }
 
 /// What a pass error was about, as the metrics label it.
@@ -54,6 +56,15 @@ pub enum PassErrorKind {
 }
 
 impl PassErrorKind {
+    pub const ALL: [PassErrorKind; 6] = [
+        PassErrorKind::Bucket,
+        PassErrorKind::Outbox,
+        PassErrorKind::Catalog,
+        PassErrorKind::DeltaLog,
+        PassErrorKind::Sweep,
+        PassErrorKind::Erasure,
+    ];
+
     pub fn label(self) -> &'static str {
         match self {
             PassErrorKind::Bucket => "bucket",
@@ -226,6 +237,7 @@ impl PassReport {
             *self.error_kinds.entry(kind).or_default() += count;
         }
         self.seconds.add_all(&other.seconds);
+        self.wall_seconds += other.wall_seconds;
     }
 
     /// Records an error the pass went on from: logged at warn with its cause and counted by

@@ -8,8 +8,8 @@
 
 use std::sync::Arc;
 
-pub use crate::archive::PassReport;
 use crate::archive::run_pass;
+pub use crate::archive::{PassErrorKind, PassReport};
 use crate::engine::Engine;
 use crate::error::Result;
 

@@ -114,6 +114,40 @@ pub struct Status {
     /// that another copy of this data directory writes to a target (`archive::sweep`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sweep_stopped: Option<SweepStopStatus>,
+    /// Erasure requests not yet finished.
+    #[serde(default)]
+    pub erasures_open: u64,
+    /// Buckets of open erasure requests that a legal hold keeps from being erased.
+    #[serde(default)]
+    pub erasure_buckets_blocked: u64,
+    /// The hot store's file and the free space of its filesystem (absent where it cannot be
+    /// read): a store that fills its disk refuses writes (`store_poisoned`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub store_disk: Option<StoreDisk>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct StoreDisk {
+    /// Bytes of the hot store's file (`hot.redb`): it keeps its high-water mark until
+    /// `frostline compact`.
+    pub file_bytes: u64,
+    /// Bytes of the filesystem the data directory lies on.
+    pub filesystem_bytes: u64,
+    /// Bytes of that filesystem an unprivileged writer may still use.
+    pub available_bytes: u64,
+}
+
+impl StoreDisk {
+    /// Reads the sizes for the data directory `data` (`None` when either cannot be read).
+    fn read(data: &std::path::Path) -> Option<StoreDisk> {
+        let file_bytes = std::fs::metadata(data.join(crate::engine::DATABASE_FILE)).ok()?.len();
+        let fs = rustix::fs::statvfs(data).ok()?;
+        Some(StoreDisk {
+            file_bytes,
+            filesystem_bytes: fs.f_blocks.saturating_mul(fs.f_frsize),
+            available_bytes: fs.f_bavail.saturating_mul(fs.f_frsize),
+        })
+    }
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -200,6 +234,12 @@ pub fn collect(engine: &Engine) -> Result<Status> {
     };
     let unplanned_buckets = engine.store().unplanned_count()?;
     let planned_last_pass = engine.planned_last_pass();
+    let open_erasures = engine.store().open_erasures()?;
+    let erasure_buckets_blocked = open_erasures
+        .iter()
+        .flat_map(|request| &request.buckets)
+        .filter(|bucket| bucket.progress == crate::store::erasure::ErasureProgress::Blocked)
+        .count() as u64;
     let unmanaged_tables =
         engine.store().table_states()?.into_iter().filter(|t| t.unmanaged_since.is_some()).map(|t| t.id).collect();
     Ok(Status {
@@ -229,6 +269,9 @@ pub fn collect(engine: &Engine) -> Result<Status> {
             key: stop.key,
             reason: stop.reason,
         }),
+        erasures_open: open_erasures.len() as u64,
+        erasure_buckets_blocked,
+        store_disk: StoreDisk::read(engine.data_dir()),
     })
 }
 
