@@ -1868,3 +1868,54 @@ retention = {retention}
         );
     }
 }
+
+/// Each bucket is archived in its own task, many at once, under a span that names it. The span
+/// was entered with a guard held across awaits, so it stayed the current span of the worker
+/// thread while other tasks ran there: their spans nested under it, and once it closed, the
+/// next span made on that thread panicked the task (tracing-subscriber's registry asserts
+/// this in every build), and with it the pass. Under the default log level, as operators run.
+#[test]
+fn concurrent_archival_under_the_default_log_level_panics_no_task_and_fails_no_pass() {
+    let d = dirs();
+    let mut command = command(&d);
+    command.env_remove("FROSTLINE_LOG").env("ARCHIVER_CONCURRENCY", "16");
+    let server = Server::start_command(&d, command, &["--interval-seconds", "3600", "--scan-limit", "1000"], true);
+    // 30 partitions of 24 months each: 720 buckets, all due.
+    let lines: Vec<String> = (0..2_160)
+        .map(|i| {
+            let time =
+                frostline::model::time::format_rfc3339(t("2023-01-01T00:00:00Z") + (i / 30) * 10 * 86_400_000_000);
+            line(&format!("site/{} %=ü", i % 30), &time, &format!("{i:06}"), &format!(r#"{{"i":{i}}}"#))
+        })
+        .collect();
+    for chunk in lines.chunks(1_000) {
+        let (status, body) = server.post("/v1/tables/events/records", Some(USER), Some(&chunk.join("\n")));
+        assert_eq!(status, 200, "{body}");
+    }
+    let (status, body) = server.post("/v1/archive", Some(ADMIN), None);
+    assert_eq!(status, 200, "{body}");
+    let report: serde_json::Value = serde_json::from_str(&body).unwrap();
+    // The log as an operator reads it, without its colours.
+    let log = without_colours(&server.log());
+    assert!(!log.contains("panicked") && !log.contains("pass failed"), "{log}");
+    assert_eq!(report["errors"].as_array().map_or(0, Vec::len), 0, "{report}");
+    let status = server.json("/v1/status");
+    let states = &status["tables"][0]["states"];
+    assert_eq!((&states["archived"]["buckets"], &states["archived"]["rows"]), (&720.into(), &2_160.into()), "{status}");
+    // A bucket's log lines carry its own span, never another bucket's around it.
+    assert!(!log.contains("}:archive{"), "{log}");
+}
+
+/// `text` without its terminal colour codes (ESC [ ... m).
+fn without_colours(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\x1b' {
+            chars.by_ref().find(|&c| c == 'm');
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}

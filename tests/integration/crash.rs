@@ -218,14 +218,9 @@ fn spawn_engine(data: &Path, policies: &Path, failpoints: Option<&str>, cutoff: 
         .arg(scan_limit.to_string())
         .env_remove("FROSTLINE_TOKENS")
         .env_remove("FROSTLINE_ADMIN_TOKENS")
-        .env(
-            "FROSTLINE_LOG",
-            match life {
-                Life::Crashing => "warn",
-                // The final run's log says what each pass did and where its time went.
-                Life::Final => "info",
-            },
-        )
+        // At the level operators run, so what only logging at that level does (spans around
+        // each bucket's task) runs under the kills too; each life's log is checked after it.
+        .env("FROSTLINE_LOG", "info")
         // Buckets here hold a few rows each: slices of 3 cut most cleanups into several
         // transactions, so a kill or `mid_cleanup` lands between committed slices too.
         .env("ARCHIVER_CLEANUP_SLICE_ROWS", CLEANUP_SLICE_ROWS.to_string())
@@ -238,10 +233,7 @@ fn spawn_engine(data: &Path, policies: &Path, failpoints: Option<&str>, cutoff: 
         // but not for the five minutes of the default: the final run settles in seconds.
         .env("ARCHIVER_LATE_GRACE_SECONDS", "1")
         .stdout(Stdio::null())
-        .stderr(match life {
-            Life::Crashing => Stdio::null(),
-            Life::Final => std::fs::File::create(final_log(data)).expect("creating the final run's log").into(),
-        });
+        .stderr(std::fs::File::create(life_log(data, life)).expect("creating the run's log"));
     match failpoints {
         Some(spec) => command.env("FROSTLINE_FAILPOINTS", spec),
         None => command.env_remove("FROSTLINE_FAILPOINTS"),
@@ -253,9 +245,22 @@ fn spawn_engine(data: &Path, policies: &Path, failpoints: Option<&str>, cutoff: 
     command.spawn().expect("starting frostline run")
 }
 
-/// Where the final run's log goes: beside the data directory.
-fn final_log(data: &Path) -> PathBuf {
-    data.with_file_name("final.log")
+/// Where a run's log goes: beside the data directory (each crashed life overwrites the last).
+fn life_log(data: &Path, life: Life) -> PathBuf {
+    data.with_file_name(match life {
+        Life::Crashing => "life.log",
+        Life::Final => "final.log",
+    })
+}
+
+/// A life's log never shows a panic: a task that panicked takes its pass down with it,
+/// whatever the kills do. (A fail point that fires ends the process by `abort`, which logs
+/// its own line, not a panic.)
+fn check_life_log(data: &Path, life: Life, crash: usize) {
+    let log = std::fs::read_to_string(life_log(data, life)).unwrap_or_default();
+    if let Some(line) = log.lines().find(|l| l.contains("panicked")) {
+        panic!("crash {crash}: the engine's log shows a panic: {line}");
+    }
 }
 
 fn wait_for_addr(data: &Path, child: &mut Child) -> Option<String> {
@@ -871,6 +876,7 @@ fn crash_harness_loses_nothing_across_repeated_kills() {
             None => "SIGKILL".to_string(),
         };
         *by_fail_point.entry(label).or_default() += 1;
+        check_life_log(&data, Life::Crashing, crash);
         let mut m = model.lock().unwrap();
         let full = (crash + 1) % full_every == 0;
         let checking = Instant::now();
@@ -945,7 +951,7 @@ fn crash_harness_loses_nothing_across_repeated_kills() {
                 .filter(|b| !matches!(b.state, BucketState::Archived { hot_deleted: true }))
                 .take(3)
                 .collect();
-            let log = std::fs::read_to_string(final_log(&data)).unwrap_or_default();
+            let log = std::fs::read_to_string(life_log(&data, Life::Final)).unwrap_or_default();
             let tail: Vec<&str> = log.lines().rev().take(40).collect::<Vec<_>>().into_iter().rev().collect();
             panic!(
                 "the final run stopped settling: {states}; for instance {stuck:#?}\nthe final run's log ends:\n{}",
@@ -956,6 +962,7 @@ fn crash_harness_loses_nothing_across_repeated_kills() {
     // SAFETY: signalling our own child process.
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     assert!(child.wait().unwrap().success());
+    check_life_log(&data, Life::Final, crashes);
     let mut m = model.lock().unwrap();
     checker.check(&mut m, crashes, true);
     // Every request the engine accepted was carried out: none of the records it named reads back.

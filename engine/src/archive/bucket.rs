@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use bytes::Bytes;
+use tracing::Instrument as _;
 
 use super::report::{Lap, Phase, PhaseSeconds};
 use super::{blocking, expiry, pipeline};
@@ -194,52 +195,57 @@ async fn archive_bucket(ctx: &Arc<Context>, owner: &str, id: BucketId, seconds: 
     let generation = meta.generation;
     let heartbeat = Heartbeat::start(ctx, id.clone(), owner.to_string(), generation);
     let claimed = crate::failpoints::hit("after_claim");
+    // The span goes with the future, never entered across an await: an entered span stays
+    // the current span of the worker thread while other buckets' tasks run there.
     let span = tracing::info_span!("archive", bucket = %id, generation);
-    let _enter = span.enter();
-    let result = match (claimed, meta.state) {
-        (Err(e), _) => Err(e),
-        (Ok(()), BucketState::Archived { hot_deleted: true }) => {
-            match expiry::expire(ctx, &table, owner, &meta, &heartbeat).await {
-                Ok(outcome) => Ok(outcome.into()),
-                Err(e) => Err(e),
-            }
-        }
-        (Ok(()), BucketState::Expired) => {
-            let (store, tid) = (ctx.store.clone(), id.clone());
-            match blocking(move || store.tombstone(&tid)).await {
-                Ok(Some(tombstone)) => {
-                    expiry::finish(ctx, &table, owner, generation, tombstone).await.map(Outcome::from)
+    async move {
+        let result = match (claimed, meta.state) {
+            (Err(e), _) => Err(e),
+            (Ok(()), BucketState::Archived { hot_deleted: true }) => {
+                match expiry::expire(ctx, &table, owner, &meta, &heartbeat).await {
+                    Ok(outcome) => Ok(outcome.into()),
+                    Err(e) => Err(e),
                 }
-                Ok(None) => Err(Error::Internal(format!("expired bucket {id} has no tombstone"))),
-                Err(e) => Err(e),
             }
-        }
-        (Ok(()), BucketState::Archived { hot_deleted: false }) => {
-            cleanup(ctx, owner, &id, generation, &heartbeat, seconds).await.map(|_| Outcome::Cleaned)
-        }
-        (Ok(()), _) => match upload_and_publish(ctx, &table, owner, &meta, &heartbeat, seconds).await {
-            Ok((rows, bytes)) => cleanup(ctx, owner, &id, generation, &heartbeat, seconds)
-                .await
-                .map(|_| Outcome::Archived { rows, bytes }),
-            Err(e) => Err(e),
-        },
-    };
-    heartbeat.stop().await;
-    match result {
-        Ok(outcome) => Ok(outcome),
-        Err(e) => {
-            // Before publication this defers the bucket (it stays fenced); after it, cleanup
-            // stays pending. Either way the bucket is retried, never skipped.
-            let why = e.to_string();
-            tracing::warn!(error = %why, "deferring bucket");
-            let store = ctx.store.clone();
-            let retry_at = ctx.clock.now() + ctx.settings.retry_us;
-            let (owner, now) = (owner.to_string(), ctx.clock.now());
-            let why2 = why.clone();
-            blocking(move || store.defer(id, owner, generation, now, why2, retry_at)).await?;
-            Ok(Outcome::Deferred(why))
+            (Ok(()), BucketState::Expired) => {
+                let (store, tid) = (ctx.store.clone(), id.clone());
+                match blocking(move || store.tombstone(&tid)).await {
+                    Ok(Some(tombstone)) => {
+                        expiry::finish(ctx, &table, owner, generation, tombstone).await.map(Outcome::from)
+                    }
+                    Ok(None) => Err(Error::Internal(format!("expired bucket {id} has no tombstone"))),
+                    Err(e) => Err(e),
+                }
+            }
+            (Ok(()), BucketState::Archived { hot_deleted: false }) => {
+                cleanup(ctx, owner, &id, generation, &heartbeat, seconds).await.map(|_| Outcome::Cleaned)
+            }
+            (Ok(()), _) => match upload_and_publish(ctx, &table, owner, &meta, &heartbeat, seconds).await {
+                Ok((rows, bytes)) => cleanup(ctx, owner, &id, generation, &heartbeat, seconds)
+                    .await
+                    .map(|_| Outcome::Archived { rows, bytes }),
+                Err(e) => Err(e),
+            },
+        };
+        heartbeat.stop().await;
+        match result {
+            Ok(outcome) => Ok(outcome),
+            Err(e) => {
+                // Before publication this defers the bucket (it stays fenced); after it, cleanup
+                // stays pending. Either way the bucket is retried, never skipped.
+                let why = e.to_string();
+                tracing::warn!(error = %why, "deferring bucket");
+                let store = ctx.store.clone();
+                let retry_at = ctx.clock.now() + ctx.settings.retry_us;
+                let (owner, now) = (owner.to_string(), ctx.clock.now());
+                let why2 = why.clone();
+                blocking(move || store.defer(id, owner, generation, now, why2, retry_at)).await?;
+                Ok(Outcome::Deferred(why))
+            }
         }
     }
+    .instrument(span)
+    .await
 }
 
 /// Snapshot, encode, upload, verify, manifest, publish, streamed: the rows are read and
