@@ -221,6 +221,41 @@ fn a_process_killed_right_after_a_claim_leaves_the_bucket_claimable_at_once() {
     assert_eq!(report["archived"], 96, "every due bucket, the one claimed before the kill too: {report}");
 }
 
+/// A bucket's task that panics (a bug, here a fail point's panic) fails that bucket, not the
+/// pass: the pass archives every other due bucket, reports the one that failed by name, and
+/// the next pass archives it.
+#[test]
+fn a_bucket_task_that_panics_fails_its_bucket_not_the_pass() {
+    let (d, _) = three_years_ingested();
+    let archive = ["archive", "--once", "--retry-seconds", "1"];
+    let out = frostline_with_fail_points(&d, &archive, None, Some("after_claim=1*panic(a bug)"));
+    assert_eq!(out.status.code(), Some(1), "a pass with an error exits 1: {}", text_of(&out));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|_| panic!("{}", text_of(&out)));
+    // One pass (a pass with a deferral ends `--once`): every other bucket it took.
+    assert_eq!(report["archived"], frostline::settings::SCAN_LIMIT_DEFAULT - 1, "{report}");
+    let errors = report["errors"].as_array().unwrap();
+    assert_eq!((errors.len(), &report["deferred"]), (1, &1.into()), "{report}");
+    let error = errors[0].as_str().unwrap();
+    assert!(error.contains("events/") && error.contains("panicked") && error.contains("a bug"), "{error}");
+    // Deferred like any failed bucket, its claim released: retried after the retry delay (1 s
+    // here), not once its lease (60 s) runs out.
+    let status = frostline(&d, &["status", "--json"], None);
+    let status: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    assert_eq!(status["tables"][0]["states"]["archiving"]["buckets"], 1, "{status}");
+    let started = std::time::Instant::now();
+    loop {
+        let again = frostline(&d, &archive, None);
+        assert!(again.status.success(), "{}", text_of(&again));
+        let status = frostline(&d, &["status", "--json"], None);
+        let status: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+        if status["tables"][0]["states"]["archived"]["buckets"] == 96 {
+            break;
+        }
+        assert!(started.elapsed() < std::time::Duration::from_secs(30), "never retried: {status}");
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+}
+
 #[test]
 fn a_malformed_file_is_refused_whole_with_line_numbers() {
     let d = dirs(POLICY);

@@ -782,3 +782,37 @@ fn a_pass_after_a_policy_change_plans_and_archives_the_oldest_buckets_first() {
         engine.store().buckets("r", None).unwrap().into_iter().filter(|b| b.state != BucketState::Hot).count();
     assert_eq!(archived, old.len());
 }
+
+/// Regression: a policy change leaves every bucket due under its old plan in the due index
+/// until the table's reconciliation reaches it, and a pass took the first `scan_limit` of them
+/// and claimed each, only to find its plan stale and queue it for a new one: while more
+/// stale entries lay before the buckets already planned under the new policy, every pass
+/// archived nothing (a crash-harness store of 37,000 buckets spent its first six passes, 25
+/// seconds, after each change this way). A pass now passes over stale entries, queues them for
+/// a plan in batches, and archives what is due under current plans.
+#[test]
+fn a_pass_after_a_policy_change_archives_though_stale_plans_are_due_before_the_new_ones() {
+    use frostline::settings::SCAN_LIMIT_DEFAULT;
+    let site = Site::new(&archiving_policy("400d"), "2023-08-01T00:00:00Z");
+    let engine = site.open(Settings::default());
+    // 60 partitions of 200 days: more buckets than a pass reconciles, so after the change the
+    // newest stay due under their old plan (end + 400 days) before the oldest, planned anew
+    // (end + 600 days).
+    let records: Vec<Record> =
+        (0..200).flat_map(|d| (0..60).map(move |p| record(&format!("dev/{p:02} %=é"), &day(2023, d), None))).collect();
+    for chunk in records.chunks(5_000) {
+        engine.append("r", chunk.to_vec()).unwrap();
+    }
+    while !engine.store().unplanned(1).unwrap().is_empty() {
+        assert_eq!(run_pass(&engine).archived, 0, "nothing is due under the first plans yet");
+    }
+    site.clock.set(t("2026-01-01T00:00:00Z"));
+    site.write_policy(&archiving_policy("600d"));
+    assert!(reload(&engine, "test").accepted);
+    let first = run_pass(&engine);
+    assert_eq!(first.archived, SCAN_LIMIT_DEFAULT as u64, "the first pass after the change: {first:?}");
+    // The stale entries it passed over were queued for a plan beside the reconciliation's.
+    assert!(first.reconciled as usize > frostline::archive::RECONCILE_BUCKETS_PER_PASS_MAX, "{first:?}");
+    let second = run_pass(&engine);
+    assert_eq!(second.archived, SCAN_LIMIT_DEFAULT as u64, "{second:?}");
+}

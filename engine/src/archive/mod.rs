@@ -83,17 +83,19 @@ pub async fn run_pass(ctx: &Arc<Context>, owner: &str) -> Result<PassReport> {
     let work_started = now;
     let store = ctx.store.clone();
     let limit = ctx.settings.scan_limit;
-    let mut metas = blocking(move || {
-        let snapshot = store.snapshot()?;
-        let mut metas = Vec::new();
+    let due = blocking(move || {
         // A table an ingest is backfilling waits for it (`store::backfill`).
         let backfilling = store.backfilling_tables(now)?;
-        for (_, id) in store.due_skipping(now, limit, &backfilling)? {
-            metas.extend(snapshot.bucket(&id)?);
-        }
-        Ok(metas)
+        store.due_work(now, limit, &backfilling)
     })
     .await?;
+    // Due under plans a policy change made stale: queued for new plans, not claimed.
+    for batch in due.stale.chunks(RECONCILE_BATCH_BUCKETS_MAX) {
+        let (store, ids) = (ctx.store.clone(), batch.to_vec());
+        blocking(move || store.reconcile_buckets(ids, now)).await?;
+        report.reconciled += batch.len() as u64;
+    }
+    let mut metas = due.ready;
     // Pending cleanups first: a failing discovery or upload must not starve them.
     metas.sort_by_key(|m| !matches!(m.state, BucketState::Archived { hot_deleted: false }));
     let due_work = !metas.is_empty();
@@ -187,16 +189,30 @@ async fn work_on_all(
     let mut awaiting_log = Vec::new();
     let mut outcomes = futures::stream::iter(metas)
         .map(|meta| {
-            let (ctx, owner) = (ctx.clone(), owner.to_string());
-            tokio::spawn(async move {
+            let (ctx, owner, id) = (ctx.clone(), owner.to_string(), meta.id.clone());
+            let task = tokio::spawn(async move {
                 let mut seconds = PhaseSeconds::default();
                 let outcome = work_on(&ctx, &owner, &meta, &mut seconds).await;
-                (meta.id, outcome, seconds)
-            })
+                (outcome, seconds)
+            });
+            async move { (id, task.await) }
         })
         .buffer_unordered(ctx.settings.archive_concurrency.max(1));
-    while let Some(joined) = outcomes.next().await {
-        let (id, outcome, seconds) = joined.map_err(|e| Error::Internal(format!("an archival task failed: {e}")))?;
+    while let Some((id, joined)) = outcomes.next().await {
+        // A task that panicked fails its bucket, not the pass: the other buckets' tasks run
+        // on and are counted, and the bucket is deferred like any failed one.
+        let (outcome, seconds) = match joined {
+            Ok(done) => done,
+            Err(e) => {
+                let why = format!("its archival task failed: {e}");
+                if let Err(e) = defer_abandoned(ctx, owner, &id, &why).await {
+                    report.error(PassErrorKind::Bucket, format!("{id}: deferring it: {e}"));
+                }
+                report.deferred += 1;
+                report.error(PassErrorKind::Bucket, format!("{id}: {why}"));
+                continue;
+            }
+        };
         report.seconds.add_all(&seconds);
         match outcome {
             Ok(Outcome::Archived { rows, bytes }) => {
@@ -219,6 +235,23 @@ async fn work_on_all(
         }
     }
     Ok(awaiting_log)
+}
+
+/// Defers a bucket whose task ended without an outcome (it panicked): if this owner's claim
+/// still holds it, the claim is released as a deferral, so the bucket is retried after the
+/// retry delay rather than once the lease runs out. Passes of one owner never overlap, so the
+/// claim can only be the task's.
+async fn defer_abandoned(ctx: &Arc<Context>, owner: &str, id: &BucketId, why: &str) -> Result<()> {
+    let (store, lookup) = (ctx.store.clone(), id.clone());
+    let Some(meta) = blocking(move || store.bucket(&lookup)).await? else {
+        return Ok(());
+    };
+    if meta.lease_owner.as_deref() != Some(owner) {
+        return Ok(());
+    }
+    let (store, id, owner, why) = (ctx.store.clone(), id.clone(), owner.to_string(), why.to_string());
+    let (now, retry_at) = (ctx.clock.now(), ctx.clock.now() + ctx.settings.retry_us);
+    blocking(move || store.defer(id, owner, meta.generation, now, why, retry_at)).await
 }
 
 /// One step of every open erasure request (`erase::carry_out`); a failure is the pass's error

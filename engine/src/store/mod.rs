@@ -45,7 +45,7 @@ use self::holds::all_holds;
 pub use self::holds::{HoldPlacement, PolicyHoldSync};
 pub use self::protocol::{CleanupSlice, PlanOutcome, Publication};
 pub use self::publications::BucketManifests;
-pub use self::reads::Snapshot;
+pub use self::reads::{DUE_SCAN_MAX, DueWork, Snapshot};
 pub use self::recovery::{RECOVERY_PROBE_BYTES, RECOVERY_WAIT_MS_MAX};
 use self::schema::{
     BUCKETS, BUCKETS_BY_END, BUCKETS_BY_TIME, BucketId, BucketMeta, DELIVERIES, DUE, EPOCHS, ERASURES, HOLDS, INTENTS,

@@ -14,8 +14,8 @@ use super::outbox::push_outbox;
 use super::ownership::{release_intents, release_replaced};
 use super::reads::rows_match_manifest;
 use super::schema::{
-    BUCKETS_BY_END, BucketId, BucketMeta, INTENTS, MANIFESTS, TABLES, TableState, UploadIntent, decode_by_end_key,
-    decode_value, encode_value, generation_key, rows_table, rows_table_name,
+    BUCKETS, BUCKETS_BY_END, BucketId, BucketMeta, INTENTS, MANIFESTS, TABLES, TableState, UploadIntent,
+    decode_by_end_key, decode_value, encode_value, generation_key, rows_table, rows_table_name,
 };
 use super::{
     LifecycleInputs, Store, check_lease, dequeue_plan, encoding, load_meta, load_table_state, reconcile, record_step,
@@ -159,6 +159,26 @@ impl Store {
             }
             save_table_state(txn, &state)?;
             Ok(visited)
+        })
+    }
+
+    /// Reconciles the buckets `ids` in one transaction (a pass found them due under a stale
+    /// plan, `Store::due_work`): each leaves the due index and waits for a new plan, as the
+    /// table's reconciliation would do when it reached them. A bucket forgotten meanwhile is
+    /// passed over.
+    pub fn reconcile_buckets(&self, ids: Vec<BucketId>, now: Micros) -> Result<()> {
+        self.write(move |txn| {
+            for id in &ids {
+                let found = txn.open_table(BUCKETS)?.get(id.encode().as_slice())?.map(|v| decode_value(v.value()));
+                let Some(meta) = found else { continue };
+                let mut meta: BucketMeta = meta?;
+                let before = meta.clone();
+                reconcile(txn, &mut meta, now)?;
+                if meta != before {
+                    save_meta(txn, &meta)?;
+                }
+            }
+            Ok(())
         })
     }
 

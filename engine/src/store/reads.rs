@@ -7,7 +7,7 @@ use redb::{ReadableTable, ReadableTableMetadata, WriteTransaction};
 
 use crate::error::{Error, Result};
 use crate::model::rows::{RowExtent, RowFields, RowSummary, RowSummer};
-use crate::model::{ArchiveTarget, Micros, Record, invariants};
+use crate::model::{ArchiveTarget, BucketState, Micros, Record, invariants};
 
 use super::protocol::push_published;
 use super::schema::{
@@ -113,6 +113,54 @@ impl Store {
             }
         }
         Ok(out)
+    }
+
+    /// The work a pass takes: buckets due at or before `now`, soonest first, at most `limit`,
+    /// without those of the tables in `skip` (as `due_skipping`). A bucket whose next step its
+    /// plan decides but whose plan a policy change made stale is passed over and named in
+    /// `stale` (for `reconcile_buckets`): claiming it would only queue it for a plan, and after a
+    /// change that leaves thousands of them first in the index, a pass that claimed them would
+    /// spend its whole scan limit on them and archive nothing. At most `DUE_SCAN_MAX` entries
+    /// are read.
+    pub fn due_work(&self, now: Micros, limit: usize, skip: &std::collections::HashSet<String>) -> Result<DueWork> {
+        let txn = self.read()?;
+        let (due, buckets, tables) = (txn.open_table(DUE)?, txn.open_table(BUCKETS)?, txn.open_table(TABLES)?);
+        let mut policies: std::collections::HashMap<String, Option<String>> = Default::default();
+        let mut work = DueWork::default();
+        let end = due_key_bound(now);
+        for entry in due.range(..end.as_slice())?.take(DUE_SCAN_MAX) {
+            let (k, _) = entry?;
+            let (_, id) = decode_due_key(k.value())?;
+            if skip.contains(&id.table) {
+                continue;
+            }
+            let Some(meta) =
+                buckets.get(id.encode().as_slice())?.map(|v| decode_value::<BucketMeta>(v.value())).transpose()?
+            else {
+                continue;
+            };
+            let policy = match policies.get(&id.table) {
+                Some(policy) => policy.clone(),
+                None => {
+                    let state: Option<TableState> =
+                        tables.get(id.table.as_str())?.map(|v| decode_value(v.value())).transpose()?;
+                    let policy = state.filter(|s| s.unmanaged_since.is_none()).and_then(|s| s.retention);
+                    policies.insert(id.table.clone(), policy.clone());
+                    policy
+                }
+            };
+            // A table without a definition is left to the claim, which records why it waits.
+            let decided_by_plan = matches!(meta.state, BucketState::Hot | BucketState::Archived { hot_deleted: true });
+            if decided_by_plan && policy.is_some() && !meta.plan_is_current(policy.as_deref()) {
+                work.stale.push(meta.id);
+                continue;
+            }
+            work.ready.push(meta);
+            if work.ready.len() == limit {
+                break;
+            }
+        }
+        Ok(work)
     }
 
     /// The earliest due time in the index, for status (archival lag) and scheduling.
@@ -252,6 +300,18 @@ pub(super) fn table_buckets(txn: &WriteTransaction, table: &str) -> Result<Vec<B
         out.push(decode_value(entry?.1.value())?);
     }
     Ok(out)
+}
+
+/// Due-index entries a pass reads at most to find its work (`Store::due_work`).
+pub const DUE_SCAN_MAX: usize = 10_000;
+
+/// What a pass found due (`Store::due_work`).
+#[derive(Debug, Default)]
+pub struct DueWork {
+    /// Buckets to work on, soonest due first.
+    pub ready: Vec<BucketMeta>,
+    /// Due under a plan a policy change made stale: to be queued for a new plan.
+    pub stale: Vec<BucketId>,
 }
 
 pub(super) fn due_key_bound(now: Micros) -> Vec<u8> {
