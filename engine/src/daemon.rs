@@ -212,12 +212,15 @@ async fn pass_loop(engine: Arc<Engine>, passes: Arc<Passes>, mut stopping: tokio
     while !*stopping.borrow() {
         let started = std::time::Instant::now();
         match passes.run_once(&engine).await {
-            Ok(report) if report.planned + report.archived + report.cleaned + report.deferred > 0 => {
+            Ok(report) if report.made_progress() || report.deferred > 0 => {
                 tracing::info!(
                     planned = report.planned,
+                    reconciled = report.reconciled,
                     archived = report.archived,
                     cleaned = report.cleaned,
+                    expired = report.expired,
                     deferred = report.deferred,
+                    delivered = report.outbox_delivered,
                     rows = report.rows_archived,
                     seconds = format!("{:.3}", started.elapsed().as_secs_f64()),
                     phases = %busiest_phases(&report),

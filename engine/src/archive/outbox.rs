@@ -60,29 +60,52 @@ fn new_webhook_agent(sink: &SinkConfig) -> ureq::Agent {
         .into()
 }
 
-fn deliver_one(ctx: &Context, sink: &SinkConfig, event: &OutboxEvent) -> Result<()> {
-    let body = event_json(event, &sink.name);
+/// Delivers `events` to `sink` in order; returns the sequences delivered, and the failure that
+/// stopped the rest, if one did. A JSON-lines file takes them all in one write and one sync
+/// (a pass's events cost one fsync, not one each); a webhook takes one request per event,
+/// each with its idempotency key.
+fn deliver_batch(ctx: &Context, sink: &SinkConfig, events: &[OutboxEvent]) -> (Vec<u64>, Option<Error>) {
     match sink.kind {
         SinkKind::Webhook => {
-            let key = body["idempotency_key"].as_str().unwrap_or_default().to_string();
-            webhook_agent(ctx, sink)
-                .post(&sink.destination)
-                .header("Content-Type", "application/json")
-                .header("Idempotency-Key", &key)
-                .send(body.to_string())
-                .map_err(|e| Error::StorageUnavailable(format!("sink `{}`: {e}", sink.name)))
-                .and_then(|response| delivered(sink, &response))
+            let mut done = Vec::with_capacity(events.len());
+            for event in events {
+                let body = event_json(event, &sink.name);
+                let key = body["idempotency_key"].as_str().unwrap_or_default().to_string();
+                let sent = webhook_agent(ctx, sink)
+                    .post(&sink.destination)
+                    .header("Content-Type", "application/json")
+                    .header("Idempotency-Key", &key)
+                    .send(body.to_string())
+                    .map_err(|e| Error::StorageUnavailable(format!("sink `{}`: {e}", sink.name)))
+                    .and_then(|response| delivered(sink, &response));
+                match sent {
+                    Ok(()) => done.push(event.sequence),
+                    Err(e) => return (done, Some(e)),
+                }
+            }
+            (done, None)
         }
         SinkKind::Jsonl => {
-            let mut file = std::fs::OpenOptions::new()
+            let mut lines = String::new();
+            for event in events {
+                lines.push_str(&event_json(event, &sink.name).to_string());
+                lines.push('\n');
+            }
+            let written = std::fs::OpenOptions::new()
                 .create(true)
                 .append(true)
                 .open(&sink.destination)
-                .map_err(|e| Error::io(&sink.destination, e))?;
-            let mut line = body.to_string();
-            line.push('\n');
-            file.write_all(line.as_bytes()).map_err(|e| Error::io(&sink.destination, e))?;
-            file.sync_data().map_err(|e| Error::io(&sink.destination, e))
+                .and_then(|mut file| {
+                    file.write_all(lines.as_bytes())?;
+                    file.sync_data()
+                })
+                .map_err(|e| Error::io(&sink.destination, e));
+            match written {
+                Ok(()) => (events.iter().map(|e| e.sequence).collect(), None),
+                // Some lines may have reached the file: they are delivered again, as at least
+                // once allows (each carries its idempotency key).
+                Err(e) => (Vec::new(), Some(e)),
+            }
         }
     }
 }
@@ -113,6 +136,7 @@ pub async fn deliver(ctx: &Arc<Context>) -> Result<u64> {
     if events.is_empty() {
         return Ok(0);
     }
+    let sequences: Vec<u64> = events.iter().map(|e| e.sequence).collect();
     let sinks = ctx.policies.clone().sinks.clone();
     let backoffs = &ctx.memory().sink_backoffs;
     for sink in &sinks {
@@ -121,46 +145,41 @@ pub async fn deliver(ctx: &Arc<Context>) -> Result<u64> {
         if backoffs.lock().expect("backoffs").get(&key).is_some_and(|(until, _)| now < *until) {
             continue;
         }
-        for event in &events {
-            let (store, name, sequence) = (ctx.store.clone(), sink.name.clone(), event.sequence);
-            if blocking(move || store.delivered(&name, sequence)).await? {
-                continue;
+        let (store, name, among) = (ctx.store.clone(), sink.name.clone(), sequences.clone());
+        let already = blocking(move || store.delivered_among(&name, &among)).await?;
+        let pending: Vec<OutboxEvent> = events.iter().filter(|e| !already.contains(&e.sequence)).cloned().collect();
+        if pending.is_empty() {
+            continue;
+        }
+        let (engine, sink_config) = (ctx.clone(), sink.clone());
+        let (done, failure) = blocking(move || Ok(deliver_batch(&engine, &sink_config, &pending))).await?;
+        if !done.is_empty() {
+            // Delivered but not yet recorded: a crash here delivers the events again.
+            crate::failpoints::hit("after_outbox_delivery")?;
+            let (store, name, now) = (ctx.store.clone(), sink.name.clone(), ctx.clock.now());
+            blocking(move || store.record_deliveries(name, done, now)).await?;
+        }
+        let mut map = backoffs.lock().expect("backoffs");
+        match failure {
+            None => {
+                map.remove(&key);
             }
-            let (engine2, sink2, event2) = (ctx.clone(), sink.clone(), event.clone());
-            match blocking(move || deliver_one(&engine2, &sink2, &event2)).await {
-                Ok(()) => {
-                    // Delivered but not yet recorded: a crash here delivers the event again.
-                    crate::failpoints::hit("after_outbox_delivery")?;
-                    let (store, name, now) = (ctx.store.clone(), sink.name.clone(), ctx.clock.now());
-                    blocking(move || store.record_delivery(name, sequence, now)).await?;
-                    backoffs.lock().expect("backoffs").remove(&key);
-                }
-                Err(e) => {
-                    let mut map = backoffs.lock().expect("backoffs");
-                    let failures = map.get(&key).map_or(0, |(_, n)| *n) + 1;
-                    let delay_ms = (SINK_BACKOFF_MS_MIN << failures.min(16)).min(SINK_BACKOFF_MS_MAX);
-                    map.insert(key.clone(), (ctx.clock.now() + delay_ms as i64 * 1_000, failures));
-                    tracing::warn!(sink = %sink.name, error = %e, retry_in_ms = delay_ms, "outbox delivery failed");
-                    break;
-                }
+            Some(e) => {
+                let failures = map.get(&key).map_or(0, |(_, n)| *n) + 1;
+                let delay_ms = (SINK_BACKOFF_MS_MIN << failures.min(16)).min(SINK_BACKOFF_MS_MAX);
+                map.insert(key.clone(), (ctx.clock.now() + delay_ms as i64 * 1_000, failures));
+                tracing::warn!(sink = %sink.name, error = %e, retry_in_ms = delay_ms, "outbox delivery failed");
             }
         }
     }
     // An event is deleted only once every sink has recorded its delivery.
-    let mut done = Vec::new();
-    for event in &events {
-        let mut everywhere = true;
-        for sink in &sinks {
-            let (store, name, sequence) = (ctx.store.clone(), sink.name.clone(), event.sequence);
-            if !blocking(move || store.delivered(&name, sequence)).await? {
-                everywhere = false;
-                break;
-            }
-        }
-        if everywhere {
-            done.push(event.sequence);
-        }
+    let mut everywhere: std::collections::HashSet<u64> = sequences.iter().copied().collect();
+    for sink in &sinks {
+        let (store, name, among) = (ctx.store.clone(), sink.name.clone(), sequences.clone());
+        let delivered = blocking(move || store.delivered_among(&name, &among)).await?;
+        everywhere.retain(|s| delivered.contains(s));
     }
+    let done: Vec<u64> = sequences.into_iter().filter(|s| everywhere.contains(s)).collect();
     let completed = done.len() as u64;
     if !done.is_empty() {
         let store = ctx.store.clone();

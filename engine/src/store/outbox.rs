@@ -35,38 +35,50 @@ impl Store {
         })
     }
 
-    /// Records that `sink` has delivered event `sequence`.
-    pub fn record_delivery(&self, sink: String, sequence: u64, now: Micros) -> Result<()> {
+    /// Records, in one transaction, that `sink` has delivered each of `sequences`.
+    pub fn record_deliveries(&self, sink: String, sequences: Vec<u64>, now: Micros) -> Result<()> {
         self.write(move |txn| {
-            let key = delivery_key(&sink, sequence);
-            txn.open_table(DELIVERIES)?.insert(key.as_slice(), now)?;
+            let mut t = txn.open_table(DELIVERIES)?;
+            for sequence in sequences {
+                t.insert(delivery_key(&sink, sequence).as_slice(), now)?;
+            }
             Ok(())
         })
     }
 
-    pub fn delivered(&self, sink: &str, sequence: u64) -> Result<bool> {
+    /// Which of `sequences` `sink` has delivered, read at one instant.
+    pub fn delivered_among(&self, sink: &str, sequences: &[u64]) -> Result<std::collections::HashSet<u64>> {
         let txn = self.read()?;
         let t = txn.open_table(DELIVERIES)?;
-        Ok(t.get(delivery_key(sink, sequence).as_slice())?.is_some())
+        let mut out = std::collections::HashSet::new();
+        for &sequence in sequences {
+            if t.get(delivery_key(sink, sequence).as_slice())?.is_some() {
+                out.insert(sequence);
+            }
+        }
+        Ok(out)
     }
 
-    /// Removes delivered outbox events and their delivery records.
+    /// Removes delivered outbox events and their delivery records (those of sinks since
+    /// removed from the policy too), in one transaction and one walk of the records.
     pub fn ack_outbox(&self, sequences: Vec<u64>) -> Result<()> {
         self.write(move |txn| {
             let mut t = txn.open_table(OUTBOX)?;
             let mut deliveries = txn.open_table(DELIVERIES)?;
-            for s in sequences {
+            let acked: std::collections::HashSet<[u8; 8]> = sequences.iter().map(|s| s.to_be_bytes()).collect();
+            for s in &sequences {
                 t.remove(s.to_be_bytes().as_slice())?;
-                let mut stale: Vec<Vec<u8>> = Vec::new();
-                for entry in deliveries.iter()? {
-                    let key = entry?.0.value().to_vec();
-                    if key.ends_with(&s.to_be_bytes()) {
-                        stale.push(key);
-                    }
+            }
+            let mut stale: Vec<Vec<u8>> = Vec::new();
+            for entry in deliveries.iter()? {
+                let key = entry?.0.value().to_vec();
+                let sequence: Option<[u8; 8]> = key.len().checked_sub(8).and_then(|at| key[at..].try_into().ok());
+                if sequence.is_some_and(|s| acked.contains(&s)) {
+                    stale.push(key);
                 }
-                for k in stale {
-                    deliveries.remove(k.as_slice())?;
-                }
+            }
+            for k in stale {
+                deliveries.remove(k.as_slice())?;
             }
             Ok(())
         })
@@ -117,4 +129,34 @@ pub(super) fn expiry_events_pending(txn: &WriteTransaction, id: &BucketId) -> Re
         }
     }
     Ok(false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Deliveries are recorded and read a batch at a time, and an acknowledgement removes the
+    /// events and every sink's record of them (a sink since removed from the policy too),
+    /// nothing else.
+    #[test]
+    fn deliveries_are_recorded_in_batches_and_an_acknowledgement_removes_every_record_of_its_events() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("hot.redb")).unwrap();
+        for n in 0..5 {
+            store.write(move |txn| push_outbox(txn, "test", None, n, serde_json::json!({ "n": n }))).unwrap();
+        }
+        let sequences: Vec<u64> = store.outbox(10).unwrap().iter().map(|e| e.sequence).collect();
+        assert_eq!(sequences.len(), 5);
+        store.record_deliveries("audit".into(), sequences[..3].to_vec(), 1).unwrap();
+        store.record_deliveries("removed sink".into(), sequences.clone(), 1).unwrap();
+        let audit = store.delivered_among("audit", &sequences).unwrap();
+        assert_eq!(audit, sequences[..3].iter().copied().collect());
+        assert_eq!(store.delivered_among("removed sink", &sequences).unwrap().len(), 5);
+
+        store.ack_outbox(sequences[..3].to_vec()).unwrap();
+        assert_eq!(store.outbox(10).unwrap().iter().map(|e| e.sequence).collect::<Vec<_>>(), sequences[3..]);
+        assert!(store.delivered_among("audit", &sequences).unwrap().is_empty());
+        let left = store.delivered_among("removed sink", &sequences).unwrap();
+        assert_eq!(left, sequences[3..].iter().copied().collect(), "only the acknowledged events' records go");
+    }
 }

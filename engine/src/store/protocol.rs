@@ -225,7 +225,11 @@ impl Store {
                 }
                 return Ok(None);
             }
-            match lifecycle::claimable(&inputs.view(&meta, now), now) {
+            let claimable = lifecycle::claimable(&inputs.view(&meta, now), now);
+            if let Err(why) = &claimable {
+                tracing::debug!(bucket = %id, state = ?meta.state, ?why, due_at = ?meta.due_at, "not claimed");
+            }
+            match claimable {
                 Ok(_) => {}
                 Err(NotClaimable::Leased) => return Ok(None),
                 Err(NotClaimable::Held) => {
