@@ -1919,3 +1919,18 @@ fn without_colours(text: &str) -> String {
     }
     out
 }
+
+/// A running engine works through a backlog pass after pass, the interval only pacing it once
+/// it has caught up: with passes every hour and 8 buckets a pass, 72 due buckets are archived
+/// now, not 8 an hour (before, a pass waited out the interval whatever was left).
+#[test]
+fn a_backlog_is_archived_pass_after_pass_without_waiting_for_the_interval() {
+    let d = dirs();
+    let ingest = run_cli(command(&d), &["ingest", "--table", "events", "-"], Some(&sample_lines(2_000).join("\n")));
+    assert!(ingest.status.success(), "{}", text(&ingest.stderr));
+    let server = Server::start(&d, &["--interval-seconds", "3600", "--scan-limit", "8"], true);
+    server.wait_for("every due bucket archived", |s| {
+        let status = s.json("/v1/status");
+        status["due_now"] == 0 && status["tables"][0]["states"]["archived"]["buckets"] == 72
+    });
+}
