@@ -248,7 +248,6 @@ impl PassReport {
         self.errors.push(message);
     }
 
-    /// Whether the pass changed any bucket's state (another pass may find more to do).
     /// Due buckets the pass took and settled one way or another (archived or cleaned,
     /// expired, purged, deferred, held, or waiting for a Delta log): when this reaches the scan
     /// limit, more is likely due.
@@ -256,6 +255,7 @@ impl PassReport {
         self.cleaned + self.expired + self.tombstones_purged + self.deferred + self.held + self.expiries_awaiting_log
     }
 
+    /// Whether the pass changed any bucket's state (another pass may find more to do).
     pub fn made_progress(&self) -> bool {
         self.planned + self.archived + self.cleaned + self.expired + self.tombstones_purged > 0
     }
