@@ -139,20 +139,21 @@ pub async fn deliver(ctx: &Arc<Context>) -> Result<u64> {
     let sequences: Vec<u64> = events.iter().map(|e| e.sequence).collect();
     let sinks = ctx.policies.clone().sinks.clone();
     let backoffs = &ctx.memory().sink_backoffs;
+    // An event is deleted only once every sink has recorded its delivery.
+    let mut everywhere: std::collections::HashSet<u64> = sequences.iter().copied().collect();
     for sink in &sinks {
         let key = sink.name.clone();
-        let now = ctx.clock.now();
-        if backoffs.lock().expect("backoffs").get(&key).is_some_and(|(until, _)| now < *until) {
-            continue;
-        }
         let (store, name, among) = (ctx.store.clone(), sink.name.clone(), sequences.clone());
         let already = blocking(move || store.delivered_among(&name, &among)).await?;
         let pending: Vec<OutboxEvent> = events.iter().filter(|e| !already.contains(&e.sequence)).cloned().collect();
-        if pending.is_empty() {
+        let now = ctx.clock.now();
+        if pending.is_empty() || backoffs.lock().expect("backoffs").get(&key).is_some_and(|(until, _)| now < *until) {
+            everywhere.retain(|s| already.contains(s));
             continue;
         }
         let (engine, sink_config) = (ctx.clone(), sink.clone());
         let (done, failure) = blocking(move || Ok(deliver_batch(&engine, &sink_config, &pending))).await?;
+        everywhere.retain(|s| already.contains(s) || done.contains(s));
         if !done.is_empty() {
             // Delivered but not yet recorded: a crash here delivers the events again.
             crate::failpoints::hit("after_outbox_delivery")?;
@@ -171,13 +172,6 @@ pub async fn deliver(ctx: &Arc<Context>) -> Result<u64> {
                 tracing::warn!(sink = %sink.name, error = %e, retry_in_ms = delay_ms, "outbox delivery failed");
             }
         }
-    }
-    // An event is deleted only once every sink has recorded its delivery.
-    let mut everywhere: std::collections::HashSet<u64> = sequences.iter().copied().collect();
-    for sink in &sinks {
-        let (store, name, among) = (ctx.store.clone(), sink.name.clone(), sequences.clone());
-        let delivered = blocking(move || store.delivered_among(&name, &among)).await?;
-        everywhere.retain(|s| delivered.contains(s));
     }
     let done: Vec<u64> = sequences.into_iter().filter(|s| everywhere.contains(s)).collect();
     let completed = done.len() as u64;

@@ -45,7 +45,7 @@ use self::holds::all_holds;
 pub use self::holds::{HoldPlacement, PolicyHoldSync};
 pub use self::protocol::{CleanupSlice, PlanOutcome, Publication};
 pub use self::publications::BucketManifests;
-pub use self::reads::{DUE_SCAN_MAX, DueWork, Snapshot};
+pub use self::reads::{DueWork, Snapshot};
 pub use self::recovery::{RECOVERY_PROBE_BYTES, RECOVERY_WAIT_MS_MAX};
 use self::schema::{
     BUCKETS, BUCKETS_BY_END, BUCKETS_BY_TIME, BucketId, BucketMeta, DELIVERIES, DUE, EPOCHS, ERASURES, HOLDS, INTENTS,
@@ -433,7 +433,13 @@ fn save_table_state(txn: &WriteTransaction, state: &TableState) -> Result<()> {
 /// The identity of the retention policy in force for a table, `None` when the table has no
 /// definition in the policy directory.
 fn table_policy(txn: &WriteTransaction, table: &str) -> Result<Option<String>> {
-    Ok(load_table_state(txn, table)?.filter(|s| s.unmanaged_since.is_none()).and_then(|s| s.retention))
+    Ok(retention_in_force(load_table_state(txn, table)?))
+}
+
+/// The retention identity a table's recorded state puts in force: none while the table has
+/// no definition.
+fn retention_in_force(state: Option<TableState>) -> Option<String> {
+    state.filter(|s| s.unmanaged_since.is_none()).and_then(|s| s.retention)
 }
 
 fn save_tombstone(txn: &WriteTransaction, tombstone: &Tombstone) -> Result<()> {

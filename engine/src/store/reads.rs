@@ -87,36 +87,19 @@ impl Store {
 
     /// Buckets whose action is due at or before `now`, soonest first, at most `limit`.
     pub fn due(&self, now: Micros, limit: usize) -> Result<Vec<(Micros, BucketId)>> {
-        self.due_skipping(now, limit, &Default::default())
-    }
-
-    /// `due`, without the buckets of the tables in `skip` (paused by a backfill lease): those
-    /// stay due, and other tables' work is not held up behind them.
-    pub fn due_skipping(
-        &self,
-        now: Micros,
-        limit: usize,
-        skip: &std::collections::HashSet<String>,
-    ) -> Result<Vec<(Micros, BucketId)>> {
         let txn = self.read()?;
         let t = txn.open_table(DUE)?;
         let end = due_key_bound(now);
         let mut out = Vec::new();
-        for entry in t.range(..end.as_slice())? {
-            let (k, _) = entry?;
-            let (at, id) = decode_due_key(k.value())?;
-            if !skip.contains(&id.table) {
-                out.push((at, id));
-                if out.len() == limit {
-                    break;
-                }
-            }
+        for entry in t.range(..end.as_slice())?.take(limit) {
+            out.push(decode_due_key(entry?.0.value())?);
         }
         Ok(out)
     }
 
     /// The work a pass takes: buckets due at or before `now`, soonest first, at most `limit`,
-    /// without those of the tables in `skip` (as `due_skipping`). A bucket whose next step its
+    /// without those of the tables in `skip` (paused by a backfill lease: they stay due, and
+    /// other tables' work is not held up behind them). A bucket whose next step its
     /// plan decides but whose plan a policy change made stale is passed over and named in
     /// `stale` (for `reconcile_buckets`): claiming it would only queue it for a plan, and after a
     /// change that leaves thousands of them first in the index, a pass that claimed them would
@@ -144,7 +127,7 @@ impl Store {
                 None => {
                     let state: Option<TableState> =
                         tables.get(id.table.as_str())?.map(|v| decode_value(v.value())).transpose()?;
-                    let policy = state.filter(|s| s.unmanaged_since.is_none()).and_then(|s| s.retention);
+                    let policy = super::retention_in_force(state);
                     policies.insert(id.table.clone(), policy.clone());
                     policy
                 }
