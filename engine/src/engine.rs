@@ -138,6 +138,10 @@ pub(crate) struct DeltaCoverage {
 /// share it, and an engine that closes forgets it, as a process that exits does.
 #[derive(Default)]
 pub(crate) struct PassMemory {
+    /// Whether a full sweep finished in this life. Until one has, every sweep is full: a copy
+    /// of a data directory (a restored backup) begins with a life, and only a full listing
+    /// finds what the other copy wrote wherever it lies (`archive::sweep`).
+    pub swept_fully: std::sync::atomic::AtomicBool,
     /// Tables whose Delta log the last sync left matching this installation's manifests.
     #[cfg(feature = "delta")]
     pub delta_in_sync: std::sync::Mutex<std::collections::HashSet<String>>,

@@ -15,6 +15,9 @@ pub const ORPHAN_GRACE_SECONDS_DEFAULT: u64 = 86_400;
 /// The orphan sweep never deletes an object younger than this.
 pub const ORPHAN_GRACE_SECONDS_MIN: u64 = 3_600;
 pub const SWEEP_INTERVAL_SECONDS_DEFAULT: u64 = 3_600;
+/// How often the sweep lists every archive (`archive::sweep`): a day. The sweeps between
+/// look only where released keys lie; the first sweep of every life is full too.
+pub const SWEEP_FULL_INTERVAL_SECONDS_DEFAULT: u64 = 86_400;
 /// How long a bucket that took a late record waits before its next generation is published.
 /// A next generation rewrites the whole bucket (about the cost of its first archival, see
 /// BENCHMARKS.md, scenario `late`), so late records that trickle in are gathered into one
@@ -78,6 +81,11 @@ pub struct ArchiverArgs {
     /// Seconds between orphan sweeps inside `run`.
     #[arg(long, env = "ARCHIVER_SWEEP_INTERVAL_SECONDS", default_value_t = SWEEP_INTERVAL_SECONDS_DEFAULT)]
     pub sweep_interval_seconds: u64,
+    /// Seconds between full sweeps, which list every archive of every target; the sweeps between
+    /// list only the folders of keys this data directory released. The first sweep of every
+    /// start is full.
+    #[arg(long, env = "ARCHIVER_SWEEP_FULL_INTERVAL_SECONDS", default_value_t = SWEEP_FULL_INTERVAL_SECONDS_DEFAULT)]
+    pub sweep_full_interval_seconds: u64,
     /// Seconds a bucket that took a late record (or a backfill) waits before its next generation
     /// is published (0 to 604800; 0: the next pass). Records arriving meanwhile join the same
     /// generation; queries read them at once either way.
@@ -126,6 +134,7 @@ impl Default for ArchiverArgs {
             tombstone_retention_seconds: TOMBSTONE_RETENTION_SECONDS_DEFAULT,
             orphan_grace_seconds: ORPHAN_GRACE_SECONDS_DEFAULT,
             sweep_interval_seconds: SWEEP_INTERVAL_SECONDS_DEFAULT,
+            sweep_full_interval_seconds: SWEEP_FULL_INTERVAL_SECONDS_DEFAULT,
             late_grace_seconds: LATE_GRACE_SECONDS_DEFAULT,
             share_erasures: None,
             store_cache_mib: STORE_CACHE_MIB_DEFAULT,
@@ -149,6 +158,8 @@ pub struct Settings {
     pub tombstone_retention_us: Micros,
     pub orphan_grace_us: Micros,
     pub sweep_interval_us: Micros,
+    /// Between full sweeps (the ones between look only where released keys lie).
+    pub sweep_full_interval_us: Micros,
     /// How long a bucket with late records waits before its next generation (0: at once).
     pub late_grace_us: Micros,
     /// Erasure requests go through the shared targets (`archive::fleet_erase`), their values
@@ -266,6 +277,7 @@ impl ArchiverArgs {
             tombstone_retention_us: positive("ARCHIVER_TOMBSTONE_RETENTION_SECONDS", self.tombstone_retention_seconds)?,
             orphan_grace_us: orphan_grace_seconds.unwrap_or(self.orphan_grace_seconds) as i64 * MICROS_PER_SECOND,
             sweep_interval_us: positive("ARCHIVER_SWEEP_INTERVAL_SECONDS", self.sweep_interval_seconds)?,
+            sweep_full_interval_us: positive("ARCHIVER_SWEEP_FULL_INTERVAL_SECONDS", self.sweep_full_interval_seconds)?,
             late_grace_us: self.late_grace_seconds as i64 * MICROS_PER_SECOND,
             share_erasures: self.share_erasures.clone(),
             eligible_before,

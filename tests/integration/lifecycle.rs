@@ -324,6 +324,33 @@ fn a_sink_that_is_down_delays_delivery_but_never_blocks_archival() {
     assert_eq!(unique.len(), keys.len(), "one idempotency key per event");
 }
 
+/// On 2024-03-05, a worker claims bucket 2024-03-01 of `p0`, records an upload intent, uploads
+/// one segment and dies; after its lease the next pass takes the bucket over and archives the
+/// day's three buckets, releasing the dead worker's key. Returns that key (the orphan).
+fn archive_leaving_a_released_orphan(e: &TestEngine) -> String {
+    e.clock.set(t("2024-03-05T00:00:00Z"));
+    let store = e.engine.store().clone();
+    let backend = e.backend("r");
+    let id = store.buckets("r", Some(b"p0")).unwrap()[0].id.clone();
+    let claimed = store.claim(id.clone(), "w".into(), e.clock.now(), 60_000_000).unwrap().unwrap();
+    let orphan = format!(
+        "table=r/bucket=day:2024-03-01/partition=p0/seg-{}-00009-0123456789abcdef.jsonl",
+        e.engine.context().writer().unwrap()
+    );
+    let intent = frostline::store::schema::UploadIntent {
+        bucket: id,
+        generation: claimed.generation,
+        target: backend.target().to_string(),
+        keys: vec![orphan.clone()],
+        recorded_at: e.clock.now(),
+    };
+    store.record_intent(intent, "w".into(), e.clock.now()).unwrap();
+    runtime().block_on(backend.put_create(&orphan, "x".into())).unwrap();
+    e.clock.advance(120_000_000);
+    assert_eq!(e.pass().archived, 3);
+    orphan
+}
+
 /// The sweep deletes what this data directory released (a key its upload intent named that the
 /// published archive does not use, as a worker that died after uploading leaves one), once
 /// past the grace period; an object that merely carries this installation's id proves nothing
@@ -334,25 +361,9 @@ fn the_orphan_sweep_deletes_only_old_objects_this_directory_released() {
     let e = TestEngine::new(&policy(""), "2024-03-01T12:00:00Z");
     e.engine.append("r", records("2024-03-01T00:00:00Z", 1, 9)).unwrap();
     e.pass(); // plan
-    e.clock.set(t("2024-03-05T00:00:00Z"));
-    let store = e.engine.store().clone();
+    let orphan = archive_leaving_a_released_orphan(&e);
     let backend = e.backend("r");
-    let id = store.buckets("r", Some(b"p0")).unwrap()[0].id.clone();
-    let claimed = store.claim(id.clone(), "w".into(), e.clock.now(), 60_000_000).unwrap().unwrap();
     let folder = "table=r/bucket=day:2024-03-01/partition=p0/";
-    let orphan = format!("{folder}seg-{}-00009-0123456789abcdef.jsonl", e.engine.context().writer().unwrap());
-    let intent = frostline::store::schema::UploadIntent {
-        bucket: id,
-        generation: claimed.generation,
-        target: backend.target().to_string(),
-        keys: vec![orphan.clone()],
-        recorded_at: e.clock.now(),
-    };
-    store.record_intent(intent, "w".into(), e.clock.now()).unwrap();
-    runtime().block_on(backend.put_create(&orphan, "x".into())).unwrap();
-    // The worker dies; after its lease the next pass takes the bucket over and archives it.
-    e.clock.advance(120_000_000);
-    assert_eq!(e.pass().archived, 3);
     let unproven = format!("{folder}seg-{}-00008-0123456789abcdef.jsonl", e.engine.installation_id());
     runtime().block_on(backend.put_create(&unproven, "y".into())).unwrap();
     let foreign = format!("{folder}seg-ffffffffffffffff-00009-0123456789abcdef.jsonl");
@@ -377,6 +388,92 @@ fn the_orphan_sweep_deletes_only_old_objects_this_directory_released() {
     let verdicts =
         runtime().block_on(frostline::archive::verify::verify(&e.engine.context(), None, None, |_| {})).unwrap();
     assert!(verdicts.iter().all(|v| v.ok), "{verdicts:?}");
+}
+
+/// Between full sweeps the sweep lists only the folders of the keys this data directory
+/// released, not the archive (issue "Cost that grows with change"): a late record's next
+/// generation releases the one it replaced, and the sweep after it lists those objects and
+/// deletes them, not the 30 buckets beside them. The first sweep of a life lists everything, and
+/// so does one `ARCHIVER_SWEEP_FULL_INTERVAL_SECONDS` after the last full one.
+#[test]
+fn between_full_sweeps_the_sweep_lists_only_the_folders_of_released_keys() {
+    use frostline::archive::sweep::sweep_if_due;
+    let settings = frostline::settings::Settings { orphan_grace_us: 0, late_grace_us: 0, ..Default::default() };
+    // The engine's clock runs at real time below (objects are stamped with it): nothing expires.
+    let policy = policy("").replace("expire_after = \"30d\"", "expire_after = \"3650d\"");
+    let e = TestEngine::open_with_settings(&policy, "2024-03-01T12:00:00Z", &[], Default::default(), settings).unwrap();
+    let appended = records("2024-03-01T00:00:00Z", 10, 9);
+    e.engine.append("r", appended.clone()).unwrap();
+    e.pass(); // plan (and this life's first sweep: a full one)
+    // Real time is what the store stamps objects with; the engine's clock decides their age.
+    e.clock.set(frostline::clock::SystemClock.now() + 3_600_000_000);
+    assert_eq!(e.pass().archived, 30);
+    let archive = objects(&e);
+    assert!(archive.len() >= 60, "a manifest and a segment a bucket: {}", archive.len());
+    let sweep = || runtime().block_on(sweep_if_due(&e.engine.context())).unwrap();
+    assert!(sweep().is_none(), "the pass swept; the next is an interval away");
+
+    e.clock.advance(2 * 3_600_000_000);
+    let nothing_released = sweep().expect("an interval after the last");
+    assert!(!nothing_released.full, "{nothing_released:?}");
+    assert_eq!((nothing_released.listed, nothing_released.deleted), (0, 0), "{nothing_released:?}");
+
+    // A late record: its bucket's next generation replaces the first, whose objects are released.
+    let store = e.engine.store().clone();
+    let mut late = appended[0].clone();
+    late.sort_key = b"late".to_vec();
+    e.engine.append("r", vec![late]).unwrap();
+    for _ in 0..3 {
+        e.clock.advance(1_000_000);
+        e.pass();
+    }
+    let released: Vec<String> = store.snapshot().unwrap().released(100).unwrap().into_iter().map(|r| r.key).collect();
+    assert_eq!(released.len(), 2, "the first generation's manifest and segment: {released:?}");
+    assert!(released.iter().all(|k| archive.contains(k)), "{released:?}");
+
+    e.clock.advance(2 * 3_600_000_000);
+    let swept = sweep().expect("an interval after the last");
+    assert!(!swept.full, "{swept:?}");
+    assert_eq!((swept.listed, swept.orphans, swept.deleted), (2, 2, 2), "only the released keys: {swept:?}");
+    let left = objects(&e);
+    assert!(released.iter().all(|k| !left.contains(k)), "{left:?}");
+    assert!(store.snapshot().unwrap().released(100).unwrap().is_empty(), "forgotten once deleted");
+    assert_eq!(e.query_all("r").len(), appended.len() + 1, "every record reads back");
+
+    e.clock.advance(DAY_US);
+    let daily = sweep().expect("an interval after the last");
+    assert!(daily.full && daily.listed >= 60, "a day after the last full one: {daily:?}");
+    e.clock.advance(2 * 3_600_000_000);
+    assert!(!sweep().unwrap().full);
+    drop(store);
+    let e = e.restart().unwrap();
+    e.clock.advance(2 * 3_600_000_000);
+    let after_restart = runtime().block_on(sweep_if_due(&e.engine.context())).unwrap().unwrap();
+    assert!(after_restart.full, "the first sweep of a life is full: {after_restart:?}");
+}
+
+/// A target declared with `sweep = false` is left alone by every sweep, full or incremental:
+/// a key this data directory released there stays, past any grace.
+#[test]
+fn a_target_declared_with_sweep_off_is_never_swept() {
+    let policy = policy("target = \"kept\"\n[[target]]\nname = \"kept\"\nurl = \"memory://\"\nsweep = false\n");
+    let e = TestEngine::new(&policy, "2024-03-01T12:00:00Z");
+    e.engine.append("r", records("2024-03-01T00:00:00Z", 1, 3)).unwrap();
+    e.pass();
+    let orphan = archive_leaving_a_released_orphan(&e);
+    let (store, backend) = (e.engine.store().clone(), e.backend("r"));
+    assert_eq!(store.snapshot().unwrap().released(10).unwrap().len(), 1, "the orphan is released");
+    e.clock.set(frostline::clock::SystemClock.now() + 10 * DAY_US);
+    let full = runtime().block_on(frostline::archive::sweep::sweep(&e.engine.context(), false)).unwrap();
+    e.clock.advance(2 * 3_600_000_000);
+    let incremental =
+        runtime().block_on(frostline::archive::sweep::sweep_if_due(&e.engine.context())).unwrap().unwrap();
+    assert!(!incremental.full, "{incremental:?}");
+    for report in [full, incremental] {
+        assert_eq!((report.listed, report.orphans, report.deleted), (0, 0, 0), "{report:?}");
+    }
+    let left = runtime().block_on(backend.list("table=r/")).unwrap();
+    assert!(left.iter().any(|o| o.key == orphan), "{left:?}");
 }
 
 #[test]

@@ -234,20 +234,7 @@ impl TestEngine {
         let mut tables = current.tables.clone();
         let old = tables.get(table).unwrap().clone();
         tables.insert(table.to_string(), std::sync::Arc::new(change(&old)));
-        self.engine
-            .install_policies(frostline::policy::PolicySet {
-                tables,
-                targets: current.targets.clone(),
-                dir: current.dir.clone(),
-                generation: current.generation,
-                files: current.files.clone(),
-                plugins: current.plugins.clone(),
-                retired: current.retired.clone(),
-                holds: current.holds.clone(),
-                sinks: current.sinks.clone(),
-                target_probes: current.target_probes.clone(),
-            })
-            .unwrap();
+        self.engine.install_policies(frostline::policy::PolicySet { tables, ..(*current).clone() }).unwrap();
     }
 
     pub fn backend(&self, table: &str) -> std::sync::Arc<dyn frostline::storage::ArchiveBackend> {

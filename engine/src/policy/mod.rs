@@ -87,6 +87,10 @@ struct RawTarget {
     config: Option<toml::Table>,
     time_limit_ms: Option<u64>,
     memory_limit_mib: Option<u64>,
+    /// `false` keeps the orphan sweep off this target (native or plugin): nothing on it is
+    /// ever deleted as an orphan. For a target another tool also cleans, or one whose listings
+    /// cost more than the objects they would free.
+    sweep: Option<bool>,
     // Options of a `url` target, documented on `storage::target::TargetConfig`.
     endpoint: Option<String>,
     region: Option<String>,
@@ -160,6 +164,9 @@ pub struct PolicySet {
     pub sinks: Vec<SinkConfig>,
     /// The probe result of each native target, by name (shown in status).
     pub target_probes: BTreeMap<String, Arc<TargetProbe>>,
+    /// Targets declared with `sweep = false`, by URL (`ArchiveBackend::target`): the orphan
+    /// sweep leaves them alone.
+    pub unswept_targets: std::collections::BTreeSet<String>,
 }
 
 /// Wraps a native target's backend before it is probed and used.
@@ -290,6 +297,8 @@ pub fn load_with(
 
     let mut plugin_targets = Vec::new();
     let mut native_targets = Vec::new();
+    let unswept_names: Vec<String> =
+        raw_targets.iter().filter(|(_, (_, raw))| raw.sweep == Some(false)).map(|(name, _)| name.clone()).collect();
     for (name, (file, mut raw)) in raw_targets {
         let native = raw.take_native();
         match grants::target_kind(&file, raw)? {
@@ -363,6 +372,8 @@ pub fn load_with(
         let table = build_table(&raw.id, &file, declaration, strategy, retention, backend, true)?;
         tables.insert(raw.id, Arc::new(TablePolicy { components, ..table }));
     }
+    let unswept_targets =
+        unswept_names.iter().filter_map(|name| targets.get(name)).map(|b| b.target().to_string()).collect();
     Ok(PolicySet {
         tables,
         targets,
@@ -374,6 +385,7 @@ pub fn load_with(
         holds,
         sinks,
         target_probes,
+        unswept_targets,
     })
 }
 

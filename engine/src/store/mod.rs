@@ -43,6 +43,7 @@ pub use self::append::{AppendBatch, AppendOutcome, PreparedRow};
 pub use self::expiry::TOMBSTONE_PURGE_RETRY_US;
 use self::holds::all_holds;
 pub use self::holds::{HoldPlacement, PolicyHoldSync};
+pub use self::ownership::BucketReferences;
 pub use self::protocol::{CleanupSlice, PlanOutcome, Publication};
 pub use self::publications::BucketManifests;
 pub use self::reads::{DueWork, Snapshot};

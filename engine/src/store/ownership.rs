@@ -19,8 +19,8 @@ use crate::model::Micros;
 use super::outbox::push_outbox;
 use super::reads::Snapshot;
 use super::schema::{
-    BucketId, EPOCHS, INTENTS, MANIFESTS, META, META_SWEEP_STOPPED, RELEASED, ReleasedKey, SweepStop, UploadIntent,
-    decode_value, encode_value,
+    BucketId, EPOCHS, INTENTS, MANIFESTS, META, META_SWEEP_STOPPED, RELEASED, ReleasedKey, SweepStop, TOMBSTONES,
+    Tombstone, UploadIntent, decode_value, encode_value,
 };
 use super::{Store, encoding};
 
@@ -76,6 +76,17 @@ impl Store {
     }
 }
 
+/// What one bucket's records name on its targets, read from one snapshot: what the sweep must
+/// keep of the keys released in the bucket's folders.
+#[derive(Debug, Default)]
+pub struct BucketReferences {
+    /// Segments of its recorded archives (but those a newer recorded generation replaced), its
+    /// manifest, keys its upload intents name and keys its unfinished expiry will delete.
+    pub keys: HashSet<String>,
+    /// The generation the database last issued for it.
+    pub generation: u64,
+}
+
 impl Snapshot {
     /// Every epoch this data directory recorded.
     pub fn epochs(&self) -> Result<HashSet<String>> {
@@ -89,10 +100,47 @@ impl Snapshot {
 
     /// Released keys, in target and key order, at most `limit`.
     pub fn released(&self, limit: usize) -> Result<Vec<ReleasedKey>> {
+        self.released_after(None, limit)
+    }
+
+    /// Released keys after `cursor` (the `store_key` of a released key), in target and key
+    /// order, at most `limit`: where the incremental sweep goes on from.
+    pub fn released_after(&self, cursor: Option<&[u8]>, limit: usize) -> Result<Vec<ReleasedKey>> {
+        use std::ops::Bound;
         let t = self.txn().open_table(RELEASED)?;
+        let from = cursor.map_or(Bound::Unbounded, Bound::Excluded);
         let mut out = Vec::new();
-        for entry in t.iter()?.take(limit) {
+        for entry in t.range::<&[u8]>((from, Bound::Unbounded))?.take(limit) {
             out.push(decode_value(entry?.1.value())?);
+        }
+        Ok(out)
+    }
+
+    /// What bucket `id` references (see `BucketReferences`); the same rules as the full sweep's
+    /// reference set, for one bucket.
+    pub fn bucket_references(&self, id: &BucketId) -> Result<BucketReferences> {
+        let mut out = BucketReferences::default();
+        let manifests = self.manifests_of(id)?;
+        let replaced: HashSet<u64> = manifests.iter().filter_map(|m| m.amends.as_ref().map(|a| a.generation)).collect();
+        for manifest in manifests.into_iter().filter(|m| !replaced.contains(&m.generation)) {
+            out.keys.extend(manifest.segments.into_iter().map(|s| s.key));
+        }
+        if let Some(meta) = self.bucket(id)? {
+            out.generation = meta.generation;
+            out.keys.extend(meta.manifest_key);
+        }
+        let prefix = id.encode();
+        let end = encoding::prefix_end(&prefix);
+        let intents = self.txn().open_table(INTENTS)?;
+        for entry in intents.range(prefix.as_slice()..end.as_slice())? {
+            let intent: UploadIntent = decode_value(entry?.1.value())?;
+            out.keys.extend(intent.keys);
+        }
+        if let Some(tombstone) = self.txn().open_table(TOMBSTONES)?.get(prefix.as_slice())? {
+            let tombstone: Tombstone = decode_value(tombstone.value())?;
+            if tombstone.completed_at.is_none() {
+                out.keys.extend(tombstone.keys);
+            }
         }
         Ok(out)
     }
@@ -116,7 +164,13 @@ pub(super) fn release_intents(
     for entry in intents.range(prefix.as_slice()..end.as_slice())? {
         let intent: UploadIntent = decode_value(entry?.1.value())?;
         for key in intent.keys.into_iter().filter(|key| !kept.contains(key.as_str())) {
-            let record = ReleasedKey { table: id.table.clone(), target: intent.target.clone(), key, released_at: now };
+            let record = ReleasedKey {
+                table: id.table.clone(),
+                target: intent.target.clone(),
+                key,
+                released_at: now,
+                bucket: Some(id.clone()),
+            };
             released.insert(record.store_key().as_slice(), encode_value(&record)?.as_slice())?;
         }
     }
@@ -170,9 +224,89 @@ pub(super) fn release_archive(
     let mut released = txn.open_table(RELEASED)?;
     let keys = old.segments.iter().map(|s| s.key.as_str()).chain([old_key]);
     for key in keys.filter(|key| !kept.contains(key)) {
-        let record =
-            ReleasedKey { table: id.table.clone(), target: old.target.clone(), key: key.to_string(), released_at: now };
+        let record = ReleasedKey {
+            table: id.table.clone(),
+            target: old.target.clone(),
+            key: key.to_string(),
+            released_at: now,
+            bucket: Some(id.clone()),
+        };
         released.insert(record.store_key().as_slice(), encode_value(&record)?.as_slice())?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The incremental sweep pages through released keys from a cursor: every key once, in
+    /// target and key order, whatever the page size; a row written before released keys named
+    /// their bucket still reads (without one).
+    #[test]
+    fn released_keys_page_from_a_cursor_and_rows_without_a_bucket_still_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("hot.redb")).unwrap();
+        let id = BucketId { table: "t".into(), partition_key: b"p".to_vec(), bucket_key: "day:2024-01-01".into() };
+        let rows: Vec<ReleasedKey> = (0..7)
+            .map(|n| ReleasedKey {
+                table: "t".into(),
+                target: format!("file:///target-{}", n % 2),
+                key: format!("table=t/seg-{n}"),
+                released_at: n,
+                bucket: (n != 3).then(|| id.clone()),
+            })
+            .collect();
+        let written = rows.clone();
+        store
+            .write(move |txn| {
+                let mut released = txn.open_table(RELEASED)?;
+                for row in &written {
+                    released.insert(row.store_key().as_slice(), encode_value(row)?.as_slice())?;
+                }
+                Ok(())
+            })
+            .unwrap();
+        // A row as an earlier version stored it: no `bucket` field at all.
+        #[derive(serde::Serialize)]
+        struct Earlier {
+            table: &'static str,
+            target: &'static str,
+            key: &'static str,
+            released_at: Micros,
+        }
+        let earlier = Earlier { table: "t", target: "file:///target-9", key: "table=t/old", released_at: 0 };
+        let earlier_key = ReleasedKey {
+            table: "t".into(),
+            target: earlier.target.into(),
+            key: earlier.key.into(),
+            released_at: 0,
+            bucket: None,
+        }
+        .store_key();
+        store
+            .write(move |txn| {
+                txn.open_table(RELEASED)?.insert(earlier_key.as_slice(), encode_value(&earlier)?.as_slice())?;
+                Ok(())
+            })
+            .unwrap();
+        let snapshot = store.snapshot().unwrap();
+        let everything = snapshot.released(100).unwrap();
+        assert_eq!(everything.len(), 8);
+        for page in 1..=8 {
+            let (mut cursor, mut seen) = (None, Vec::new());
+            loop {
+                let got = snapshot.released_after(cursor.as_deref(), page).unwrap();
+                cursor = got.last().map(ReleasedKey::store_key);
+                let done = got.len() < page;
+                seen.extend(got);
+                if done {
+                    break;
+                }
+            }
+            assert_eq!(seen, everything, "pages of {page}");
+        }
+        assert_eq!(everything.iter().filter(|r| r.bucket.is_none()).count(), 2, "row 3 and the earlier row");
+        assert_eq!(everything.last().unwrap().key, "table=t/old");
+    }
 }

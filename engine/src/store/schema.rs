@@ -396,6 +396,11 @@ pub struct ReleasedKey {
     pub target: String,
     pub key: String,
     pub released_at: Micros,
+    /// The bucket whose archive or attempt wrote it, so the incremental sweep checks that
+    /// bucket's references alone (`archive::sweep`). `None` in rows released before it was
+    /// recorded: only a full sweep, which reads every reference, deletes those.
+    #[serde(default)]
+    pub bucket: Option<BucketId>,
 }
 
 impl ReleasedKey {
