@@ -1786,6 +1786,20 @@ retention = {retention}
     for kind in ["bucket", "outbox", "catalog", "delta_log", "sweep", "erasure"] {
         assert_eq!(value(&started, "frostline_pass_errors_total", &[("kind", kind)]), 0.0, "{kind}");
     }
+    let deferral_reasons = [
+        "target_unavailable",
+        "target_refused",
+        "plugin_fault",
+        "corruption",
+        "lease_or_fence",
+        "local_store",
+        "task_panicked",
+        "other",
+    ];
+    for reason in deferral_reasons {
+        assert_eq!(value(&started, "frostline_archive_deferrals_total", &[("reason", reason)]), 0.0, "{reason}");
+    }
+    assert_eq!(value(&started, "frostline_delta_commit_retries_total", &[]), 0.0);
 
     let record = |partition: &str, time: &str, sort: &str, kind: &str| {
         let kind = if kind.is_empty() { String::new() } else { format!(r#","kind":"{kind}""#) };
@@ -1827,6 +1841,12 @@ retention = {retention}
         archive(s);
         value(&s.metrics(), "frostline_pass_errors_total", &[("kind", "bucket")]) >= 1.0
     });
+    // The failed archival was deferred, and counted under the target's reason.
+    let deferred = server.metrics();
+    let target_deferrals = value(&deferred, "frostline_archive_deferrals_total", &[("reason", "target_unavailable")])
+        + value(&deferred, "frostline_archive_deferrals_total", &[("reason", "target_refused")]);
+    assert!(target_deferrals >= 1.0, "{deferred}");
+    assert_eq!(value(&deferred, "frostline_archive_deferrals_total", &[("reason", "other")]), 0.0);
 
     let scraped = server.metrics();
     let series: BTreeSet<&str> =

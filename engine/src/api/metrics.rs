@@ -45,7 +45,9 @@ pub struct Metrics {
     plan_failures: IntCounter,
     buckets_archived: IntCounter,
     buckets_cleaned: IntCounter,
-    deferrals: IntCounter,
+    /// Deferrals by `DeferralReason`.
+    deferrals: IntCounterVec,
+    delta_commit_retries: IntCounter,
     buckets_expired: IntCounter,
     expiries_held: IntCounter,
     orphans_deleted: IntCounter,
@@ -95,10 +97,23 @@ impl Metrics {
         )
         .map_err(internal)?;
         registry.register(Box::new(pass_errors.clone())).map_err(internal)?;
+        let deferrals = IntCounterVec::new(
+            Opts::new(
+                "frostline_archive_deferrals_total",
+                "Bucket archivals, cleanups and expiries deferred for a retry, by reason: target_unavailable, \
+                 target_refused, plugin_fault, corruption, lease_or_fence, local_store, task_panicked, other.",
+            ),
+            &["reason"],
+        )
+        .map_err(internal)?;
+        registry.register(Box::new(deferrals.clone())).map_err(internal)?;
         // Every kind from 0, so that `increase()` over the series sees the first error (a
         // series that appears at 1 has no increase) and an alert on it can fire.
         for kind in crate::ops::passes::PassErrorKind::ALL {
             pass_errors.with_label_values(&[kind.label()]);
+        }
+        for reason in crate::ops::passes::DeferralReason::ALL {
+            deferrals.with_label_values(&[reason.label()]);
         }
         let pass_seconds = Histogram::with_opts(
             HistogramOpts::new("frostline_archive_pass_duration_seconds", "Wall time of archival passes that ran.")
@@ -131,7 +146,12 @@ impl Metrics {
                 "frostline_archive_buckets_cleaned_total",
                 "Buckets whose hot rows were deleted.",
             )?,
-            deferrals: counter("frostline_archive_deferrals_total", "Bucket archivals deferred for a retry.")?,
+            deferrals,
+            delta_commit_retries: counter(
+                "frostline_delta_commit_retries_total",
+                "Delta log commits that lost a race with another writer (or failed) and were made again after \
+                 reading the log.",
+            )?,
             buckets_expired: counter(
                 "frostline_buckets_expired_total",
                 "Archives expired (objects deleted, absence proved).",
@@ -163,7 +183,10 @@ impl Metrics {
                 self.plan_failures.inc_by(r.plan_failures);
                 self.buckets_archived.inc_by(r.archived);
                 self.buckets_cleaned.inc_by(r.cleaned);
-                self.deferrals.inc_by(r.deferred);
+                for (reason, count) in &r.deferrals_by_reason {
+                    self.deferrals.with_label_values(&[reason]).inc_by(*count);
+                }
+                self.delta_commit_retries.inc_by(r.delta_commit_retries);
                 self.buckets_expired.inc_by(r.expired);
                 self.expiries_held.inc_by(r.held);
                 self.orphans_deleted.inc_by(r.orphans_deleted);

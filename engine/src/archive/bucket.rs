@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use bytes::Bytes;
 use tracing::Instrument as _;
 
-use super::report::{Lap, Phase, PhaseSeconds};
+use super::report::{DeferralReason, Lap, Phase, PhaseSeconds};
 use super::{blocking, expiry, pipeline};
 
 use crate::engine::Context;
@@ -32,7 +32,8 @@ pub(super) enum Outcome {
     /// An expiry's deletes wait for the table's Delta log (`expiry::ExpiryOutcome::AwaitsLog`).
     ExpiryAwaitsLog,
     Held,
-    Deferred(String),
+    /// Deferred for a retry: why, and the reason the metrics count it under.
+    Deferred(String, DeferralReason),
     NotClaimed,
     /// A finished expiry's tombstone, purged.
     Purged,
@@ -233,14 +234,14 @@ async fn archive_bucket(ctx: &Arc<Context>, owner: &str, id: BucketId, seconds: 
             Err(e) => {
                 // Before publication this defers the bucket (it stays fenced); after it, cleanup
                 // stays pending. Either way the bucket is retried, never skipped.
-                let why = e.to_string();
-                tracing::warn!(error = %why, "deferring bucket");
+                let (why, reason) = (e.to_string(), DeferralReason::of(&e));
+                tracing::warn!(error = %why, reason = reason.label(), "deferring bucket");
                 let store = ctx.store.clone();
                 let retry_at = ctx.clock.now() + ctx.settings.retry_us;
                 let (owner, now) = (owner.to_string(), ctx.clock.now());
                 let why2 = why.clone();
                 blocking(move || store.defer(id, owner, generation, now, why2, retry_at)).await?;
-                Ok(Outcome::Deferred(why))
+                Ok(Outcome::Deferred(why, reason))
             }
         }
     }

@@ -81,6 +81,10 @@ pub struct DeltaSync {
     pub version: u64,
     /// Whether this sync wrote the table's first version.
     pub created: bool,
+    /// Commits that lost a race with another writer of the log (another installation, a
+    /// reader's VACUUM) or failed, and were made again after reading the log.
+    #[serde(default)]
+    pub retried_commits: usize,
 }
 
 /// Syncs when the table's log may lag its manifests: `changed` (the pass published or expired
@@ -438,6 +442,7 @@ async fn sync_serialized(
                 return Ok(report);
             }
             Err(e) if attempt < DELTA_COMMIT_ATTEMPTS_MAX => {
+                report.retried_commits += 1;
                 tracing::debug!(table = %table.id, attempt, error = %e, "Delta commit lost a race; reading the log again");
                 let pause = 10 * u64::from(attempt) + ctx.random_u64() % 20;
                 tokio::time::sleep(std::time::Duration::from_millis(pause)).await;

@@ -33,7 +33,7 @@ use futures::StreamExt as _;
 
 use self::bucket::{Outcome, work_on};
 use self::report::Lap;
-pub use self::report::{PassErrorKind, PassReport, Phase, PhaseSeconds};
+pub use self::report::{DeferralReason, PassErrorKind, PassReport, Phase, PhaseSeconds};
 pub use crate::format::reader::{read_archive, read_manifest, verify_segment};
 
 use crate::engine::{Context, PreviousWork};
@@ -131,7 +131,10 @@ pub async fn run_pass(ctx: &Arc<Context>, owner: &str) -> Result<PassReport> {
         let changed = report.archived + report.expired + awaiting_log.len() as u64 > 0;
         for table in ctx.policies.clone().tables.values() {
             match delta::sync_if_needed(ctx, table, changed).await {
-                Some(Ok(sync)) => report.delta_buckets_read += sync.buckets_read as u64,
+                Some(Ok(sync)) => {
+                    report.delta_buckets_read += sync.buckets_read as u64;
+                    report.delta_commit_retries += sync.retried_commits as u64;
+                }
                 Some(Err(e)) => report.error(PassErrorKind::DeltaLog, format!("Delta log of `{}`: {e}", table.id)),
                 None => {}
             }
@@ -208,7 +211,7 @@ async fn work_on_all(
                 if let Err(e) = defer_abandoned(ctx, owner, &id, &why).await {
                     report.error(PassErrorKind::Bucket, format!("{id}: deferring it: {e}"));
                 }
-                report.deferred += 1;
+                report.deferral(DeferralReason::TaskPanicked);
                 report.error(PassErrorKind::Bucket, format!("{id}: {why}"));
                 continue;
             }
@@ -226,8 +229,8 @@ async fn work_on_all(
             Ok(Outcome::ExpiryAwaitsLog) => awaiting_log.push(id),
             Ok(Outcome::Held) => report.held += 1,
             Ok(Outcome::Purged) => report.tombstones_purged += 1,
-            Ok(Outcome::Deferred(why)) => {
-                report.deferred += 1;
+            Ok(Outcome::Deferred(why, reason)) => {
+                report.deferral(reason);
                 report.error(PassErrorKind::Bucket, format!("{id}: {why}"));
             }
             Ok(Outcome::NotClaimed) => {}

@@ -13,6 +13,8 @@ pub struct PassReport {
     pub archived: u64,
     pub cleaned: u64,
     pub deferred: u64,
+    /// `deferred` by reason (`DeferralReason`), for the metrics.
+    pub deferrals_by_reason: std::collections::BTreeMap<&'static str, u64>,
     pub rows_archived: u64,
     pub bytes_archived: u64,
     pub expired: u64,
@@ -31,6 +33,9 @@ pub struct PassReport {
     /// those whose publication changed, or every one a table ever archived when a sync made
     /// its index whole.
     pub delta_buckets_read: u64,
+    /// Delta commits that lost a race with another writer of the log (or failed) and were
+    /// made again after reading it (`delta::DeltaSync::retried_commits`).
+    pub delta_commit_retries: u64,
     /// Every error the pass met and went on from, with its cause (`PassReport::error`).
     pub errors: Vec<String>,
     /// How many of `errors` there were of each kind (`PassErrorKind`), for the metrics.
@@ -73,6 +78,72 @@ impl PassErrorKind {
             PassErrorKind::DeltaLog => "delta_log",
             PassErrorKind::Sweep => "sweep",
             PassErrorKind::Erasure => "erasure",
+        }
+    }
+}
+
+/// Why a bucket's archival, cleanup or expiry was deferred, as the metrics label it
+/// (`frostline_archive_deferrals_total{reason}`), read from the error that deferred it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeferralReason {
+    /// The target could not be reached, or answered with an outage.
+    TargetUnavailable,
+    /// The target refused a request for good (access denied, not supported).
+    TargetRefused,
+    /// A plugin trapped, ran out of time or memory, answered wrongly, or is suspended.
+    PluginFault,
+    /// What was read back does not match what was written, or a stored value does not parse.
+    Corruption,
+    /// The bucket's lease was lost, its fence moved, or its archive changed under the pass.
+    LeaseOrFence,
+    /// The data directory's disk or database failed (I/O, a store that refuses writes).
+    LocalStore,
+    /// The bucket's archival task panicked.
+    TaskPanicked,
+    /// Anything else (a refused input, an internal error).
+    Other,
+}
+
+impl DeferralReason {
+    pub const ALL: [DeferralReason; 8] = [
+        DeferralReason::TargetUnavailable,
+        DeferralReason::TargetRefused,
+        DeferralReason::PluginFault,
+        DeferralReason::Corruption,
+        DeferralReason::LeaseOrFence,
+        DeferralReason::LocalStore,
+        DeferralReason::TaskPanicked,
+        DeferralReason::Other,
+    ];
+
+    pub fn of(error: &crate::error::Error) -> DeferralReason {
+        use crate::error::Error;
+        match error {
+            Error::StorageUnavailable(_) => DeferralReason::TargetUnavailable,
+            Error::Storage(_) => DeferralReason::TargetRefused,
+            Error::PluginFault { .. } | Error::PluginInvalidAnswer { .. } | Error::PluginSuspended { .. } => {
+                DeferralReason::PluginFault
+            }
+            Error::Corruption(_) => DeferralReason::Corruption,
+            Error::LeaseLost { .. }
+            | Error::BucketFenced { .. }
+            | Error::ArchiveChanged { .. }
+            | Error::Conflict(_) => DeferralReason::LeaseOrFence,
+            Error::Database { .. } | Error::Io { .. } | Error::StorePoisoned(_) => DeferralReason::LocalStore,
+            _ => DeferralReason::Other,
+        }
+    }
+
+    pub fn label(self) -> &'static str {
+        match self {
+            DeferralReason::TargetUnavailable => "target_unavailable",
+            DeferralReason::TargetRefused => "target_refused",
+            DeferralReason::PluginFault => "plugin_fault",
+            DeferralReason::Corruption => "corruption",
+            DeferralReason::LeaseOrFence => "lease_or_fence",
+            DeferralReason::LocalStore => "local_store",
+            DeferralReason::TaskPanicked => "task_panicked",
+            DeferralReason::Other => "other",
         }
     }
 }
@@ -223,6 +294,10 @@ impl PassReport {
         self.archived += other.archived;
         self.cleaned += other.cleaned;
         self.deferred += other.deferred;
+        for (reason, count) in other.deferrals_by_reason {
+            *self.deferrals_by_reason.entry(reason).or_default() += count;
+        }
+        self.delta_commit_retries += other.delta_commit_retries;
         self.rows_archived += other.rows_archived;
         self.bytes_archived += other.bytes_archived;
         self.expired += other.expired;
@@ -246,6 +321,12 @@ impl PassReport {
         tracing::warn!(kind = kind.label(), error = %message, "archival pass error");
         *self.error_kinds.entry(kind.label()).or_default() += 1;
         self.errors.push(message);
+    }
+
+    /// Counts a bucket deferred for `reason`.
+    pub fn deferral(&mut self, reason: DeferralReason) {
+        self.deferred += 1;
+        *self.deferrals_by_reason.entry(reason.label()).or_default() += 1;
     }
 
     /// Due buckets the pass took and settled one way or another (archived or cleaned,

@@ -9,7 +9,7 @@
 use std::sync::Arc;
 
 use crate::archive::run_pass;
-pub use crate::archive::{PassErrorKind, PassReport};
+pub use crate::archive::{DeferralReason, PassErrorKind, PassReport};
 use crate::engine::Engine;
 use crate::error::Result;
 
