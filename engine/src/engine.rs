@@ -154,7 +154,7 @@ pub(crate) struct PassMemory {
     #[cfg(feature = "delta")]
     pub delta_coverage: std::sync::Mutex<DeltaCoverage>,
     /// Objects of the shared erasure exchange (`archive::fleet_erase`) this life created or
-    /// found on a target ("target\nkey"), so each is created once.
+    /// found on a target, or passed over ("target\nkey"), so each is created or read once.
     pub shared_erasure_keys: std::sync::Mutex<std::collections::HashSet<String>>,
     /// Per sink: when its next delivery may be tried (on the engine's clock, so a simulation
     /// drives it) and how many failed in a row.
@@ -245,6 +245,7 @@ impl Engine {
         let mut policies = crate::policy::load_with(policies_dir, data_dir, &host, &settings, &load_options)?;
         crate::policy::retired::restore_recorded(&mut policies, &store, &host, data_dir)?;
         let installation_id = store.installation_id()?;
+        store.record_installation_since(clock.now())?;
         let settings_seed = settings.random_seed;
         let engine = Engine {
             installation_id,

@@ -373,3 +373,82 @@ fn only_open_requests_are_read_and_a_directory_written_before_their_index_builds
     assert!(open_ids(&e).is_empty());
     assert_eq!(e.query_all("r"), Vec::<Record>::new(), "both tenants' records are erased");
 }
+
+/// Regression (found reading `archive::fleet_erase`): a host that joins a fleet after an erasure
+/// request was placed on the shared target took the request up at its first pass and erased
+/// every matching record it held, records appended after the request that nobody asked to erase
+/// (a tenant whose later records are new, lawful data). A request placed before an installation
+/// began is now passed over; a host that existed but was stopped when it was placed still takes
+/// it up and erases what it held.
+#[test]
+fn a_host_that_joins_after_a_shared_erasure_keeps_the_records_appended_since() {
+    let shared = tempfile::tempdir().unwrap();
+    let key_dir = tempfile::tempdir().unwrap();
+    let key_file = key_dir.path().join("fleet.key");
+    std::fs::write(&key_file, "5f0c7e2a9b14d3e8a6c1f0b27d49e85a3c6b0f1e9d2a7c4b8e5f3a1d0c9b7e26\n").unwrap();
+    let policy = format!(
+        r#"[[target]]
+name = "shared"
+url = "file://{}"
+
+[[table]]
+id = "r"
+target = "shared"
+strategy = {{ plugin = "builtin:calendar-day-utc" }}
+retention = {{ plugin = "builtin:eligible-before", config = {{ archive_after = "1d", expire_after = "3650d" }} }}
+"#,
+        shared.path().display()
+    );
+    let settings = frostline::settings::Settings { share_erasures: Some(key_file), ..Default::default() };
+    let open =
+        |now: &str| TestEngine::open_with_settings(&policy, now, &[], Default::default(), settings.clone()).unwrap();
+    let settle = |e: &TestEngine, at: &str| {
+        e.clock.set(t(at));
+        for _ in 0..4 {
+            let report = e.pass();
+            assert!(report.errors.is_empty(), "{report:?}");
+        }
+    };
+    let tenants = |e: &TestEngine| {
+        let mut read: Vec<String> = e.query_all("r").into_iter().map(|r| r.tenant.unwrap()).collect();
+        read.sort();
+        read
+    };
+    let first = open("2024-03-01T12:00:00Z");
+    let stopped = open("2024-03-01T12:00:00Z");
+    for (e, n) in [(&first, "1"), (&stopped, "2")] {
+        let batch = vec![
+            record("2024-03-01T01:00:00Z", &format!("a{n}"), "acme"),
+            record("2024-03-01T02:00:00Z", &format!("g{n}"), "globex"),
+        ];
+        e.engine.append("r", batch).unwrap();
+        settle(e, "2024-03-05T00:00:00Z");
+    }
+    let selector = ErasureSelector { tenant: Some("acme".into()), ..Default::default() };
+    let placed = first.engine.store().place_erasure(request(selector), first.clock.now()).unwrap();
+    settle(&first, "2024-03-05T01:00:00Z");
+    assert!(!first.engine.store().erasure(&placed.id).unwrap().unwrap().is_open(), "finished and shared");
+    assert_eq!(tenants(&first), ["globex"]);
+
+    // A host that joins the fleet a day later: acme is a customer again, and its records stay.
+    let joiner = open("2024-03-06T00:00:00Z");
+    joiner.engine.append("r", vec![record("2024-03-06T01:00:00Z", "a3", "acme")]).unwrap();
+    settle(&joiner, "2024-03-06T00:30:00Z");
+    settle(&joiner, "2024-03-10T00:00:00Z");
+    assert!(joiner.engine.store().erasures().unwrap().is_empty(), "not taken up by a host that began after it");
+    assert_eq!(tenants(&joiner), ["acme"], "the record appended after the request reads back");
+    assert!(
+        joiner
+            .engine
+            .store()
+            .buckets("r", None)
+            .unwrap()
+            .iter()
+            .all(|b| matches!(b.state, BucketState::Archived { .. })),
+        "and was archived"
+    );
+
+    // The host that was stopped when the request was placed takes it up when it runs again.
+    settle(&stopped, "2024-03-10T00:00:00Z");
+    assert_eq!(tenants(&stopped), ["globex"], "a host that existed at the request erases what it held");
+}

@@ -11,9 +11,13 @@
 //!   (`_frostline-erasures/<id>/request.json`: the selector, its tenant, partition and sort
 //!   keys as HMAC-SHA256 digests under the fleet's key (`store::fleet_key`), and when and where
 //!   it was placed; never the reason or the requester, which may name the person too);
-//! - places every request it finds there that its store lacks, which its passes then carry
+//! - places every request it finds there that its store lacks and that was placed after this
+//!   installation began (`store::Store::installation_since`), which its passes then carry
 //!   out on its own hot rows and archives like any other, matching records by digesting
-//!   their values under the same key (a request under another key is named and skipped);
+//!   their values under the same key (a request under another key is named and skipped). A
+//!   request placed before it began is passed over: the host had no record then, and would
+//!   otherwise erase records appended since that nobody asked to erase (a host that joins the
+//!   fleet, or whose data directory is rebuilt, after a request for a tenant that comes back);
 //! - leaves a receipt for each request its store has finished
 //!   (`_frostline-erasures/<id>/receipt-<installation>.json`: counts and times, never the
 //!   selector or a record).
@@ -119,6 +123,8 @@ async fn exchange_with(ctx: &Arc<Context>, backend: &dyn ArchiveBackend) -> Resu
     let store = ctx.store.clone();
     let mine: Vec<ErasureRequest> = blocking(move || store.erasures()).await?;
     let known: BTreeSet<&str> = mine.iter().map(|r| r.id.as_str()).collect();
+    let store = ctx.store.clone();
+    let since = blocking(move || store.installation_since()).await?;
     // Requests on the target that this store lacks.
     let mut placed = 0;
     for listed_key in &listed {
@@ -127,7 +133,11 @@ async fn exchange_with(ctx: &Arc<Context>, backend: &dyn ArchiveBackend) -> Resu
         else {
             continue;
         };
-        if known.contains(id) || !valid_id(id) {
+        let passed_over = format!("{}\n{listed_key}", backend.target());
+        if known.contains(id)
+            || !valid_id(id)
+            || ctx.memory().shared_erasure_keys.lock().expect("shared erasure keys").contains(&passed_over)
+        {
             continue;
         }
         let Some(bytes) = backend.get(listed_key).await? else { continue };
@@ -153,6 +163,18 @@ async fn exchange_with(ctx: &Arc<Context>, backend: &dyn ArchiveBackend) -> Resu
                 "a shared erasure request is keyed by another fleet key than this engine's; skipped: give every \
                  host of the fleet the same key file"
             );
+            continue;
+        }
+        if shared.placed_at < since {
+            // Placed before this installation began (a host that joined the fleet later, a
+            // data directory rebuilt since): none of its records were there to be erased, and
+            // taking the request up now would erase records appended since, which nobody asked
+            // for. Passed over for the rest of this life, and said once.
+            tracing::info!(
+                request = %shared.id, placed_by = %shared.placed_by, placed_at = shared.placed_at, since,
+                "a shared erasure request placed before this installation began is not taken up"
+            );
+            ctx.memory().shared_erasure_keys.lock().expect("shared erasure keys").insert(passed_over);
             continue;
         }
         let request = ErasureRequest {

@@ -11,7 +11,7 @@
 
 use std::collections::HashSet;
 
-use redb::{ReadableTable, WriteTransaction};
+use redb::{ReadableTable, ReadableTableMetadata, WriteTransaction};
 
 use crate::error::{Error, Result};
 use crate::model::Micros;
@@ -19,8 +19,8 @@ use crate::model::Micros;
 use super::outbox::push_outbox;
 use super::reads::Snapshot;
 use super::schema::{
-    BucketId, EPOCHS, INTENTS, MANIFESTS, META, META_SWEEP_STOPPED, RELEASED, ReleasedKey, SweepStop, TOMBSTONES,
-    Tombstone, UploadIntent, decode_value, encode_value,
+    BUCKETS, BucketId, EPOCHS, INTENTS, MANIFESTS, META, META_INSTALLATION_SINCE, META_SWEEP_STOPPED, RELEASED,
+    ReleasedKey, SweepStop, TOMBSTONES, Tombstone, UploadIntent, decode_value, encode_value,
 };
 use super::{Store, encoding};
 
@@ -35,6 +35,31 @@ impl Store {
             }
             Ok(())
         })
+    }
+
+    /// Records when this installation began, once: `now` for a data directory that holds
+    /// nothing yet (no bucket, no life that wrote a key), `i64::MIN` ("always") for one that
+    /// held data before this was recorded, whose beginning is unknown.
+    pub fn record_installation_since(&self, now: Micros) -> Result<()> {
+        self.write(move |txn| {
+            let mut meta = txn.open_table(META)?;
+            if meta.get(META_INSTALLATION_SINCE)?.is_some() {
+                return Ok(());
+            }
+            let empty = txn.open_table(BUCKETS)?.is_empty()? && txn.open_table(EPOCHS)?.is_empty()?;
+            let since = if empty { now } else { Micros::MIN };
+            meta.insert(META_INSTALLATION_SINCE, since.to_be_bytes().as_slice())?;
+            Ok(())
+        })
+    }
+
+    /// When this installation began (`record_installation_since`; `Micros::MIN` when unknown).
+    pub fn installation_since(&self) -> Result<Micros> {
+        let Some(bytes) = self.meta_value(META_INSTALLATION_SINCE)? else { return Ok(Micros::MIN) };
+        let bytes: [u8; 8] = bytes
+            .try_into()
+            .map_err(|_| Error::Corruption("the recorded beginning of the installation is malformed".into()))?;
+        Ok(Micros::from_be_bytes(bytes))
     }
 
     /// Forgets a released key once the sweep deleted it (or found it gone), and writes the

@@ -103,6 +103,10 @@ pub const META_OUTBOX_SEQUENCE: &str = "outbox_sequence";
 /// A random id made when the data directory is created: every object key the installation
 /// writes carries it, and the orphan sweep deletes only objects that carry it.
 pub const META_INSTALLATION_ID: &str = "installation_id";
+/// When this installation began (the engine's clock at the first open of an empty data
+/// directory, big-endian micros; `i64::MIN` for one that held data before it was recorded):
+/// shared erasure requests placed before it are not taken up (`archive::fleet_erase`).
+pub const META_INSTALLATION_SINCE: &str = "installation_since";
 
 /// Why the last orphan sweep stopped without deleting anything (`SweepStop`, JSON), until a
 /// sweep completes: shown by `status` and the API.
