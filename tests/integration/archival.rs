@@ -936,13 +936,21 @@ fn a_pass_plans_at_most_its_limit_in_batches_and_the_next_pass_plans_the_rest() 
 
 #[test]
 fn a_pass_reports_where_its_time_went() {
-    let e = TestEngine::new(DAILY, "2024-03-10T00:00:00Z");
+    let expiring = DAILY.replace("archive_after = \"1d\"", "archive_after = \"1d\", expire_after = \"20d\"");
+    let e = TestEngine::new(&expiring, "2024-03-10T00:00:00Z");
     e.engine.append("r", records("2024-03-01T00:00:00Z", 2, 20)).unwrap();
     let report = e.pass();
     assert_eq!(report.archived, 6, "{report:?}");
     for (name, seconds) in report.seconds.named() {
-        assert!(seconds > 0.0, "{name} took no time in a pass that archived: {:?}", report.seconds);
+        // Nothing is due to expire yet: the pass below times the expiries.
+        if name != "expiry" {
+            assert!(seconds > 0.0, "{name} took no time in a pass that archived: {:?}", report.seconds);
+        }
     }
+    e.clock.set(t("2024-05-01T00:00:00Z"));
+    let expired = e.pass();
+    assert!(expired.expired > 0, "{expired:?}");
+    assert!(expired.seconds.get(Phase::Expiry) > 0.0, "expiry took no time in a pass that expired: {expired:?}");
     let json = serde_json::to_value(&report).unwrap();
     assert!(json["seconds"]["upload"].as_f64().unwrap() > 0.0, "the report names its phases: {json}");
     // A pass with nothing to do spends nothing archiving.

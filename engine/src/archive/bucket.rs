@@ -203,20 +203,21 @@ async fn archive_bucket(ctx: &Arc<Context>, owner: &str, id: BucketId, seconds: 
         let result = match (claimed, meta.state) {
             (Err(e), _) => Err(e),
             (Ok(()), BucketState::Archived { hot_deleted: true }) => {
-                match expiry::expire(ctx, &table, owner, &meta, &heartbeat).await {
-                    Ok(outcome) => Ok(outcome.into()),
-                    Err(e) => Err(e),
-                }
+                let expired = expiry::expire(ctx, &table, owner, &meta, &heartbeat).await.map(Outcome::from);
+                seconds.add(Phase::Expiry, lap.lap());
+                expired
             }
             (Ok(()), BucketState::Expired) => {
                 let (store, tid) = (ctx.store.clone(), id.clone());
-                match blocking(move || store.tombstone(&tid)).await {
+                let finished = match blocking(move || store.tombstone(&tid)).await {
                     Ok(Some(tombstone)) => {
                         expiry::finish(ctx, &table, owner, generation, tombstone).await.map(Outcome::from)
                     }
                     Ok(None) => Err(Error::Internal(format!("expired bucket {id} has no tombstone"))),
                     Err(e) => Err(e),
-                }
+                };
+                seconds.add(Phase::Expiry, lap.lap());
+                finished
             }
             (Ok(()), BucketState::Archived { hot_deleted: false }) => {
                 cleanup(ctx, owner, &id, generation, &heartbeat, seconds).await.map(|_| Outcome::Cleaned)

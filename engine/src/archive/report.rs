@@ -172,10 +172,13 @@ pub enum Phase {
     Publish,
     /// The checked hot delete.
     Cleanup,
+    /// An archived bucket's expiry: its tombstone, the delete of its objects, the absence
+    /// proved by listing (the Delta syncs it waits for are `DeltaLog`'s).
+    Expiry,
     /// Rewriting the tables' catalogs.
     Catalog,
-    /// Syncing the tables' Delta logs after the pass (the syncs before expiries are not
-    /// itemized, like the expiries).
+    /// Syncing the tables' Delta logs after the pass (the syncs an expiry makes before its
+    /// deletes count as `Expiry`).
     DeltaLog,
     /// Carrying out open erasure requests (both steps of a pass).
     Erasure,
@@ -187,7 +190,7 @@ pub enum Phase {
 
 impl Phase {
     /// Every phase, in protocol order.
-    pub const ALL: [Phase; 17] = [
+    pub const ALL: [Phase; 18] = [
         Phase::Plan,
         Phase::Discover,
         Phase::Claim,
@@ -200,6 +203,7 @@ impl Phase {
         Phase::Manifest,
         Phase::Publish,
         Phase::Cleanup,
+        Phase::Expiry,
         Phase::Catalog,
         Phase::DeltaLog,
         Phase::Erasure,
@@ -221,6 +225,7 @@ impl Phase {
             Phase::Manifest => "manifest",
             Phase::Publish => "publish",
             Phase::Cleanup => "cleanup",
+            Phase::Expiry => "expiry",
             Phase::Catalog => "catalog",
             Phase::DeltaLog => "delta_log",
             Phase::Erasure => "erasure",
@@ -230,8 +235,7 @@ impl Phase {
     }
 }
 
-/// Seconds a pass spent in each `Phase`, summed over its buckets (expiry is not itemized;
-/// buckets worked on at once each count their own time, so the sum can exceed
+/// Seconds a pass spent in each `Phase`, summed over its buckets (buckets worked on at once each count their own time, so the sum can exceed
 /// the pass's wall time). Cheap enough to take always; the benchmark's breakdown of a pass reads it.
 /// Serialized as an object from phase name to seconds.
 #[derive(Debug, Default, Clone, Copy, PartialEq)]
