@@ -85,6 +85,7 @@ pub async fn run(engine: Arc<Engine>, serve: ServeSettings, archive: tokio::runt
     if let Some(tls) = serve.tls.clone() {
         tokio::spawn(reload_certificate_on_sighup(tls, stopping.clone()));
     }
+    tokio::spawn(api::auth::reload_tokens(serve.auth.clone(), stopping.clone()));
     let policy_watcher = crate::ops::reload::start_watcher(&engine.policies().dir)?;
     let watcher = tokio::spawn(crate::ops::reload::watch(engine.clone(), policy_watcher, stopping.clone()));
     crate::ops::status::write_status_file(&engine)?;

@@ -27,6 +27,9 @@ pub const QUERY_LIMIT_MAX: usize = 100_000;
 pub struct QueryRequest {
     pub table: String,
     pub partition_key: Option<Vec<u8>>,
+    /// Only records of these tenants (`None`: every record). A filter, not an index: the
+    /// buckets in range are read as without it.
+    pub tenants: Option<std::collections::BTreeSet<String>>,
     /// Inclusive lower bound on event time.
     pub from: Option<Micros>,
     /// Exclusive upper bound on event time.
@@ -124,7 +127,7 @@ pub async fn query(ctx: &Arc<Context>, request: QueryRequest) -> Result<QueryPag
     buckets.retain(|b| b.state != BucketState::Expired);
     buckets.sort_by_key(|b| b.descriptor.start);
 
-    let filter = PageFilter { from: request.from, to: request.to, cursor };
+    let filter = PageFilter { from: request.from, to: request.to, cursor, tenants: request.tenants.map(Arc::new) };
     // A page needs `limit` records and one more to know that more follow. The page is kept in
     // order lazily: sorted (and cut to `want`) only when it may be full, so a page costs its
     // size plus the rows of the buckets it spans, not their product.
@@ -203,12 +206,14 @@ fn settle(collected: &mut Vec<Record>, sorted: &mut bool, want: usize) {
     collected.truncate(want);
 }
 
-/// Which records a page may hold: in the requested range and after the cursor.
+/// Which records a page may hold: in the requested range, after the cursor, of the tenants
+/// asked for.
 #[derive(Clone)]
 struct PageFilter {
     from: Option<Micros>,
     to: Option<Micros>,
     cursor: Option<Cursor>,
+    tenants: Option<Arc<std::collections::BTreeSet<String>>>,
 }
 
 impl PageFilter {
@@ -216,6 +221,7 @@ impl PageFilter {
         self.from.is_none_or(|f| r.event_time >= f)
             && self.to.is_none_or(|t| r.event_time < t)
             && self.cursor.as_ref().is_none_or(|c| order_key(r) > (c.t, c.s.as_bytes(), c.p.as_bytes()))
+            && self.tenants.as_ref().is_none_or(|tenants| r.tenant.as_ref().is_some_and(|t| tenants.contains(t)))
     }
 }
 

@@ -1954,3 +1954,173 @@ fn a_backlog_is_archived_pass_after_pass_without_waiting_for_the_interval() {
         status["due_now"] == 0 && status["tables"][0]["states"]["archived"]["buckets"] == 72
     });
 }
+
+const ACME: &str = "acme-token-0123456789abcdef";
+const ACME_READER: &str = "acme-reader-0123456789abcdef";
+const ACME_ADMIN: &str = "acme-admin-0123456789abcdef";
+const GLOBEX: &str = "globex-token-0123456789abcdef";
+
+/// A record line of a tenant (`None`: no tenant).
+fn tenant_line(tenant: Option<&str>, time: &str, sort: &str) -> String {
+    let tenant = tenant.map(|t| format!(r#","tenant":"{t}""#)).unwrap_or_default();
+    format!(
+        r#"{{"partition_key":"site/α b%=","event_time":"{time}","sort_key":"{sort}"{tenant},"body":{{"s":"ünï ✓"}}}}"#
+    )
+}
+
+/// The tenants of every record `token` reads of `events`, page by page (`extra`: more
+/// parameters), or the refusal's status.
+fn tenants_read(server: &Server, token: &str, extra: &str) -> Result<Vec<String>, (u16, String)> {
+    let mut out = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let mut path = format!("/v1/tables/events/records?limit=2{extra}");
+        if let Some(c) = &cursor {
+            path.push_str(&format!("&cursor={c}"));
+        }
+        let (status, body) = server.get(&path, Some(token));
+        if status != 200 {
+            return Err((status, body));
+        }
+        let page: serde_json::Value = serde_json::from_str(&body).unwrap();
+        out.extend(page["records"].as_array().unwrap().iter().map(|r| r["tenant"].as_str().unwrap_or("-").to_string()));
+        match page["next_cursor"].as_str() {
+            Some(c) => cursor = Some(c.to_string()),
+            None => return Ok(out),
+        }
+    }
+}
+
+#[test]
+fn tenant_limited_tokens_reach_only_their_tenants_and_are_read_again_when_their_file_changes() {
+    let d = dirs();
+    let (token_file, admin_file) = (d.root.path().join("tokens"), d.root.path().join("admin-tokens"));
+    std::fs::write(
+        &token_file,
+        format!(
+            "# everything\n{USER}\n{ACME} tenants=acme\n{ACME_READER} tenants=acme access=read\n\
+             {GLOBEX} tenants=globex tables=events\n"
+        ),
+    )
+    .unwrap();
+    std::fs::write(&admin_file, format!("{ADMIN}\n{ACME_ADMIN} tenants=acme\n")).unwrap();
+    let mut command = command(&d);
+    command.env("FROSTLINE_TOKEN_FILE", &token_file).env("FROSTLINE_ADMIN_TOKEN_FILE", &admin_file);
+    let server = Server::start_command(&d, command, &["--interval-seconds", "3600"], false);
+    let append =
+        |token: &str, lines: &[String]| server.post("/v1/tables/events/records", Some(token), Some(&lines.join("\n")));
+
+    // Appends: a limited token writes its tenants' records only, and a batch with any other
+    // record (another tenant's, or one without a tenant) is refused whole.
+    let acme = |n: usize| tenant_line(Some("acme"), &format!("2025-02-0{}T00:00:00Z", n + 1), &format!("a{n}"));
+    assert_eq!(append(ACME, &[acme(0), acme(1)]).0, 200);
+    for (token, batch) in [
+        (ACME, vec![acme(2), tenant_line(Some("globex"), "2025-02-01T00:00:00Z", "g9")]),
+        (ACME, vec![acme(2), tenant_line(None, "2025-02-01T00:00:00Z", "n9")]),
+        (GLOBEX, vec![acme(2)]),
+    ] {
+        let (status, body) = append(token, &batch);
+        assert_eq!(status, 403, "{body}");
+        assert!(body.contains("nothing was written") && body.contains("limited to tenants"), "{body}");
+    }
+    let (status, body) = append(ACME_READER, &[acme(2)]);
+    assert_eq!((status, body.contains("access=read")), (403, true), "{body}");
+    assert_eq!(append(GLOBEX, &[tenant_line(Some("globex"), "2025-02-03T00:00:00Z", "g0")]).0, 200);
+    assert_eq!(append(USER, &[tenant_line(None, "2025-02-04T00:00:00Z", "n0")]).0, 200);
+    assert_eq!(count_records(&server), 4, "the refused batches wrote nothing");
+
+    // Queries: a limited token reads its tenants' records only, page by page, and may not name
+    // another tenant.
+    assert_eq!(tenants_read(&server, ACME, "").unwrap(), ["acme", "acme"]);
+    assert_eq!(tenants_read(&server, ACME_READER, "&tenant=acme").unwrap(), ["acme", "acme"]);
+    assert_eq!(tenants_read(&server, GLOBEX, "").unwrap(), ["globex"]);
+    let (status, body) = tenants_read(&server, ACME, "&tenant=globex").unwrap_err();
+    assert_eq!(status, 403, "{body}");
+    assert_eq!(tenants_read(&server, USER, "&tenant=globex").unwrap(), ["globex"]);
+    assert_eq!(tenants_read(&server, USER, "").unwrap().len(), 4);
+
+    // Routes that answer for every tenant refuse a limited token; those that name none serve it.
+    for path in ["/v1/status", "/metrics", "/v1/tables/events/buckets", "/v1/tables/events/retention"] {
+        let (status, body) = server.get(path, Some(ACME));
+        assert_eq!(status, 403, "{path}: {body}");
+    }
+    assert_eq!(server.get("/v1/plugins", Some(ACME)).0, 200);
+    assert_eq!(server.get("/v1/tables/events/buckets", Some(GLOBEX)).0, 403, "limited to tenants too");
+    assert_eq!(server.post("/v1/archive", Some(ACME_ADMIN), None).0, 403);
+
+    // Holds: a limited admin token places and lifts its tenants' holds only, and lists only them.
+    let hold = |tenant: Option<&str>| {
+        let tenant = tenant.map(|t| format!(r#","tenant":"{t}""#)).unwrap_or_default();
+        format!(r#"{{"table":"events"{tenant},"reason":"audit","placed_by":"ops"}}"#)
+    };
+    let (status, body) = server.post("/v1/holds", Some(ACME_ADMIN), Some(&hold(Some("acme"))));
+    assert_eq!(status, 201, "{body}");
+    let acme_hold = serde_json::from_str::<serde_json::Value>(&body).unwrap()["id"].as_str().unwrap().to_string();
+    for tenant in [Some("globex"), None] {
+        assert_eq!(server.post("/v1/holds", Some(ACME_ADMIN), Some(&hold(tenant))).0, 403, "{tenant:?}");
+    }
+    let (status, body) = server.post("/v1/holds", Some(ADMIN), Some(&hold(Some("globex"))));
+    assert_eq!(status, 201, "{body}");
+    let globex_hold = serde_json::from_str::<serde_json::Value>(&body).unwrap()["id"].as_str().unwrap().to_string();
+    let held = |token: &str| -> Vec<String> {
+        let holds = server.json_as("/v1/holds", token)["holds"].as_array().unwrap().clone();
+        holds.iter().map(|h| h["id"].as_str().unwrap().to_string()).collect()
+    };
+    assert_eq!(held(ACME), std::slice::from_ref(&acme_hold));
+    assert_eq!(held(USER).len(), 2);
+    assert_eq!(server.delete(&format!("/v1/holds/{globex_hold}"), Some(ACME_ADMIN)).0, 403);
+    assert_eq!(held(USER).len(), 2, "the refused lift changed nothing");
+    assert_eq!(server.delete(&format!("/v1/holds/{acme_hold}"), Some(ACME_ADMIN)).0, 200);
+
+    // Erasures: the same, for requests.
+    let erasure = |tenant: &str| format!(r#"{{"tenant":"{tenant}","reason":"gdpr","requested_by":"dpo"}}"#);
+    assert_eq!(server.post("/v1/erasures", Some(ACME_ADMIN), Some(&erasure("globex"))).0, 403);
+    assert_eq!(count_records(&server), 4, "the refused erasure changed nothing");
+    let (status, body) = server.post("/v1/erasures", Some(ADMIN), Some(&erasure("globex")));
+    assert_eq!(status, 201, "{body}");
+    let globex_request =
+        serde_json::from_str::<serde_json::Value>(&body).unwrap()["request"]["id"].as_str().unwrap().to_string();
+    let (status, body) = server.post("/v1/erasures", Some(ACME_ADMIN), Some(&erasure("acme")));
+    assert_eq!(status, 201, "{body}");
+    let listed = server.json_as("/v1/erasures", ACME_ADMIN)["erasures"].as_array().unwrap().clone();
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0]["selector"]["tenant"], "acme");
+    assert_eq!(server.json_as("/v1/erasures", ADMIN)["erasures"].as_array().unwrap().len(), 2);
+    assert_eq!(server.get(&format!("/v1/erasures/{globex_request}"), Some(ACME_ADMIN)).0, 403);
+    // A hold blocks an erasure of the buckets it covers: the operator lifts globex's first.
+    assert_eq!(server.delete(&format!("/v1/holds/{globex_hold}"), Some(ADMIN)).0, 200);
+    assert_eq!(server.post("/v1/archive", Some(ADMIN), None).0, 200, "the passes carry the requests out");
+
+    // Rotation: the file is read again when it changes; a set that is refused (a bad line, or
+    // no token at all) leaves the tokens in force.
+    const ROTATED: &str = "acme-rotated-0123456789abcdef";
+    let replace = |path: &Path, text: &str| {
+        let next = path.with_extension("next");
+        std::fs::write(&next, text).unwrap();
+        std::fs::rename(&next, path).unwrap();
+    };
+    replace(&token_file, &format!("{USER}\n{ROTATED} tenants=acme\n"));
+    server.wait_for("the rotated token", |s| s.get("/v1/plugins", Some(ROTATED)).0 == 200);
+    assert_eq!(server.get("/v1/plugins", Some(ACME)).0, 401, "the token taken out of the file is refused");
+    assert_eq!(
+        tenants_read(&server, ROTATED, "").unwrap(),
+        Vec::<String>::new(),
+        "acme's records were erased: {}",
+        server.get("/v1/erasures", Some(ADMIN)).1
+    );
+    replace(&token_file, &format!("{USER}\nshort tenants=acme\n"));
+    server.wait_for("the refusal of a bad line", |s| s.log().contains("the token files were refused"));
+    assert_eq!(server.get("/v1/plugins", Some(ROTATED)).0, 200, "the tokens in force stay");
+    std::fs::write(&admin_file, "").unwrap();
+    replace(&token_file, "# emptied\n");
+    server.wait_for("the refusal of no token", |s| s.log().contains("which would let every request in"));
+    assert_eq!(server.get("/v1/plugins", Some(ROTATED)).0, 200, "an emptied file does not open the API");
+    assert_eq!(server.get("/v1/plugins", None).0, 401);
+    // SIGHUP reads them again too.
+    replace(&token_file, &format!("{USER}\n"));
+    std::fs::write(&admin_file, format!("{ADMIN}\n")).unwrap();
+    server.wait_for("the restored files", |s| s.get("/v1/plugins", Some(ROTATED)).0 == 401);
+    // SAFETY: signalling our own child process.
+    unsafe { libc::kill(server.child.id() as i32, libc::SIGHUP) };
+    server.wait_for("SIGHUP", |s| s.log().contains("SIGHUP: the token files were read again"));
+}

@@ -758,6 +758,7 @@ fn query_records(
                     to,
                     limit: QUERY_PAGE,
                     cursor,
+                    tenants: None,
                 },
             ))
             .unwrap_or_else(|e| panic!("crash {crash}: query failed: {e}"));

@@ -35,6 +35,7 @@ fn time_bucket_query(runtime: &tokio::runtime::Runtime, engine: &Arc<Engine>, ex
         to: Some(DATASET_START_MICROS + MICROS_PER_DAY),
         limit: frostline::query::QUERY_LIMIT_MAX,
         cursor: None,
+        tenants: None,
     };
     let start = Instant::now();
     let page = runtime.block_on(frostline::query::query(&engine.context(), request))?;

@@ -54,6 +54,7 @@ pub fn read(bench: &mut Bench) -> Result<()> {
                 to: Some(END_MICROS),
                 limit: QUERY_LIMIT_MAX,
                 cursor,
+                tenants: None,
             };
             let page = runtime.block_on(frostline::query::query(&engine.context(), request))?;
             seen += page.records.len();

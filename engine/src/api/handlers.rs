@@ -4,20 +4,20 @@
 
 use std::sync::Arc;
 
-use axum::Json;
 use axum::body::Body;
 use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodFilter, MethodRouter, on};
+use axum::{Extension, Json};
 use futures::StreamExt;
 use serde::Deserialize;
 
 use super::{
     ApiError, ApiState, BUCKETS_LIMIT_DEFAULT, BUCKETS_LIMIT_MAX, HTTP_BODY_BYTES_MAX, HTTP_BODY_DRAIN_BYTES_MAX,
     HTTP_BODY_DRAIN_SECONDS_MAX, HTTP_RECORD_ERRORS_REPORTED_MAX, HTTP_RECORDS_PER_REQUEST_MAX, RecordError, Route,
-    RouteId,
+    RouteId, Scope,
 };
 use crate::error::{Error, ErrorKind};
 use crate::model::time::parse_time_arg;
@@ -254,8 +254,24 @@ enum Backfill {
     End,
 }
 
+/// The tenant of every record of a batch is within the token's reach, or the batch is refused
+/// whole, naming the first record beyond it.
+fn check_batch_tenants(scope: &Scope, records: &crate::model::CheckedRecords) -> Result<(), ApiError> {
+    if scope.tenants.is_none() {
+        return Ok(());
+    }
+    match records.iter().position(|r| !scope.allows_tenant(r.tenant.as_deref())) {
+        None => Ok(()),
+        Some(index) => {
+            let what = format!("record {} of the batch (nothing was written)", index + 1);
+            scope.check_tenant(records.iter().nth(index).and_then(|r| r.tenant.as_deref()), &what)
+        }
+    }
+}
+
 async fn append(
     State(state): Shared,
+    Extension(scope): Extension<Arc<Scope>>,
     path: Result<Path<String>, PathRejection>,
     params: Result<Query<AppendParams>, QueryRejection>,
     headers: HeaderMap,
@@ -275,6 +291,7 @@ async fn append(
         }
         let records = parse_batch(&bytes)?;
         drop(bytes);
+        check_batch_tenants(&scope, &records)?;
         let engine = state.engine.clone();
         // Acknowledged only after `ops::records::append` returns, that is after the commit.
         tokio::task::spawn_blocking(move || match backfill {
@@ -315,6 +332,7 @@ async fn append(
 #[serde(deny_unknown_fields)]
 struct QueryParams {
     partition: Option<String>,
+    tenant: Option<String>,
     from: Option<String>,
     to: Option<String>,
     limit: Option<usize>,
@@ -323,20 +341,36 @@ struct QueryParams {
 
 async fn query(
     State(state): Shared,
+    Extension(scope): Extension<Arc<Scope>>,
     path: Result<Path<String>, PathRejection>,
     params: Result<Query<QueryParams>, QueryRejection>,
 ) -> Result<Response, ApiError> {
     let table = known_table(&state, path)?;
     let params = query_params(params)?;
+    if let Some(tenant) = &params.tenant {
+        scope.check_tenant(Some(tenant), "the query")?;
+    }
+    // A token limited to tenants reads its tenants' records only, whatever the query names.
+    let tenants = match (params.tenant, &scope.tenants) {
+        (Some(tenant), _) => Some(std::collections::BTreeSet::from([tenant])),
+        (None, limited) => limited.clone(),
+    };
+    let named_partition = params.partition.is_some();
     let request = ops::query::QueryRequest {
         table,
         partition_key: params.partition.map(String::into_bytes),
+        tenants,
         from: params.from.as_deref().map(parse_time_arg).transpose()?,
         to: params.to.as_deref().map(parse_time_arg).transpose()?,
         limit: params.limit.unwrap_or(ops::query::QUERY_LIMIT_DEFAULT),
         cursor: params.cursor,
     };
-    let page = ops::query::query(&state.engine, request).await?;
+    let mut page = ops::query::query(&state.engine, request).await?;
+    if scope.tenants.is_some() && !named_partition {
+        // Expired ranges name partitions, which may be other tenants': a limited token hears
+        // of them only for a partition it named.
+        page.expired.clear();
+    }
     let body = ops::query::page_json(&page)?;
     Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
 }
@@ -404,8 +438,15 @@ async fn archive(State(state): Shared) -> Result<Response, ApiError> {
     Ok(Json(report).into_response())
 }
 
-async fn holds(State(state): Shared) -> Result<Response, ApiError> {
-    let holds = blocking(move || ops::holds::list_holds(&state.engine)).await?;
+/// A hold is within a token's reach when its table and its tenant are (a hold of a whole table
+/// or partition, naming no tenant, covers every tenant's records: beyond a limited token).
+fn hold_within(scope: &Scope, table: &str, tenant: Option<&str>) -> bool {
+    scope.allows_table(table) && scope.allows_tenant(tenant)
+}
+
+async fn holds(State(state): Shared, Extension(scope): Extension<Arc<Scope>>) -> Result<Response, ApiError> {
+    let mut holds = blocking(move || ops::holds::list_holds(&state.engine)).await?;
+    holds.retain(|h| hold_within(&scope, &h.hold.table, h.hold.tenant.as_deref()));
     Ok(Json(ops::wire::HoldsPage { holds }).into_response())
 }
 
@@ -413,7 +454,12 @@ pub(super) fn unprocessable(message: impl Into<String>) -> ApiError {
     ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_input", message)
 }
 
-async fn place_hold(State(state): Shared, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
+async fn place_hold(
+    State(state): Shared,
+    Extension(scope): Extension<Arc<Scope>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
     let bytes = read_body(&headers, body).await?;
     let request: ops::holds::HoldRequest = serde_json::from_slice(&bytes).map_err(|e| {
         ApiError::bad_request(format!(
@@ -421,6 +467,8 @@ async fn place_hold(State(state): Shared, headers: HeaderMap, body: Body) -> Res
         ))
     })?;
     check_table(&state, &request.table)?;
+    scope.check_table(&request.table)?;
+    scope.check_tenant(request.tenant.as_deref(), "the hold")?;
     // A well-formed request whose hold is refused (no reason, no author) is 422.
     let placed =
         blocking(move || Ok(ops::holds::place_hold(&state.engine, request, "api"))).await?.map_err(|refusal| {
@@ -440,11 +488,20 @@ struct LiftParams {
 
 async fn lift_hold(
     State(state): Shared,
+    Extension(scope): Extension<Arc<Scope>>,
     path: Result<Path<String>, PathRejection>,
     params: Result<Query<LiftParams>, QueryRejection>,
 ) -> Result<Response, ApiError> {
     let Path(id) = path.map_err(|e| ApiError::bad_request(e.body_text()))?;
     let params = query_params(params)?;
+    if !scope.is_unlimited() {
+        let (engine, wanted) = (state.engine.clone(), id.clone());
+        // An unknown id is lifted below, which answers 404.
+        if let Some(hold) = blocking(move || ops::holds::find_hold(&engine, &wanted)).await? {
+            scope.check_table(&hold.table)?;
+            scope.check_tenant(hold.tenant.as_deref(), &format!("hold `{}`", hold.id))?;
+        }
+    }
     let by = params.by.map(|b| b.trim().to_string()).filter(|b| !b.is_empty()).unwrap_or_else(|| "api".into());
     // One transaction decides: a policy hold is 409, an unknown id 404 (`ErrorKind::NotFound`).
     let hold = blocking(move || ops::holds::lift_hold(&state.engine, id, by)).await?;

@@ -32,7 +32,7 @@ use axum::response::{IntoResponse, Response};
 use crate::error::{Error, ErrorKind, Result};
 use crate::ops::Engine;
 
-pub use self::auth::{Access, Auth};
+pub use self::auth::{Access, Auth, Reach, Scope};
 pub use self::metrics::Metrics;
 pub use crate::ops::passes::Passes;
 
@@ -77,35 +77,92 @@ pub struct Route {
     /// The path template, with `{name}` parameters (axum's and OpenAPI's syntax).
     pub path: &'static str,
     pub access: Access,
+    /// How far it reaches across tenants and tables: what a limited token may do there.
+    pub reach: Reach,
 }
 
 /// Every route the server serves; the router and the authorisation check are built from it.
 pub const ROUTES: &[Route] = &[
-    Route { id: RouteId::Health, method: "GET", path: "/health", access: Access::Public },
-    Route { id: RouteId::Metrics, method: "GET", path: "/metrics", access: Access::Token },
-    Route { id: RouteId::Append, method: "POST", path: "/v1/tables/{table}/records", access: Access::Token },
-    Route { id: RouteId::Query, method: "GET", path: "/v1/tables/{table}/records", access: Access::Token },
-    Route { id: RouteId::Buckets, method: "GET", path: "/v1/tables/{table}/buckets", access: Access::Token },
-    Route { id: RouteId::Status, method: "GET", path: "/v1/status", access: Access::Token },
-    Route { id: RouteId::Plugins, method: "GET", path: "/v1/plugins", access: Access::Token },
-    Route { id: RouteId::LastReload, method: "GET", path: "/v1/reload", access: Access::Token },
-    Route { id: RouteId::Reload, method: "POST", path: "/v1/reload", access: Access::Admin },
-    Route { id: RouteId::Archive, method: "POST", path: "/v1/archive", access: Access::Admin },
-    Route { id: RouteId::Holds, method: "GET", path: "/v1/holds", access: Access::Token },
-    Route { id: RouteId::PlaceHold, method: "POST", path: "/v1/holds", access: Access::Admin },
-    Route { id: RouteId::LiftHold, method: "DELETE", path: "/v1/holds/{id}", access: Access::Admin },
-    Route { id: RouteId::Retention, method: "GET", path: "/v1/tables/{table}/retention", access: Access::Token },
-    Route { id: RouteId::Verify, method: "POST", path: "/v1/verify", access: Access::Admin },
-    Route { id: RouteId::PolicyCheck, method: "POST", path: "/v1/policy/check", access: Access::Admin },
-    // Erasure requests and their receipts name tenants and partition keys: admin only.
-    Route { id: RouteId::Erasures, method: "GET", path: "/v1/erasures", access: Access::Admin },
-    Route { id: RouteId::PlaceErasure, method: "POST", path: "/v1/erasures", access: Access::Admin },
-    Route { id: RouteId::Erasure, method: "GET", path: "/v1/erasures/{id}", access: Access::Admin },
+    Route { id: RouteId::Health, method: "GET", path: "/health", access: Access::Public, reach: Reach::Nothing },
+    Route { id: RouteId::Metrics, method: "GET", path: "/metrics", access: Access::Token, reach: Reach::Everything },
+    Route {
+        id: RouteId::Append,
+        method: "POST",
+        path: "/v1/tables/{table}/records",
+        access: Access::Token,
+        reach: Reach::Tenants,
+    },
+    Route {
+        id: RouteId::Query,
+        method: "GET",
+        path: "/v1/tables/{table}/records",
+        access: Access::Token,
+        reach: Reach::Tenants,
+    },
+    Route {
+        id: RouteId::Buckets,
+        method: "GET",
+        path: "/v1/tables/{table}/buckets",
+        access: Access::Token,
+        reach: Reach::Table,
+    },
+    Route { id: RouteId::Status, method: "GET", path: "/v1/status", access: Access::Token, reach: Reach::Everything },
+    Route { id: RouteId::Plugins, method: "GET", path: "/v1/plugins", access: Access::Token, reach: Reach::Nothing },
+    Route { id: RouteId::LastReload, method: "GET", path: "/v1/reload", access: Access::Token, reach: Reach::Nothing },
+    Route { id: RouteId::Reload, method: "POST", path: "/v1/reload", access: Access::Admin, reach: Reach::Everything },
+    Route {
+        id: RouteId::Archive,
+        method: "POST",
+        path: "/v1/archive",
+        access: Access::Admin,
+        reach: Reach::Everything,
+    },
+    Route { id: RouteId::Holds, method: "GET", path: "/v1/holds", access: Access::Token, reach: Reach::Tenants },
+    Route { id: RouteId::PlaceHold, method: "POST", path: "/v1/holds", access: Access::Admin, reach: Reach::Tenants },
+    Route {
+        id: RouteId::LiftHold,
+        method: "DELETE",
+        path: "/v1/holds/{id}",
+        access: Access::Admin,
+        reach: Reach::Tenants,
+    },
+    Route {
+        id: RouteId::Retention,
+        method: "GET",
+        path: "/v1/tables/{table}/retention",
+        access: Access::Token,
+        reach: Reach::Table,
+    },
+    Route { id: RouteId::Verify, method: "POST", path: "/v1/verify", access: Access::Admin, reach: Reach::Everything },
+    Route {
+        id: RouteId::PolicyCheck,
+        method: "POST",
+        path: "/v1/policy/check",
+        access: Access::Admin,
+        reach: Reach::Everything,
+    },
+    // Erasure requests and their receipts name tenants and partition keys: admin only (an
+    // admin token limited to tenants sees and places its tenants' requests only).
+    Route { id: RouteId::Erasures, method: "GET", path: "/v1/erasures", access: Access::Admin, reach: Reach::Tenants },
+    Route {
+        id: RouteId::PlaceErasure,
+        method: "POST",
+        path: "/v1/erasures",
+        access: Access::Admin,
+        reach: Reach::Tenants,
+    },
+    Route {
+        id: RouteId::Erasure,
+        method: "GET",
+        path: "/v1/erasures/{id}",
+        access: Access::Admin,
+        reach: Reach::Tenants,
+    },
 ];
 
-/// The access a request to `method path_template` needs, or `None` for an unknown route.
-pub fn route_access(method: &str, path_template: &str) -> Option<Access> {
-    ROUTES.iter().find(|r| r.method == method && r.path == path_template).map(|r| r.access)
+/// The route of `method path_template`, or `None` for an unknown one.
+pub fn route(method: &str, path_template: &str) -> Option<&'static Route> {
+    ROUTES.iter().find(|r| r.method == method && r.path == path_template)
 }
 
 /// `frostline run`'s API flags. Tokens themselves come from files or the environment, never

@@ -67,6 +67,7 @@ pub struct Page {
 #[derive(Debug, Default, Clone)]
 pub struct PageRequest<'a> {
     pub partition: Option<&'a str>,
+    pub tenant: Option<&'a str>,
     pub from: Option<&'a str>,
     pub to: Option<&'a str>,
     pub limit: usize,
@@ -261,9 +262,13 @@ impl Client {
 
     pub fn query(&self, table: &str, request: &PageRequest<'_>) -> Result<Page> {
         let mut path = format!("/v1/tables/{}/records?limit={}", percent_encode(table), request.limit);
-        for (name, value) in
-            [("partition", request.partition), ("from", request.from), ("to", request.to), ("cursor", request.cursor)]
-        {
+        for (name, value) in [
+            ("partition", request.partition),
+            ("tenant", request.tenant),
+            ("from", request.from),
+            ("to", request.to),
+            ("cursor", request.cursor),
+        ] {
             if let Some(value) = value {
                 path.push_str(&format!("&{name}={}", percent_encode(value)));
             }

@@ -87,6 +87,9 @@ pub enum Command {
         table: String,
         #[arg(long)]
         partition: Option<String>,
+        /// Only records of this tenant.
+        #[arg(long)]
+        tenant: Option<String>,
         /// Inclusive lower bound: RFC 3339 or integer microseconds.
         #[arg(long)]
         from: Option<String>,
@@ -303,9 +306,10 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             println!("{}", serde_json::to_string(&outcome)?);
             Ok(ExitCode::SUCCESS)
         }
-        Command::Query { engine, table, partition, from, to, limit, cursor } => {
+        Command::Query { engine, table, partition, tenant, from, to, limit, cursor } => {
             let request = crate::cli::client::PageRequest {
                 partition: partition.as_deref(),
+                tenant: tenant.as_deref(),
                 from: from.as_deref(),
                 to: to.as_deref(),
                 limit,

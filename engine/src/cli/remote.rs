@@ -60,6 +60,7 @@ impl EngineHandle for Arc<Engine> {
         let request = crate::ops::query::QueryRequest {
             table: table.to_string(),
             partition_key: request.partition.map(|p| p.as_bytes().to_vec()),
+            tenants: request.tenant.map(|t| std::collections::BTreeSet::from([t.to_string()])),
             from: request.from.map(crate::model::time::parse_time_arg).transpose()?,
             to: request.to.map(crate::model::time::parse_time_arg).transpose()?,
             limit: request.limit,

@@ -147,6 +147,10 @@ impl CheckedRecords {
         self.0.is_empty()
     }
 
+    pub fn iter(&self) -> std::slice::Iter<'_, Record> {
+        self.0.iter()
+    }
+
     pub fn into_inner(self) -> Vec<Record> {
         self.0
     }

@@ -95,6 +95,11 @@ pub fn is_policy_hold(id: &str) -> bool {
     id.starts_with("policy-")
 }
 
+/// The hold with this id, if there is one.
+pub fn find_hold(engine: &Engine, id: &str) -> Result<Option<Hold>> {
+    Ok(engine.store().holds()?.into_iter().find(|h| h.id == id))
+}
+
 /// Lifts a placed hold; a policy-declared one is a conflict (remove it from the policy
 /// directory instead).
 pub fn lift_hold(engine: &Engine, id: String, by: String) -> Result<Hold> {
