@@ -177,9 +177,14 @@ fn fleet_archive(fleet: Fleet) {
                 r
             })
             .collect();
-        // PySpark is a documented command, not CI (scripts/prove-pyspark sets its interpreter).
-        let pyspark = std::env::var("FROSTLINE_PYSPARK_PYTHON").ok();
-        let readers = [("duckdb", python()), ("pyarrow", python())].into_iter().chain(pyspark.map(|p| ("pyspark", p)));
+        // Spark in local mode too (scripts/install-pyspark, which scripts/test runs).
+        let pyspark = std::env::var("FROSTLINE_PYSPARK_PYTHON").unwrap_or_else(|_| {
+            panic!(
+                "FROSTLINE_PYSPARK_PYTHON is not set: run the tests with ./scripts/test (scripts/install-pyspark \
+                 installs PySpark)"
+            )
+        });
+        let readers = [("duckdb", python()), ("pyarrow", python()), ("pyspark", pyspark)];
         for (reader, python) in readers {
             let out = Command::new(python)
                 .arg(&script)
