@@ -1179,7 +1179,7 @@ fn run_lifecycle_seed(seed: u64, ops: usize) -> LifecycleCounts {
     }
     counts.records_checked += model.len() as u64;
     check_kept_elsewhere(&kept_elsewhere, &targets, seed, ops);
-    counts.peer_records_checked += peer.settle(e.engine.clock().now(), seed);
+    counts.peer_records_checked += peer.settle(e.engine.clock().now(), &placed_erasures, &mut counts, seed);
 
     counts
 }
@@ -1385,9 +1385,25 @@ impl Peer {
             }
             self.model.extend(staged);
         }
+        self.pass_taking_requests_up(placed, counts, seed, op);
+        // Exact: what a request named and the peer held is gone, and nothing appended after
+        // the peer finished it was taken.
+        check_lifecycle_reads(&self.e, &self.model, &self.buckets, Tolerated::Nothing, seed, op)
+            .expect("the peer has no faults");
+    }
+
+    /// A pass; a request of the main installation's that it found on the shared target is run
+    /// to its end, and every record it names that the peer held then leaves the model.
+    fn pass_taking_requests_up(
+        &mut self,
+        placed: &BTreeMap<String, ErasureNames>,
+        counts: &mut LifecycleCounts,
+        seed: u64,
+        op: usize,
+    ) -> frostline::archive::PassReport {
         let known: std::collections::BTreeSet<String> =
             self.e.engine.store().erasures().unwrap().into_iter().map(|r| r.id).collect();
-        self.pass(seed, op);
+        let report = self.pass(seed, op);
         for request in self.e.engine.store().erasures().unwrap() {
             if known.contains(&request.id) {
                 continue;
@@ -1409,10 +1425,7 @@ impl Peer {
             counts.peer_erasures += 1;
             counts.peer_records_erased += (before - self.model.len()) as u64;
         }
-        // Exact: what a request named and the peer held is gone, and nothing appended after
-        // the peer finished it was taken.
-        check_lifecycle_reads(&self.e, &self.model, &self.buckets, Tolerated::Nothing, seed, op)
-            .expect("the peer has no faults");
+        report
     }
 
     fn pass(&mut self, seed: u64, op: usize) -> frostline::archive::PassReport {
@@ -1431,10 +1444,16 @@ impl Peer {
     }
 
     /// Archives and expires what is due, reads everything back; returns the records checked.
-    fn settle(&mut self, now: i64, seed: u64) -> u64 {
+    fn settle(
+        &mut self,
+        now: i64,
+        placed: &BTreeMap<String, ErasureNames>,
+        counts: &mut LifecycleCounts,
+        seed: u64,
+    ) -> u64 {
         self.e.clock.set(now.max(self.e.engine.clock().now()));
         for _ in 0..60 {
-            let report = self.pass(seed, usize::MAX);
+            let report = self.pass_taking_requests_up(placed, counts, seed, usize::MAX);
             if !report.made_progress() && report.deferred == 0 {
                 break;
             }
