@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::engine::Context;
 use crate::error::{Error, Result};
+use crate::format::reader::Want;
 use crate::model::{BucketState, Micros, Record};
 use crate::policy::{PolicySet, TablePolicy};
 use crate::store::Snapshot;
@@ -22,6 +23,12 @@ use crate::store::schema::{BucketId, BucketMeta};
 
 pub const QUERY_LIMIT_DEFAULT: usize = 1_000;
 pub const QUERY_LIMIT_MAX: usize = 100_000;
+/// A page holds records of at most this many bytes (`Record::stored_bytes`; always at least
+/// one record), whatever its `limit`: a page of 100,000 records of 1 MiB bodies would
+/// otherwise be 100 GB in memory and in one answer. A page cut by it has a `next_cursor`.
+pub const QUERY_PAGE_BYTES_MAX: usize = 16 * 1024 * 1024;
+/// Hot rows are read in slices of this many, so a page's reads stop near its byte bound.
+const HOT_READ_ROWS: usize = 1_000;
 
 #[derive(Debug, Clone, Default)]
 pub struct QueryRequest {
@@ -132,13 +139,18 @@ pub async fn query(ctx: &Arc<Context>, request: QueryRequest) -> Result<QueryPag
     // order lazily: sorted (and cut to `want`) only when it may be full, so a page costs its
     // size plus the rows of the buckets it spans, not their product.
     let want = limit + 1;
+    // Each bucket's read keeps a page's bytes and one record more; what the page collects is
+    // cut back to its byte bound whenever it passes it (`settle`).
+    let want_read = Want { rows: want, bytes: QUERY_PAGE_BYTES_MAX + 1 };
     let mut collected: Vec<Record> = Vec::new();
+    let mut collected_bytes = 0usize;
     let mut sorted = true;
     for bucket in buckets {
-        if collected.len() >= limit {
-            settle(&mut collected, &mut sorted, want);
-            if bucket.descriptor.start > collected[limit - 1].event_time {
-                // Every later bucket starts after the last record of a full page.
+        if collected.len() >= limit || collected_bytes > QUERY_PAGE_BYTES_MAX {
+            collected_bytes = settle(&mut collected, &mut sorted, want);
+            let full = collected.len() >= limit || collected_bytes > QUERY_PAGE_BYTES_MAX;
+            if full && bucket.descriptor.start > collected[collected.len().min(limit) - 1].event_time {
+                // Every later bucket starts after the last record a full page can hold.
                 break;
             }
         }
@@ -147,7 +159,7 @@ pub async fn query(ctx: &Arc<Context>, request: QueryRequest) -> Result<QueryPag
         let pending = bucket.has_published_archive() && !matches!(bucket.state, BucketState::Archived { .. });
         let mut rows = match bucket.state {
             _ if bucket.has_published_archive() => {
-                match read_published(&policies, &table, &snapshot, &bucket, lower, &filter, want).await {
+                match read_published(&policies, &table, &snapshot, &bucket, lower, &filter, want_read).await {
                     Ok(rows) => rows,
                     Err(e) => {
                         // An expiry that ran after the snapshot deletes what the snapshot still
@@ -165,23 +177,37 @@ pub async fn query(ctx: &Arc<Context>, request: QueryRequest) -> Result<QueryPag
             }
             _ => {
                 let (snapshot, id, filter) = (snapshot.clone(), bucket.id.clone(), filter.clone());
-                blocking(move || hot_rows(&snapshot, &id, lower, &filter, want)).await?
+                blocking(move || hot_rows(&snapshot, &id, lower, &filter, want_read)).await?
             }
         };
         if pending {
             let (snapshot, id, filter) = (snapshot.clone(), bucket.id.clone(), filter.clone());
-            let hot = blocking(move || hot_rows(&snapshot, &id, lower, &filter, want)).await?;
+            let hot = blocking(move || hot_rows(&snapshot, &id, lower, &filter, want_read)).await?;
             rows.extend(hot);
             rows.sort_by(|a, b| order_key(a).cmp(&order_key(b)));
         }
         // A bucket's rows come in clustering order: at most `want` of them can be on the page.
         let before = collected.len();
-        collected.extend(rows.into_iter().filter(|r| filter.keeps(r)).take(want));
+        for row in rows.into_iter().filter(|r| filter.keeps(r)).take(want) {
+            collected_bytes += row.stored_bytes();
+            collected.push(row);
+        }
         sorted &= before == 0;
     }
     settle(&mut collected, &mut sorted, want);
-    let more = collected.len() > limit;
-    collected.truncate(limit);
+    // The page is the records in order up to `limit` and the byte bound (at least one); a
+    // record beyond either says more follow.
+    let mut page_bytes = 0usize;
+    let fits = collected
+        .iter()
+        .take(limit)
+        .position(|r| {
+            page_bytes += r.stored_bytes();
+            page_bytes > QUERY_PAGE_BYTES_MAX
+        })
+        .map_or(collected.len().min(limit), |over| over.max(1));
+    let more = collected.len() > fits;
+    collected.truncate(fits);
     let next_cursor = if more || collected.len() == limit {
         collected.last().map(|r| {
             Cursor {
@@ -197,13 +223,23 @@ pub async fn query(ctx: &Arc<Context>, request: QueryRequest) -> Result<QueryPag
     Ok(QueryPage { records: collected, next_cursor, expired })
 }
 
-/// Puts the page in order and drops what cannot be on it.
-fn settle(collected: &mut Vec<Record>, sorted: &mut bool, want: usize) {
+/// Puts the page in order and drops what cannot be on it: records past `want`, and past the
+/// first record that takes the page over its byte bound (kept, to say more follow). Returns
+/// the bytes of what is left.
+fn settle(collected: &mut Vec<Record>, sorted: &mut bool, want: usize) -> usize {
     if !*sorted {
         collected.sort_by(|a, b| order_key(a).cmp(&order_key(b)));
         *sorted = true;
     }
     collected.truncate(want);
+    let mut bytes = 0usize;
+    if let Some(over) = collected.iter().position(|r| {
+        bytes += r.stored_bytes();
+        bytes > QUERY_PAGE_BYTES_MAX
+    }) {
+        collected.truncate(over + 1);
+    }
+    bytes
 }
 
 /// Which records a page may hold: in the requested range, after the cursor, of the tenants
@@ -232,19 +268,27 @@ fn hot_rows(
     id: &BucketId,
     lower: Option<Micros>,
     filter: &PageFilter,
-    want: usize,
+    want: Want,
 ) -> Result<Vec<Record>> {
     let mut rows: Vec<Record> = Vec::new();
+    let mut kept_bytes = 0usize;
+    let slice = want.rows.min(HOT_READ_ROWS);
     // `rows` starts after its bound, exclusive: the empty sort key a microsecond before
     // `lower` precedes every row at `lower` (the filter drops the few before it).
     let mut bound: Option<(Micros, Vec<u8>)> = lower.map(|l| (l.saturating_sub(1), Vec::new()));
     loop {
-        let page = snapshot.rows(id, bound.as_ref().map(|(t, s)| (*t, s.as_slice())), want)?;
-        let full = page.len() == want;
+        let page = snapshot.rows(id, bound.as_ref().map(|(t, s)| (*t, s.as_slice())), slice)?;
+        let full = page.len() == slice;
         bound = page.last().map(|r| (r.event_time, r.sort_key.clone()));
         let past_end = page.last().is_some_and(|r| filter.to.is_some_and(|t| r.event_time >= t));
-        rows.extend(page.into_iter().filter(|r| filter.keeps(r)));
-        if !full || past_end || rows.len() >= want {
+        for row in page.into_iter().filter(|r| filter.keeps(r)) {
+            if rows.len() >= want.rows || kept_bytes >= want.bytes {
+                return Ok(rows);
+            }
+            kept_bytes += row.stored_bytes();
+            rows.push(row);
+        }
+        if !full || past_end || rows.len() >= want.rows || kept_bytes >= want.bytes {
             return Ok(rows);
         }
     }
@@ -260,7 +304,7 @@ async fn read_published(
     bucket: &BucketMeta,
     lower: Option<Micros>,
     filter: &PageFilter,
-    want: usize,
+    want: Want,
 ) -> Result<Vec<Record>> {
     let key = bucket
         .manifest_key

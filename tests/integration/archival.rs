@@ -453,6 +453,58 @@ fn an_upload_failing_mid_stream_defers_the_bucket_and_the_next_pass_finishes_it(
 /// manifest and the first segment only (it read all three before); a page from the middle
 /// reads the segment that holds it; every record still reads back page by page.
 #[test]
+fn a_query_page_holds_at_most_its_byte_bound_and_its_pages_hold_every_record_once() {
+    use frostline::model::RECORD_BODY_BYTES_MAX;
+    use frostline::query::{QUERY_PAGE_BYTES_MAX, QueryRequest, query};
+    let e = TestEngine::new(DAILY, "2024-03-10T00:00:00Z");
+    // Bodies just under the 1 MiB a record may hold: 16 of them fit in a page, 17 do not.
+    let day = |date: &str, n: usize| -> Vec<frostline::model::Record> {
+        (0..n)
+            .map(|i| frostline::model::Record {
+                partition_key: "site/α b%=".as_bytes().to_vec(),
+                event_time: t(date) + i as i64 * 1_000_000,
+                sort_key: format!("{date}-{i:03}").into_bytes(),
+                tenant: Some("acme".into()),
+                kind: None,
+                body: format!(r#"{{"i":{i},"pad":"{}"}}"#, "x".repeat(RECORD_BODY_BYTES_MAX - 100)),
+            })
+            .collect()
+    };
+    let (first, second, hot) =
+        (day("2024-03-01T00:00:00Z", 15), day("2024-03-08T00:00:00Z", 20), day("2024-03-10T00:00:00Z", 20));
+    e.engine.append("r", first.iter().chain(&second).cloned().collect()).unwrap();
+    assert_eq!(e.pass().archived, 2);
+    e.engine.append("r", hot.clone()).unwrap();
+    let page = |from: Option<i64>, to: Option<i64>, cursor: Option<String>| {
+        let request = QueryRequest { table: "r".into(), from, to, limit: 1_000, cursor, ..Default::default() };
+        runtime().block_on(query(&e.engine.context(), request)).unwrap()
+    };
+    // Holds: a day of 15 records (15 MiB) is one page, with nothing after it.
+    let one = page(Some(t("2024-03-01T00:00:00Z")), Some(t("2024-03-02T00:00:00Z")), None);
+    assert_eq!(one.records, first);
+    assert_eq!(one.next_cursor, None);
+    // Enforced: 55 records of 1 MiB, archived and hot, come in pages of at most 16 MiB, each
+    // record once and in order.
+    let (mut read, mut cursor, mut pages) = (Vec::new(), None, 0);
+    loop {
+        let next = page(None, None, cursor);
+        let bytes: usize = next.records.iter().map(|r| r.stored_bytes()).sum();
+        assert!(bytes <= QUERY_PAGE_BYTES_MAX, "page {pages}: {bytes} bytes");
+        assert!(!next.records.is_empty(), "page {pages} is empty");
+        pages += 1;
+        read.extend(next.records);
+        match next.next_cursor {
+            Some(c) => cursor = Some(c),
+            None => break,
+        }
+    }
+    let expected: Vec<_> = first.iter().chain(&second).chain(&hot).cloned().collect();
+    assert_eq!(read.len(), expected.len());
+    assert!(read == expected, "every record once, in order");
+    assert_eq!(pages, 4, "55 records of 1 MiB, 16 a page");
+}
+
+#[test]
 fn a_query_page_reads_only_the_archived_segments_it_needs() {
     use frostline::query::{QueryRequest, query};
     let e = TestEngine::new(DAILY, "2024-03-10T00:00:00Z");

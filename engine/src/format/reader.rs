@@ -17,7 +17,7 @@ pub async fn read_archive(
     from: Option<Micros>,
     to: Option<Micros>,
 ) -> Result<Vec<Record>> {
-    read_archive_until(backend, manifest_key, from, to, |_| true, usize::MAX).await
+    read_archive_until(backend, manifest_key, from, to, |_| true, Want::ALL).await
 }
 
 /// Reads and verifies a published archive's segments overlapping `[from, to)` one at a time,
@@ -30,12 +30,13 @@ pub async fn read_archive_until(
     from: Option<Micros>,
     to: Option<Micros>,
     keep: impl Fn(&Record) -> bool,
-    want: usize,
+    want: Want,
 ) -> Result<Vec<Record>> {
     let manifest = read_manifest(backend, manifest_key).await?;
     let mut rows = Vec::new();
+    let mut kept_bytes = 0usize;
     for segment in &manifest.segments {
-        if rows.len() >= want {
+        if rows.len() >= want.rows || kept_bytes >= want.bytes {
             break;
         }
         if from.is_some_and(|f| segment.max_event_time < f) || to.is_some_and(|t| segment.min_event_time >= t) {
@@ -44,10 +45,27 @@ pub async fn read_archive_until(
         let bytes = backend.get(&segment.key).await?.ok_or_else(|| {
             Error::Corruption(format!("segment `{}` named by `{manifest_key}` is missing", segment.key))
         })?;
-        let left = want - rows.len();
-        rows.extend(verify_segment(manifest.format, segment, &bytes)?.into_iter().filter(|r| keep(r)).take(left));
+        for row in verify_segment(manifest.format, segment, &bytes)?.into_iter().filter(|r| keep(r)) {
+            if rows.len() >= want.rows || kept_bytes >= want.bytes {
+                break;
+            }
+            kept_bytes += row.stored_bytes();
+            rows.push(row);
+        }
     }
     Ok(rows)
+}
+
+/// How much a read keeps: at most `rows` records, and no record once `bytes` of them
+/// (`Record::stored_bytes`) are kept (the record that crosses the bound is kept).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Want {
+    pub rows: usize,
+    pub bytes: usize,
+}
+
+impl Want {
+    pub const ALL: Want = Want { rows: usize::MAX, bytes: usize::MAX };
 }
 
 pub async fn read_manifest(backend: &dyn ArchiveBackend, manifest_key: &str) -> Result<Manifest> {

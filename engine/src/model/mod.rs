@@ -165,6 +165,16 @@ fn reason(error: &Error) -> String {
 }
 
 impl Record {
+    /// The bytes of what the record stores (keys, tenant, kind, body): what a page of a query
+    /// is bounded by.
+    pub fn stored_bytes(&self) -> usize {
+        self.partition_key.len()
+            + self.sort_key.len()
+            + self.tenant.as_ref().map_or(0, String::len)
+            + self.kind.as_ref().map_or(0, String::len)
+            + self.body.len()
+    }
+
     /// A multi-line body in its one-line form (`one_line_json`).
     fn normalize_body(&mut self) {
         if let std::borrow::Cow::Owned(one_line) = one_line_json(&self.body) {
