@@ -47,6 +47,7 @@ mod read;
 mod reload;
 mod report;
 mod scale;
+mod small_files;
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -128,6 +129,11 @@ const SCENARIOS: &[Scenario] = &[
         name: "read",
         about: "a query across ten years of one partition written as JSON lines, hot and archived as Parquet, against DuckDB reading the same Parquet files",
         run: read::read,
+    },
+    Scenario {
+        name: "small-files",
+        about: "one year of day buckets of three partitions (1,098 Parquet files) against one file of the same rows, read by DuckDB, polars and Spark computing one aggregate",
+        run: small_files::small_files,
     },
     Scenario {
         name: "reload",
