@@ -409,7 +409,10 @@ const LIFECYCLE_PINNED_SEEDS: &[u64] = &[
 /// 3885129934317976583: with the rebuilt installation's check of `installation_since` taken
 /// out, its rebuilt database took a request placed before the rebuild up from the shared
 /// target and erased a record of `p1` appended since (operation 142).
-const LIFECYCLE_PINNED_ERASURE_SEEDS: &[u64] = &[3885129934317976583];
+/// 424612239429200006 (the 10,000-seed run at c99899a), on the model's side: stalls moved the
+/// clock 180 s within a pass, past the backfill lease (120 s), and the pass archived once it
+/// lapsed, as it should; the model held the pass to the lease it saw before it.
+const LIFECYCLE_PINNED_ERASURE_SEEDS: &[u64] = &[3885129934317976583, 424612239429200006];
 
 #[test]
 fn lifecycle_simulation_matches_the_reference_model() {
@@ -708,7 +711,9 @@ fn run_lifecycle_seed(seed: u64, ops: usize) -> LifecycleCounts {
                         bucket.expirable = true;
                     }
                 }
-                if paused {
+                // A backfill lease that lapsed in the pass (a stalled store moved the clock past
+                // it) lets the rest of the pass archive.
+                if paused && e.engine.store().backfilling_tables(after).unwrap().contains("r") {
                     // A live backfill: no generation of the table is made, none expires.
                     assert_eq!(
                         (report.archived, report.expired),
