@@ -46,6 +46,20 @@ pub fn small_files(bench: &mut Bench) -> Result<()> {
     );
     drop(engine);
     let archive = dirs.data().join("archive");
+    // The one file, written once by pyarrow (under FROSTLINE_PYTHON) from the day files.
+    let Ok(python) = std::env::var("FROSTLINE_PYTHON") else {
+        bench.skip(&["every reader"], "FROSTLINE_PYTHON is not set (scripts/bench installs it)".into());
+        return Ok(());
+    };
+    let one_dir = tempfile::tempdir()?;
+    let one = one_dir.path().join("one.parquet");
+    let written = Command::new(&python)
+        .args(["-c", ONE_FILE_SCRIPT])
+        .arg(archive.join("delta").join(TABLE))
+        .arg(&one)
+        .output()
+        .with_context(|| format!("cannot run {python}"))?;
+    ensure!(written.status.success(), "writing the one file failed: {}", String::from_utf8_lossy(&written.stderr));
     for (reader, variable) in
         [("duckdb", "FROSTLINE_PYTHON"), ("polars", "FROSTLINE_PYTHON"), ("spark", "FROSTLINE_PYSPARK_PYTHON")]
     {
@@ -53,9 +67,9 @@ pub fn small_files(bench: &mut Bench) -> Result<()> {
             bench.skip(&[reader], format!("{variable} is not set (scripts/bench installs it)"));
             continue;
         };
-        let (days, one) = reader_figures(bench, reader, &python, &archive, rows)?;
-        bench.push(one.clone());
-        bench.push(days.against(&one));
+        let (days, one_file) = reader_figures(bench, reader, &python, &archive, &one, rows)?;
+        bench.push(one_file.clone());
+        bench.push(days.against(&one_file));
     }
     Ok(())
 }
@@ -99,17 +113,30 @@ fn append_a_year(engine: &std::sync::Arc<frostline::engine::Engine>) -> Result<u
     Ok(rows)
 }
 
+/// Writes the rows of every day file below a Delta table root into one Parquet file.
+const ONE_FILE_SCRIPT: &str = r#"
+import glob, sys
+import pyarrow as pa, pyarrow.parquet as pq
+base, one = sys.argv[1], sys.argv[2]
+files = sorted(glob.glob(f"{base}/installation=*/**/*.parquet", recursive=True))
+pq.write_table(pa.concat_tables([pq.read_table(f, partitioning=None) for f in files]), one)
+"#;
+
 /// The reader's aggregate over the day files and over one file of the same rows, timed inside
 /// one process, round by round (one sample of each per round, so load hits both alike).
-fn reader_figures(bench: &Bench, reader: &str, python: &str, archive: &Path, rows: usize) -> Result<(Figure, Figure)> {
+fn reader_figures(
+    bench: &Bench,
+    reader: &str,
+    python: &str,
+    archive: &Path,
+    one: &Path,
+    rows: usize,
+) -> Result<(Figure, Figure)> {
     let script = r#"
-import glob, os, sys, tempfile, time
-reader, root, table, runs, rows = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+import glob, sys, time
+reader, root, table, one, runs, rows = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]), int(sys.argv[6])
 base = f"{root}/delta/{table}"
 files = sorted(glob.glob(f"{base}/installation=*/**/*.parquet", recursive=True))
-one = os.path.join(tempfile.mkdtemp(), "one.parquet")
-import pyarrow.parquet as pq, pyarrow as pa
-pq.write_table(pa.concat_tables([pq.read_table(f, partitioning=None) for f in files]), one)
 if reader == "duckdb":
     import duckdb
     con = duckdb.connect()
@@ -152,6 +179,7 @@ for _ in range(runs):
         .args(["-c", script, reader])
         .arg(archive)
         .arg(TABLE)
+        .arg(one)
         .args([bench.options.repeats.to_string(), rows.to_string()])
         .output()
         .with_context(|| format!("cannot run {python}"))?;
