@@ -374,20 +374,27 @@ fn only_open_requests_are_read_and_a_directory_written_before_their_index_builds
     assert_eq!(e.query_all("r"), Vec::<Record>::new(), "both tenants' records are erased");
 }
 
-/// Regression (found reading `archive::fleet_erase`): a host that joins a fleet after an erasure
-/// request was placed on the shared target took the request up at its first pass and erased
-/// every matching record it held, records appended after the request that nobody asked to erase
-/// (a tenant whose later records are new, lawful data). A request placed before an installation
-/// began is now passed over; a host that existed but was stopped when it was placed still takes
-/// it up and erases what it held.
-#[test]
-fn a_host_that_joins_after_a_shared_erasure_keeps_the_records_appended_since() {
-    let shared = tempfile::tempdir().unwrap();
-    let key_dir = tempfile::tempdir().unwrap();
-    let key_file = key_dir.path().join("fleet.key");
-    std::fs::write(&key_file, "5f0c7e2a9b14d3e8a6c1f0b27d49e85a3c6b0f1e9d2a7c4b8e5f3a1d0c9b7e26\n").unwrap();
-    let policy = format!(
-        r#"[[target]]
+/// Engines that share one local target and their erasure requests (`--share-erasures`, one
+/// fleet key), each with a data directory of its own.
+struct Fleet {
+    shared: tempfile::TempDir,
+    _key_dir: tempfile::TempDir,
+    settings: frostline::settings::Settings,
+}
+
+impl Fleet {
+    fn new() -> Fleet {
+        let shared = tempfile::tempdir().unwrap();
+        let key_dir = tempfile::tempdir().unwrap();
+        let key_file = key_dir.path().join("fleet.key");
+        std::fs::write(&key_file, "5f0c7e2a9b14d3e8a6c1f0b27d49e85a3c6b0f1e9d2a7c4b8e5f3a1d0c9b7e26\n").unwrap();
+        let settings = frostline::settings::Settings { share_erasures: Some(key_file), ..Default::default() };
+        Fleet { shared, _key_dir: key_dir, settings }
+    }
+
+    fn open(&self, now: &str) -> TestEngine {
+        let policy = format!(
+            r#"[[target]]
 name = "shared"
 url = "file://{}"
 
@@ -397,46 +404,60 @@ target = "shared"
 strategy = {{ plugin = "builtin:calendar-day-utc" }}
 retention = {{ plugin = "builtin:eligible-before", config = {{ archive_after = "1d", expire_after = "3650d" }} }}
 "#,
-        shared.path().display()
-    );
-    let settings = frostline::settings::Settings { share_erasures: Some(key_file), ..Default::default() };
-    let open =
-        |now: &str| TestEngine::open_with_settings(&policy, now, &[], Default::default(), settings.clone()).unwrap();
-    let settle = |e: &TestEngine, at: &str| {
+            self.shared.path().display()
+        );
+        TestEngine::open_with_settings(&policy, now, &[], Default::default(), self.settings.clone()).unwrap()
+    }
+
+    /// Four passes at `at`, none with an error.
+    fn settle(e: &TestEngine, at: &str) {
         e.clock.set(t(at));
         for _ in 0..4 {
             let report = e.pass();
             assert!(report.errors.is_empty(), "{report:?}");
         }
-    };
-    let tenants = |e: &TestEngine| {
+    }
+
+    /// The tenant of every record the engine reads, sorted.
+    fn tenants(e: &TestEngine) -> Vec<String> {
         let mut read: Vec<String> = e.query_all("r").into_iter().map(|r| r.tenant.unwrap()).collect();
         read.sort();
         read
-    };
-    let first = open("2024-03-01T12:00:00Z");
-    let stopped = open("2024-03-01T12:00:00Z");
+    }
+}
+
+/// Regression (found reading `archive::fleet_erase`): a host that joins a fleet after an erasure
+/// request was placed on the shared target took the request up at its first pass and erased
+/// every matching record it held, records appended after the request that nobody asked to erase
+/// (a tenant whose later records are new, lawful data). A request placed before an installation
+/// began is now passed over; a host that existed but was stopped when it was placed still takes
+/// it up and erases what it held.
+#[test]
+fn a_host_that_joins_after_a_shared_erasure_keeps_the_records_appended_since() {
+    let fleet = Fleet::new();
+    let first = fleet.open("2024-03-01T12:00:00Z");
+    let stopped = fleet.open("2024-03-01T12:00:00Z");
     for (e, n) in [(&first, "1"), (&stopped, "2")] {
         let batch = vec![
             record("2024-03-01T01:00:00Z", &format!("a{n}"), "acme"),
             record("2024-03-01T02:00:00Z", &format!("g{n}"), "globex"),
         ];
         e.engine.append("r", batch).unwrap();
-        settle(e, "2024-03-05T00:00:00Z");
+        Fleet::settle(e, "2024-03-05T00:00:00Z");
     }
     let selector = ErasureSelector { tenant: Some("acme".into()), ..Default::default() };
     let placed = first.engine.store().place_erasure(request(selector), first.clock.now()).unwrap();
-    settle(&first, "2024-03-05T01:00:00Z");
+    Fleet::settle(&first, "2024-03-05T01:00:00Z");
     assert!(!first.engine.store().erasure(&placed.id).unwrap().unwrap().is_open(), "finished and shared");
-    assert_eq!(tenants(&first), ["globex"]);
+    assert_eq!(Fleet::tenants(&first), ["globex"]);
 
     // A host that joins the fleet a day later: acme is a customer again, and its records stay.
-    let joiner = open("2024-03-06T00:00:00Z");
+    let joiner = fleet.open("2024-03-06T00:00:00Z");
     joiner.engine.append("r", vec![record("2024-03-06T01:00:00Z", "a3", "acme")]).unwrap();
-    settle(&joiner, "2024-03-06T00:30:00Z");
-    settle(&joiner, "2024-03-10T00:00:00Z");
+    Fleet::settle(&joiner, "2024-03-06T00:30:00Z");
+    Fleet::settle(&joiner, "2024-03-10T00:00:00Z");
     assert!(joiner.engine.store().erasures().unwrap().is_empty(), "not taken up by a host that began after it");
-    assert_eq!(tenants(&joiner), ["acme"], "the record appended after the request reads back");
+    assert_eq!(Fleet::tenants(&joiner), ["acme"], "the record appended after the request reads back");
     assert!(
         joiner
             .engine
@@ -448,7 +469,74 @@ retention = {{ plugin = "builtin:eligible-before", config = {{ archive_after = "
         "and was archived"
     );
 
+    // Lost in turn, the joiner is replaced by a host that adopts its archive: published after
+    // the request by a host that never took it up, it holds only records appended since, and
+    // keeps them.
+    let joiner_id = joiner.engine.installation_id().to_string();
+    joiner.clock.set(t("2024-03-11T00:00:00Z"));
+    let rebuilt = joiner.rebuild().unwrap();
+    let report =
+        runtime().block_on(frostline::archive::adopt::adopt(&rebuilt.engine.context(), false, &[joiner_id])).unwrap();
+    assert_eq!(report.adopted, 1, "{report:?}");
+    Fleet::settle(&rebuilt, "2024-03-11T00:00:00Z");
+    assert_eq!(Fleet::tenants(&rebuilt), ["acme"], "what the joiner appended after the request stays");
+    assert!(rebuilt.engine.store().erasures().unwrap().is_empty(), "{:?}", rebuilt.engine.store().erasures());
+
     // The host that was stopped when the request was placed takes it up when it runs again.
-    settle(&stopped, "2024-03-10T00:00:00Z");
-    assert_eq!(tenants(&stopped), ["globex"], "a host that existed at the request erases what it held");
+    Fleet::settle(&stopped, "2024-03-10T00:00:00Z");
+    assert_eq!(Fleet::tenants(&stopped), ["globex"], "a host that existed at the request erases what it held");
+}
+
+/// Regression (issue "Archives that can change", a fleet forgets together): a host lost before
+/// it could take a shared request up left archives that still hold the records it names. The
+/// host rebuilt in its place began after the request, so it passed the request over, and the
+/// archives it adopted from the lost one kept the erased tenant's records for good. It now
+/// takes the request up for exactly those archives (published before the request, by an
+/// installation that left no receipt), and still keeps what it appended itself.
+#[test]
+fn a_rebuilt_host_erases_what_it_adopted_from_a_lost_one_that_had_not_finished_a_request() {
+    let fleet = Fleet::new();
+    let first = fleet.open("2024-03-01T12:00:00Z");
+    let lost = fleet.open("2024-03-01T12:00:00Z");
+    // Each host archives a partition of its own (a folder with two writers is not adopted).
+    let on = |partition: &str, r: Record| Record { partition_key: partition.as_bytes().to_vec(), ..r };
+    for (e, n, at) in [(&first, "1", "2024-03-05T00:00:00Z"), (&lost, "2", "2024-03-04T12:00:00Z")] {
+        let partition = format!("{PARTITION}/host {n}");
+        let batch = vec![
+            on(&partition, record("2024-03-01T01:00:00Z", &format!("a{n}"), "acme")),
+            on(&partition, record("2024-03-01T02:00:00Z", &format!("g{n}"), "globex")),
+        ];
+        e.engine.append("r", batch).unwrap();
+        Fleet::settle(e, at);
+    }
+    assert_eq!(Fleet::tenants(&lost), ["acme", "globex"], "archived before the request");
+    let selector = ErasureSelector { tenant: Some("acme".into()), ..Default::default() };
+    let placed = first.engine.store().place_erasure(request(selector), t("2024-03-05T01:00:00Z")).unwrap();
+    Fleet::settle(&first, "2024-03-05T01:00:00Z");
+    assert_eq!(Fleet::tenants(&first), ["globex"]);
+
+    // The lost host never ran again; its replacement adopts its archives, then is a customer
+    // host like any other: acme's new records (another day) are lawful data and stay.
+    let lost_id = lost.engine.installation_id().to_string();
+    lost.clock.set(t("2024-03-07T00:00:00Z"));
+    let rebuilt = lost.rebuild().unwrap();
+    let report =
+        runtime().block_on(frostline::archive::adopt::adopt(&rebuilt.engine.context(), false, &[lost_id])).unwrap();
+    assert_eq!(report.adopted, 1, "{report:?}");
+    rebuilt.engine.append("r", vec![record("2024-03-07T01:00:00Z", "a3", "acme")]).unwrap();
+    Fleet::settle(&rebuilt, "2024-03-07T00:30:00Z");
+    Fleet::settle(&rebuilt, "2024-03-10T00:00:00Z");
+    let read: Vec<(String, Vec<u8>)> =
+        rebuilt.query_all("r").into_iter().map(|r| (r.tenant.unwrap(), r.sort_key)).collect();
+    assert_eq!(
+        read,
+        [("globex".to_string(), b"g2".to_vec()), ("acme".to_string(), b"a3".to_vec())],
+        "the adopted archive lost acme's record, the record appended since stayed"
+    );
+    let taken = rebuilt.engine.store().erasure(&placed.id).unwrap().expect("taken up");
+    assert!(!taken.is_open(), "{taken:?}");
+    assert_eq!(taken.buckets.len(), 1, "only the adopted bucket: {taken:?}");
+    assert_eq!(taken.buckets[0].archived_rows_erased, 1, "{taken:?}");
+    let left = files_holding(fleet.shared.path(), "acme-a2");
+    assert!(left.is_empty(), "{left:?}");
 }
