@@ -210,6 +210,7 @@ fn busiest_phases(report: &crate::ops::passes::PassReport) -> String {
 async fn pass_loop(engine: Arc<Engine>, passes: Arc<Passes>, mut stopping: tokio::sync::watch::Receiver<bool>) {
     let interval = Duration::from_micros(engine.settings().interval_us as u64);
     let mut status_writes = StatusWrites::default();
+    let mut upkeep = StoreUpkeep::default();
     while !*stopping.borrow() {
         let started = std::time::Instant::now();
         // A pass that took as many due buckets as it may and met no error leaves a backlog: the
@@ -253,6 +254,22 @@ async fn pass_loop(engine: Arc<Engine>, passes: Arc<Passes>, mut stopping: tokio
         if backlog {
             continue;
         }
+        if upkeep.due(&engine) {
+            let upkeep_engine = engine.clone();
+            match tokio::task::spawn_blocking(move || crate::ops::maintenance::compact_if_worthwhile(&upkeep_engine))
+                .await
+            {
+                Ok(Ok(done)) => upkeep.record(&done),
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %e, "the hot store's upkeep failed");
+                    upkeep.checked(false);
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "the hot store's upkeep panicked");
+                    upkeep.checked(false);
+                }
+            }
+        }
         tokio::select! {
             _ = tokio::time::sleep(interval) => {}
             _ = stopping.wait_for(|stop| *stop) => break,
@@ -280,6 +297,48 @@ impl StatusWrites {
 
     fn took(&mut self, took: Duration) {
         self.last = Some((std::time::Instant::now(), took));
+    }
+}
+
+/// Paces the measure of the hot store's free pages (`ops::maintenance`): once the first pass
+/// has worked through any backlog, then every `FROSTLINE_STORE_COMPACT_CHECK_SECONDS`; a
+/// compaction put off by a read in progress is tried again after `UPKEEP_RETRY`.
+#[derive(Default)]
+struct StoreUpkeep {
+    /// When the last check ended, and whether it asked to be tried again soon.
+    last: Option<(std::time::Instant, bool)>,
+}
+
+/// See `StoreUpkeep`.
+const UPKEEP_RETRY: Duration = Duration::from_secs(60);
+
+impl StoreUpkeep {
+    fn due(&self, engine: &Engine) -> bool {
+        let every = Duration::from_micros(engine.settings().store_compact_check_us as u64);
+        engine.settings().store_compact_free_percent > 0
+            && self.last.is_none_or(|(at, soon)| at.elapsed() >= if soon { every.min(UPKEEP_RETRY) } else { every })
+    }
+
+    fn checked(&mut self, retry_soon: bool) {
+        self.last = Some((std::time::Instant::now(), retry_soon));
+    }
+
+    fn record(&mut self, done: &crate::ops::maintenance::Upkeep) {
+        use crate::ops::maintenance::InPlace;
+        match &done.compaction {
+            None => tracing::debug!(
+                file_bytes = done.space.file_bytes,
+                free_bytes = done.space.free_bytes,
+                "the hot store is not worth compacting"
+            ),
+            // `Store::compact_in_place` logs what it gave back.
+            Some(InPlace::Compacted(_)) => {}
+            Some(InPlace::Skipped { reason }) => tracing::info!(
+                file_bytes = done.space.file_bytes, free_bytes = done.space.free_bytes, %reason,
+                "the hot store's compaction was put off"
+            ),
+        }
+        self.checked(matches!(done.compaction, Some(InPlace::Skipped { .. })));
     }
 }
 

@@ -35,6 +35,15 @@ pub const STORE_CACHE_MIB_MAX: u64 = 65_536;
 /// for a whole bucket, so appends interleave with the cleanup of a large bucket.
 pub const CLEANUP_SLICE_ROWS_DEFAULT: usize = 10_000;
 pub const CLEANUP_SLICE_ROWS_MAX: usize = 1_000_000;
+/// A running engine compacts its hot store in place when at least this share of the file is
+/// free pages (`ops::maintenance`; 0: never), and
+pub const STORE_COMPACT_FREE_PERCENT_DEFAULT: u8 = 50;
+pub const STORE_COMPACT_FREE_PERCENT_MAX: u8 = 99;
+/// at least this many MiB are: below it, a compaction's pause buys too little.
+pub const STORE_COMPACT_FREE_MIB_DEFAULT: u64 = 64;
+/// How often a running engine measures the hot store's free pages, which reads every live page
+/// once: an hour.
+pub const STORE_COMPACT_CHECK_SECONDS_DEFAULT: u64 = 3_600;
 /// Buckets a pass works on at once (each under its own lease and fence); by default one per
 /// core the process may use.
 pub const ARCHIVE_CONCURRENCY_MAX: usize = 64;
@@ -106,6 +115,17 @@ pub struct ArchiverArgs {
     /// slices of rows left drops its rows table whole instead.
     #[arg(long, env = "ARCHIVER_CLEANUP_SLICE_ROWS", default_value_t = CLEANUP_SLICE_ROWS_DEFAULT)]
     pub cleanup_slice_rows: usize,
+    /// Compact the hot store in place once this share of its file (in percent, 0 to 99; 0:
+    /// never) is free pages that archival, expiry and erasure left, and at least
+    /// FROSTLINE_STORE_COMPACT_FREE_MIB of it: writes and reads wait for the compaction.
+    #[arg(long, env = "FROSTLINE_STORE_COMPACT_FREE_PERCENT", default_value_t = STORE_COMPACT_FREE_PERCENT_DEFAULT)]
+    pub store_compact_free_percent: u8,
+    /// The free MiB (at least 1) below which the hot store is never compacted in place.
+    #[arg(long, env = "FROSTLINE_STORE_COMPACT_FREE_MIB", default_value_t = STORE_COMPACT_FREE_MIB_DEFAULT)]
+    pub store_compact_free_mib: u64,
+    /// Seconds between two measures of the hot store's free pages (each reads every live page).
+    #[arg(long, env = "FROSTLINE_STORE_COMPACT_CHECK_SECONDS", default_value_t = STORE_COMPACT_CHECK_SECONDS_DEFAULT)]
+    pub store_compact_check_seconds: u64,
     /// Buckets a pass works on at once (1 to 64; default: one per core).
     #[arg(long, env = "ARCHIVER_CONCURRENCY")]
     pub concurrency: Option<usize>,
@@ -139,6 +159,9 @@ impl Default for ArchiverArgs {
             share_erasures: None,
             store_cache_mib: STORE_CACHE_MIB_DEFAULT,
             cleanup_slice_rows: CLEANUP_SLICE_ROWS_DEFAULT,
+            store_compact_free_percent: STORE_COMPACT_FREE_PERCENT_DEFAULT,
+            store_compact_free_mib: STORE_COMPACT_FREE_MIB_DEFAULT,
+            store_compact_check_seconds: STORE_COMPACT_CHECK_SECONDS_DEFAULT,
             concurrency: None,
             plugin_cache_key_file: None,
             plugin_cache_dir: None,
@@ -167,6 +190,11 @@ pub struct Settings {
     pub share_erasures: Option<std::path::PathBuf>,
     pub store_cache_bytes: usize,
     pub cleanup_slice_rows: usize,
+    /// Compaction in place (`ops::maintenance`): the free share of the file in percent (0:
+    /// never), the free bytes at least, and the time between two measures.
+    pub store_compact_free_percent: u8,
+    pub store_compact_free_bytes: u64,
+    pub store_compact_check_us: Micros,
     pub archive_concurrency: usize,
     /// Seeds the engine's random choices (owner tokens, hold ids, verify samples). `None` (the
     /// binary's setting) draws the seed from the operating system; tests and the simulation
@@ -258,6 +286,20 @@ impl ArchiverArgs {
                 self.cleanup_slice_rows
             )));
         }
+        if self.store_compact_free_percent > STORE_COMPACT_FREE_PERCENT_MAX {
+            return Err(Error::InvalidInput(format!(
+                "FROSTLINE_STORE_COMPACT_FREE_PERCENT must be 0 (never compact in place) to \
+                 {STORE_COMPACT_FREE_PERCENT_MAX} (percent of the hot store's file), not {}",
+                self.store_compact_free_percent
+            )));
+        }
+        if self.store_compact_free_mib == 0 {
+            return Err(Error::InvalidInput(
+                "FROSTLINE_STORE_COMPACT_FREE_MIB must be at least 1 (MiB); to never compact in place, set \
+                 FROSTLINE_STORE_COMPACT_FREE_PERCENT=0"
+                    .into(),
+            ));
+        }
         let archive_concurrency = match self.concurrency {
             Some(n) if (1..=ARCHIVE_CONCURRENCY_MAX).contains(&n) => n,
             Some(n) => {
@@ -270,6 +312,12 @@ impl ArchiverArgs {
         Ok(Settings {
             store_cache_bytes: (self.store_cache_mib * 1024 * 1024) as usize,
             cleanup_slice_rows: self.cleanup_slice_rows,
+            store_compact_free_percent: self.store_compact_free_percent,
+            store_compact_free_bytes: self.store_compact_free_mib.saturating_mul(1024 * 1024),
+            store_compact_check_us: positive(
+                "FROSTLINE_STORE_COMPACT_CHECK_SECONDS",
+                self.store_compact_check_seconds,
+            )?,
             archive_concurrency,
             random_seed: None,
             plugin_cache_key_file: self.plugin_cache_key_file.clone(),
@@ -329,6 +377,29 @@ mod tests {
             let error = args.validate_with(|_| None).unwrap_err().to_string();
             assert!(error.contains("ARCHIVER_CLEANUP_SLICE_ROWS must be 1 to 1000000"), "{error}");
         }
+    }
+
+    #[test]
+    fn compaction_in_place_is_bounded_and_zero_percent_means_never() {
+        for percent in [0, STORE_COMPACT_FREE_PERCENT_DEFAULT, STORE_COMPACT_FREE_PERCENT_MAX] {
+            let args = ArchiverArgs { store_compact_free_percent: percent, ..Default::default() };
+            assert_eq!(args.validate_with(|_| None).unwrap().store_compact_free_percent, percent);
+        }
+        let args =
+            ArchiverArgs { store_compact_free_percent: STORE_COMPACT_FREE_PERCENT_MAX + 1, ..Default::default() };
+        let error = args.validate_with(|_| None).unwrap_err().to_string();
+        assert!(
+            error.contains("FROSTLINE_STORE_COMPACT_FREE_PERCENT must be 0 (never compact in place) to 99"),
+            "{error}"
+        );
+        let args = ArchiverArgs { store_compact_free_mib: 1, ..Default::default() };
+        assert_eq!(args.validate_with(|_| None).unwrap().store_compact_free_bytes, 1024 * 1024);
+        let args = ArchiverArgs { store_compact_free_mib: 0, ..Default::default() };
+        let error = args.validate_with(|_| None).unwrap_err().to_string();
+        assert!(error.contains("FROSTLINE_STORE_COMPACT_FREE_MIB must be at least 1"), "{error}");
+        let args = ArchiverArgs { store_compact_check_seconds: 0, ..Default::default() };
+        let error = args.validate_with(|_| None).unwrap_err().to_string();
+        assert!(error.contains("FROSTLINE_STORE_COMPACT_CHECK_SECONDS must be at least 1 second"), "{error}");
     }
 
     #[test]

@@ -1,15 +1,18 @@
-//! A full disk under a running engine: the data directory on a small tmpfs filled to the last
-//! byte, then freed. Mounting needs root, which CI and these machines have; without it the
-//! test fails and says so (it is never skipped).
+//! The data directory's disk: a full disk under a running engine (the data directory on a
+//! small tmpfs filled to the last byte, then freed; mounting needs root, which CI and these
+//! machines have; without it the test fails and says so, it is never skipped), and the disk
+//! archival frees given back by a running engine.
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use frostline::engine::Engine;
 use frostline::error::Error;
-use frostline::model::Record;
+use frostline::model::{BucketState, Record};
 use frostline::settings::Settings;
 
 use crate::support::*;
@@ -145,4 +148,151 @@ fn a_full_disk_refuses_appends_with_the_cause_and_the_store_reopens_itself_once_
     let mut read = read;
     read.sort_by(|a, b| (a.event_time, &a.sort_key).cmp(&(b.event_time, &b.sort_key)));
     assert!(read == expected, "the records read back are the ones acknowledged");
+}
+
+/// Records of 1 KiB, `per_day` on each of `days` days from 2024-01-01, on 7 partitions.
+fn days_of_records(days: usize, per_day: usize) -> Vec<Record> {
+    (0..days * per_day)
+        .map(|i| Record {
+            partition_key: format!("site a/%20=ü/{}", i % 7).into_bytes(),
+            event_time: t("2024-01-01T00:00:00Z") + (i / per_day) as i64 * 86_400_000_000 + (i % per_day) as i64,
+            sort_key: format!("{i:08}").into_bytes(),
+            tenant: None,
+            kind: None,
+            body: format!(r#"{{"i":{i},"pad":"{}"}}"#, "x".repeat(1_000)),
+        })
+        .collect()
+}
+
+fn file_bytes(e: &TestEngine) -> u64 {
+    std::fs::metadata(e.engine.store().path()).unwrap().len()
+}
+
+/// An engine whose compaction in place triggers at half the file free and 1 MiB.
+fn compacting_engine(now: &str) -> TestEngine {
+    let settings =
+        Settings { store_compact_free_percent: 50, store_compact_free_bytes: 1024 * 1024, ..Default::default() };
+    TestEngine::open_with_settings(&crate::replan::expiring_policy("3650d"), now, &[], Default::default(), settings)
+        .unwrap()
+}
+
+/// Issue 34 ("give the disk back"): after every bucket was archived and cleaned, `hot.redb`
+/// kept its high-water mark (redb never gives freed pages back), so on an edge host the disk
+/// archival was meant to free stayed full until someone stopped the engine for `frostline
+/// compact`. A running engine now compacts its store in place once enough of the file is free:
+/// the file falls under a tenth of its peak, while appends and reads in other threads go on
+/// (they wait for it) and every record reads back.
+#[test]
+fn a_running_engine_gives_back_the_disk_archival_freed_while_appends_and_reads_go_on() {
+    let e = compacting_engine("2024-02-15T00:00:00Z");
+    for chunk in days_of_records(30, 1_000).chunks(1_000) {
+        e.engine.append("r", chunk.to_vec()).unwrap();
+    }
+    let peak = file_bytes(&e);
+    for _ in 0..4 {
+        let report = e.pass();
+        assert!(report.errors.is_empty(), "{report:?}");
+    }
+    let buckets = e.engine.store().buckets("r", None).unwrap();
+    assert!(buckets.iter().all(|b| b.state == BucketState::Archived { hot_deleted: true }), "{buckets:?}");
+    let peak = peak.max(file_bytes(&e));
+    assert!(file_bytes(&e) > peak / 2, "archival alone gives nothing back: {} of {peak}", file_bytes(&e));
+
+    // Appends and reads go on in other threads while the store compacts.
+    let stop = Arc::new(AtomicBool::new(false));
+    let appender = {
+        let (engine, stop) = (e.engine.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut acknowledged = 0usize;
+            while !stop.load(Ordering::Relaxed) {
+                let record = Record {
+                    partition_key: b"during".to_vec(),
+                    event_time: t("2024-02-14T00:00:00Z") + acknowledged as i64,
+                    sort_key: format!("{acknowledged:08}").into_bytes(),
+                    tenant: None,
+                    kind: None,
+                    body: r#"{"during":true}"#.into(),
+                };
+                engine.append("r", vec![record]).unwrap();
+                acknowledged += 1;
+            }
+            acknowledged
+        })
+    };
+    let reader = {
+        let (engine, stop) = (e.engine.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut reads = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                engine.store().buckets("r", None).unwrap();
+                reads += 1;
+            }
+            reads
+        })
+    };
+    // Reads under way when it starts are waited for (new ones wait for it); one that stays
+    // open would put it off, to be tried again as the pass loop does.
+    let mut compacted = None;
+    for _ in 0..50 {
+        let upkeep = frostline::ops::maintenance::compact_if_worthwhile(&e.engine).unwrap();
+        match upkeep.compaction {
+            Some(frostline::ops::maintenance::InPlace::Compacted(c)) => {
+                compacted = Some((upkeep.space, c));
+                break;
+            }
+            Some(frostline::ops::maintenance::InPlace::Skipped { .. }) => std::thread::sleep(Duration::from_millis(20)),
+            None => panic!("worth compacting: {upkeep:?}"),
+        }
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    stop.store(true, Ordering::Relaxed);
+    let acknowledged = appender.join().unwrap();
+    assert!(reader.join().unwrap() > 0);
+    let (space, compaction) = compacted.expect("compacted within 50 tries");
+    assert!(space.free_bytes * 2 >= space.file_bytes, "{space:?}");
+    let after = file_bytes(&e);
+    assert!(after * 10 < peak, "{after} bytes after, {peak} at the peak: {compaction:?}");
+    assert!(acknowledged > 0);
+
+    // Every record reads back: the archived ones and each one acknowledged during it.
+    let read = e.query_all("r");
+    assert_eq!(read.len(), 30_000 + acknowledged, "{compaction:?}");
+    let during = read.iter().filter(|r| r.partition_key == b"during").count();
+    assert_eq!(during, acknowledged);
+    eprintln!(
+        "peak {peak} bytes; before {} ({} free); after {after}; writes and reads held {} ms; {acknowledged} appends \
+         meanwhile",
+        space.file_bytes, space.free_bytes, compaction.held_ms
+    );
+}
+
+/// The compaction in place needs the database to itself: a read transaction that stays open
+/// makes it give up and change nothing, and a store with nothing to give back is left alone.
+#[test]
+fn a_compaction_in_place_waits_for_no_open_read_and_is_left_out_when_not_worth_it() {
+    let e = compacting_engine("2024-02-15T00:00:00Z");
+    for chunk in days_of_records(3, 1_000).chunks(1_000) {
+        e.engine.append("r", chunk.to_vec()).unwrap();
+    }
+    let upkeep = frostline::ops::maintenance::compact_if_worthwhile(&e.engine).unwrap();
+    assert_eq!(upkeep.compaction, None, "nothing freed yet: {upkeep:?}");
+    for _ in 0..4 {
+        e.pass();
+    }
+    let before = file_bytes(&e);
+    let open_read = e.engine.store().snapshot().unwrap();
+    let outcome = e.engine.store().compact_in_place().unwrap();
+    assert_eq!(
+        outcome,
+        frostline::ops::maintenance::InPlace::Skipped { reason: "a read transaction stayed open for 2 s".into() }
+    );
+    assert_eq!(file_bytes(&e), before);
+    let mut late = days_of_records(1, 1);
+    late[0].sort_key = b"written beside the open read".to_vec();
+    e.engine.append("r", late).unwrap();
+    drop(open_read);
+    let outcome = e.engine.store().compact_in_place().unwrap();
+    assert!(matches!(outcome, frostline::ops::maintenance::InPlace::Compacted(_)), "{outcome:?}");
+    assert!(file_bytes(&e) < before);
+    assert_eq!(e.query_all("r").len(), 3_001);
 }

@@ -671,3 +671,69 @@ fn compaction_refuses_a_data_directory_in_use_or_without_a_hot_store() {
     let done = compact(&d.data);
     assert!(done.status.success(), "{}", text_of(&done));
 }
+
+/// Issue 34 ("give the disk back"), as an operator runs it: `frostline run` archives what was
+/// ingested, then compacts its own hot store in place, so the file falls under a tenth of its
+/// peak with no restart, `status` says what it gave back, and every record still reads back.
+/// Before, the file kept its high-water mark until the engine was stopped for `frostline
+/// compact`.
+#[test]
+fn a_running_engine_compacts_its_hot_store_once_archival_freed_most_of_it() {
+    let d = dirs(POLICY);
+    let start = t("2023-01-01T00:00:00Z");
+    let input: String = (0..6_000i64)
+        .map(|i| {
+            let line = serde_json::json!({
+                "partition_key": format!("site a/%20=ü/{}", i % 4),
+                "event_time": start + i * 2 * 365 * 86_400_000_000 / 6_000,
+                "sort_key": format!("{i:05}"),
+                "body": {"i": i, "pad": "x".repeat(2_000)},
+            });
+            line.to_string() + "\n"
+        })
+        .collect();
+    let ingest = frostline(&d, &["ingest", "--table", "events", "-"], Some(&input));
+    assert!(ingest.status.success(), "{}", text_of(&ingest));
+    let database = Path::new(&d.data).join("hot.redb");
+    let peak = std::fs::metadata(&database).unwrap().len();
+    let mut run = Command::new(frostline_bin())
+        .args([
+            "run",
+            "--data",
+            &d.data,
+            "--policies",
+            &d.policies,
+            "--interval-seconds",
+            "1",
+            "--listen",
+            "127.0.0.1:0",
+        ])
+        .env("FROSTLINE_STORE_COMPACT_FREE_MIB", "1")
+        .env("FROSTLINE_STORE_COMPACT_CHECK_SECONDS", "1")
+        .stderr(Stdio::null())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    // `frostline status` reads the data directory itself until the engine holds it: wait for
+    // the engine's status file first, so the command never races the engine for the store.
+    let status_file = Path::new(&d.data).join("status.json");
+    let started = std::time::Instant::now();
+    while !status_file.exists() {
+        assert!(started.elapsed() < std::time::Duration::from_secs(30), "the engine did not start");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let status = wait_for_status(&d, "a compaction in place", |s| s["store_disk"]["compactions"].as_u64() >= Some(1));
+    let compaction = &status["store_disk"]["last_compaction"];
+    let after = std::fs::metadata(&database).unwrap().len();
+    assert!(after * 10 < peak, "{after} bytes after, {peak} at the peak: {status}");
+    assert!(compaction["bytes_after"].as_u64().unwrap() * 10 < peak, "{compaction}");
+    assert!(status["store_disk"]["free_bytes"].is_u64(), "{status}");
+    let states = &status["tables"][0]["states"];
+    assert_eq!(states["archived"]["rows"], 6_000, "{status}");
+    let query = frostline(&d, &["query", "--table", "events", "--limit", "100000"], None);
+    assert!(query.status.success(), "{}", text_of(&query));
+    assert_eq!(text(&query.stdout).lines().count(), 6_000, "every record reads back");
+    // SAFETY: signalling our own child process.
+    unsafe { libc::kill(run.id() as i32, libc::SIGTERM) };
+    assert!(run.wait().unwrap().success());
+}

@@ -281,6 +281,15 @@ fn scrape_families(status: &Status) -> Result<Registry> {
             .set(disk.filesystem_bytes as i64);
         gauge("frostline_store_filesystem_available_bytes", "Bytes of that filesystem still available to the engine.")?
             .set(disk.available_bytes as i64);
+        if let Some(free) = disk.free_bytes {
+            gauge(
+                "frostline_store_free_bytes",
+                "Bytes of the hot store's file in free pages, as last measured (a compaction gives them back).",
+            )?
+            .set(free as i64);
+        }
+        gauge("frostline_store_compactions", "Compactions of the hot store in place since the engine started.")?
+            .set(disk.compactions as i64);
     }
     let target_up = gauge_vec(
         "frostline_target_up",

@@ -10,6 +10,7 @@ pub mod buckets;
 pub mod erasure;
 pub mod holds;
 pub mod local;
+pub mod maintenance;
 pub mod passes;
 pub mod plugin_check;
 #[cfg(feature = "compiler")]

@@ -135,17 +135,35 @@ pub struct StoreDisk {
     pub filesystem_bytes: u64,
     /// Bytes of that filesystem an unprivileged writer may still use.
     pub available_bytes: u64,
+    /// The file's free pages as this engine last measured them (`ops::maintenance`), and when;
+    /// absent until the first measure (after the first pass that left no backlog).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub free_bytes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub free_measured_at: Option<String>,
+    /// Compactions in place since the engine started, and the last one.
+    #[serde(default)]
+    pub compactions: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_compaction: Option<crate::store::compact::Compaction>,
 }
 
 impl StoreDisk {
-    /// Reads the sizes for the data directory `data` (`None` when either cannot be read).
-    fn read(data: &std::path::Path) -> Option<StoreDisk> {
+    /// Reads the sizes for the engine's data directory (`None` when either cannot be read).
+    fn read(engine: &Engine) -> Option<StoreDisk> {
+        let data = engine.data_dir();
         let file_bytes = std::fs::metadata(data.join(crate::engine::DATABASE_FILE)).ok()?.len();
         let fs = rustix::fs::statvfs(data).ok()?;
+        let space = engine.store().last_space();
+        let (compactions, last_compaction) = engine.store().compactions();
         Some(StoreDisk {
             file_bytes,
             filesystem_bytes: fs.f_blocks.saturating_mul(fs.f_frsize),
             available_bytes: fs.f_bavail.saturating_mul(fs.f_frsize),
+            free_bytes: space.map(|s| s.free_bytes),
+            free_measured_at: space.map(|s| format_rfc3339(s.measured_at)),
+            compactions,
+            last_compaction,
         })
     }
 }
@@ -271,7 +289,7 @@ pub fn collect(engine: &Engine) -> Result<Status> {
         }),
         erasures_open: open_erasures.len() as u64,
         erasure_buckets_blocked,
-        store_disk: StoreDisk::read(engine.data_dir()),
+        store_disk: StoreDisk::read(engine),
     })
 }
 

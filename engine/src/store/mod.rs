@@ -79,6 +79,13 @@ struct StoreInner {
     writer: Mutex<Option<std::thread::JoinHandle<()>>>,
     /// The thread that waits for space and reopens the store after a failed commit.
     recovery: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// Held by whatever replaces the writer and the database handle (a reopen, a compaction in
+    /// place), so that two of them never interleave.
+    maintenance: Mutex<()>,
+    /// What the last measure of the file's free pages found (`Store::space`).
+    space: Mutex<Option<compact::StoreSpace>>,
+    /// Compactions in place in this process, and the last one.
+    compactions: Mutex<(u64, Option<compact::Compaction>)>,
 }
 
 impl Drop for StoreInner {
@@ -145,6 +152,9 @@ impl Store {
                 poisoned,
                 writer: Mutex::new(Some(writer)),
                 recovery: Mutex::new(None),
+                maintenance: Mutex::new(()),
+                space: Mutex::new(None),
+                compactions: Mutex::new((0, None)),
             }),
         })
     }

@@ -42,7 +42,7 @@ impl Store {
         outcome
     }
 
-    fn start_recovery(&self) {
+    pub(super) fn start_recovery(&self) {
         let mut slot = self.inner.recovery.lock().expect("recovery thread");
         if slot.as_ref().is_some_and(|running| !running.is_finished()) {
             return;
@@ -80,6 +80,7 @@ impl Store {
 
     /// Closes the poisoned database and opens it again, with a new writer.
     fn reopen(&self) -> Result<()> {
+        let _maintenance = self.inner.maintenance.lock().expect("store maintenance");
         // Readers see "being reopened" from here; writes stay refused until the end.
         let old = self.inner.db.write().expect("database handle").take();
         self.inner.sender.lock().expect("sender").take();

@@ -70,6 +70,11 @@ impl Poison {
         self.reason.lock().expect("poison flag").clone()
     }
 
+    /// Writes are refused from now on, for `reason`, until the store is reopened.
+    pub(super) fn set(&self, reason: String) {
+        *self.reason.lock().expect("poison flag") = Some(reason);
+    }
+
     /// Writes are taken again (the store was reopened).
     pub(super) fn clear(&self) {
         *self.reason.lock().expect("poison flag") = None;
