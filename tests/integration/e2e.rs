@@ -369,6 +369,17 @@ fn a_second_process_on_the_same_data_directory_is_refused() {
 
 /// Polls `frostline status --json` (served from the running engine's status file) until
 /// `check` holds, for at most 30 s.
+/// Waits for the status file a running engine publishes once it holds the data directory:
+/// until then `frostline status` reads the directory itself, and would race the engine for it.
+fn wait_for_status_file(d: &Dirs) {
+    let status_file = Path::new(&d.data).join("status.json");
+    let started = std::time::Instant::now();
+    while !status_file.exists() {
+        assert!(started.elapsed() < std::time::Duration::from_secs(30), "the engine did not start");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
 fn wait_for_status(d: &Dirs, what: &str, check: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     loop {
@@ -406,13 +417,7 @@ fn the_running_engine_hot_reloads_on_change_refuses_bad_sets_and_reloads_on_requ
         .stdout(Stdio::null())
         .spawn()
         .unwrap();
-    // The engine publishes its status file once it runs (and watches the directory).
-    let status_file = Path::new(&d.data).join("status.json");
-    let started = std::time::Instant::now();
-    while !status_file.exists() {
-        assert!(started.elapsed() < std::time::Duration::from_secs(30), "the engine did not start");
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
+    wait_for_status_file(&d);
     wait_for_status(&d, "the first status", |s| s["policy"]["generation"] == 1);
 
     std::fs::write(Path::new(&d.policies).join("more.toml"), "[[table]]\nid = \"metrics\"\n").unwrap();
@@ -714,14 +719,7 @@ fn a_running_engine_compacts_its_hot_store_once_archival_freed_most_of_it() {
         .stdout(Stdio::null())
         .spawn()
         .unwrap();
-    // `frostline status` reads the data directory itself until the engine holds it: wait for
-    // the engine's status file first, so the command never races the engine for the store.
-    let status_file = Path::new(&d.data).join("status.json");
-    let started = std::time::Instant::now();
-    while !status_file.exists() {
-        assert!(started.elapsed() < std::time::Duration::from_secs(30), "the engine did not start");
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
+    wait_for_status_file(&d);
     let status = wait_for_status(&d, "a compaction in place", |s| s["store_disk"]["compactions"].as_u64() >= Some(1));
     let compaction = &status["store_disk"]["last_compaction"];
     let after = std::fs::metadata(&database).unwrap().len();
