@@ -277,8 +277,11 @@ fn hot_rows(
     // `lower` precedes every row at `lower` (the filter drops the few before it).
     let mut bound: Option<(Micros, Vec<u8>)> = lower.map(|l| (l.saturating_sub(1), Vec::new()));
     loop {
-        let page = snapshot.rows(id, bound.as_ref().map(|(t, s)| (*t, s.as_slice())), slice)?;
-        let full = page.len() == slice;
+        // A slice is bounded by the bytes the page may still take too: a slice of 1,000 rows of
+        // 1 MiB bodies would otherwise be read whole to keep 16 MiB of it.
+        let slice_bytes = want.bytes.saturating_sub(kept_bytes).max(1);
+        let page = snapshot.rows_within(id, bound.as_ref().map(|(t, s)| (*t, s.as_slice())), slice, slice_bytes)?;
+        let full = page.len() == slice || page.iter().map(Record::stored_bytes).sum::<usize>() >= slice_bytes;
         bound = page.last().map(|r| (r.event_time, r.sort_key.clone()));
         let past_end = page.last().is_some_and(|r| filter.to.is_some_and(|t| r.event_time >= t));
         for row in page.into_iter().filter(|r| filter.keeps(r)) {

@@ -304,13 +304,17 @@ pub(super) fn due_key_bound(now: Micros) -> Vec<u8> {
     encoding::prefix_end(&bound)
 }
 
+/// At most `limit` rows of a bucket after `after`, and none once `bytes_max` bytes of them
+/// (`Record::stored_bytes`) are read: the row that crosses the bound is the last.
 pub(super) fn scan_rows(
     table: &impl ReadableTable<&'static [u8], &'static [u8]>,
     id: &BucketId,
     after: Option<(Micros, &[u8])>,
     limit: usize,
+    bytes_max: usize,
 ) -> Result<Vec<Record>> {
     let mut out = Vec::new();
+    let mut bytes = 0usize;
     let rows = match after {
         Some((t, sort_key)) => {
             let mut start = row_key(t, sort_key);
@@ -321,7 +325,12 @@ pub(super) fn scan_rows(
     };
     for entry in rows.take(limit) {
         let (k, v) = entry?;
-        out.push(bucket_row(id, k.value(), v.value())?);
+        let row = bucket_row(id, k.value(), v.value())?;
+        bytes += row.stored_bytes();
+        out.push(row);
+        if bytes >= bytes_max {
+            break;
+        }
     }
     Ok(out)
 }
@@ -450,8 +459,21 @@ impl Snapshot {
 
     /// The hot rows of a bucket in clustering order, from `after` (exclusive) when given.
     pub fn rows(&self, id: &BucketId, after: Option<(Micros, &[u8])>, limit: usize) -> Result<Vec<Record>> {
+        self.rows_within(id, after, limit, usize::MAX)
+    }
+
+    /// `rows`, stopping too once `bytes_max` bytes of rows (`Record::stored_bytes`) are read:
+    /// the row that crosses the bound is the last, so a page holds at least one row. What a
+    /// page of a bucket of large bodies is bounded by.
+    pub fn rows_within(
+        &self,
+        id: &BucketId,
+        after: Option<(Micros, &[u8])>,
+        limit: usize,
+        bytes_max: usize,
+    ) -> Result<Vec<Record>> {
         match open_rows(&self.txn, id)? {
-            Some(table) => scan_rows(&table, id, after, limit),
+            Some(table) => scan_rows(&table, id, after, limit, bytes_max),
             None => Ok(Vec::new()),
         }
     }
