@@ -412,7 +412,12 @@ const LIFECYCLE_PINNED_SEEDS: &[u64] = &[
 /// 424612239429200006 (the 10,000-seed run at c99899a), on the model's side: stalls moved the
 /// clock 180 s within a pass, past the backfill lease (120 s), and the pass archived once it
 /// lapsed, as it should; the model held the pass to the lease it saw before it.
-const LIFECYCLE_PINNED_ERASURE_SEEDS: &[u64] = &[3885129934317976583, 424612239429200006];
+/// 11429339192361349256 (CI at 52b8869): a host rebuilt after a shared request took it up for
+/// the archives it adopted from the lost installation (a1ecc2c, since withdrawn) and a record
+/// the model held lawful, which no request had named when it was placed, was gone (operation
+/// 378). A request erases what is appended to a matched bucket until that bucket's part is
+/// done, so taking one up for adopted archives needs a scope of their archived rows alone.
+const LIFECYCLE_PINNED_ERASURE_SEEDS: &[u64] = &[3885129934317976583, 424612239429200006, 11429339192361349256];
 
 #[test]
 fn lifecycle_simulation_matches_the_reference_model() {

@@ -17,10 +17,7 @@
 //!   their values under the same key (a request under another key is named and skipped). A
 //!   request placed before it began is passed over: the host had no record then, and would
 //!   otherwise erase records appended since that nobody asked to erase (a host that joins the
-//!   fleet, or whose data directory is rebuilt, after a request for a tenant that comes back).
-//!   It is taken up only for the archives the host adopted from an installation that left no
-//!   receipt for it and published them before it was placed (`adopted_before`): what a lost
-//!   host held when the request was placed, which nobody else will erase;
+//!   fleet, or whose data directory is rebuilt, after a request for a tenant that comes back);
 //! - leaves a receipt for each request its store has finished
 //!   (`_frostline-erasures/<id>/receipt-<installation>.json`: counts and times, never the
 //!   selector or a record).
@@ -168,9 +165,21 @@ async fn exchange_with(ctx: &Arc<Context>, backend: &dyn ArchiveBackend) -> Resu
             );
             continue;
         }
-        let mut request = ErasureRequest {
-            id: shared.id.clone(),
-            selector: shared.selector.clone(),
+        if shared.placed_at < since {
+            // Placed before this installation began (a host that joined the fleet later, a
+            // data directory rebuilt since): none of its records were there to be erased, and
+            // taking the request up now would erase records appended since, which nobody asked
+            // for. Passed over for the rest of this life, and said once.
+            tracing::info!(
+                request = %shared.id, placed_by = %shared.placed_by, placed_at = shared.placed_at, since,
+                "a shared erasure request placed before this installation began is not taken up"
+            );
+            ctx.memory().shared_erasure_keys.lock().expect("shared erasure keys").insert(passed_over);
+            continue;
+        }
+        let request = ErasureRequest {
+            id: shared.id,
+            selector: shared.selector,
             reason: format!("shared on {} by installation {}", backend.target(), shared.placed_by),
             requester: format!("installation {}", shared.placed_by),
             placed_at: 0,
@@ -179,40 +188,7 @@ async fn exchange_with(ctx: &Arc<Context>, backend: &dyn ArchiveBackend) -> Resu
             fleet: Vec::new(),
         };
         let (store, now) = (ctx.store.clone(), ctx.clock.now());
-        let request = if shared.placed_at >= since {
-            blocking(move || store.place_erasure(request, now)).await?
-        } else {
-            // Placed before this installation began (a host that joined the fleet later, a data
-            // directory rebuilt since): none of its own records were there to be erased, and
-            // erasing records appended since would erase what nobody asked for. What it adopted
-            // from an installation that has not finished the request is another matter: an
-            // archive published before the request holds only records that were there when it
-            // was placed, so the request is taken up for those archives, and for nothing else.
-            let adopted = adopted_before(&me, shared.placed_at, receipts_of(&listed, &shared.id));
-            let (store_probe, selector, probe) = (store.clone(), shared.selector.clone(), adopted.clone());
-            let matched = blocking(move || {
-                let mut any = false;
-                store_probe.visit_buckets(|meta| {
-                    any |=
-                        meta.state != crate::model::BucketState::Expired && selector.may_match(&meta) && probe(&meta);
-                    Ok(())
-                })?;
-                Ok(any)
-            })
-            .await?;
-            if !matched {
-                // Passed over for the rest of this life (an adoption needs a restart), said once.
-                tracing::info!(
-                    request = %shared.id, placed_by = %shared.placed_by, placed_at = shared.placed_at, since,
-                    "a shared erasure request placed before this installation began is not taken up: it holds no \
-                     archive adopted from an installation that had not finished it"
-                );
-                ctx.memory().shared_erasure_keys.lock().expect("shared erasure keys").insert(passed_over);
-                continue;
-            }
-            request.reason.push_str(", taken up for the archives adopted from installations that had not finished it");
-            blocking(move || store.place_erasure_within(request, now, adopted)).await?
-        };
+        let request = blocking(move || store.place_erasure(request, now)).await?;
         tracing::info!(
             request = %request.id, placed_by = %shared.placed_by, buckets = request.buckets.len(),
             "erasure request placed from the shared target"
@@ -239,29 +215,6 @@ async fn exchange_with(ctx: &Arc<Context>, backend: &dyn ArchiveBackend) -> Resu
         }
     }
     Ok(placed)
-}
-
-/// The installations that left a receipt for request `id` in `listed` (a listing of the
-/// shared folder).
-fn receipts_of(listed: &BTreeSet<String>, id: &str) -> BTreeSet<String> {
-    let folder = format!("{SHARED_ERASURES_PREFIX}{id}/receipt-");
-    listed.iter().filter_map(|key| key.strip_prefix(&folder)?.strip_suffix(".json")).map(str::to_string).collect()
-}
-
-/// Whether a bucket's archive is one this installation (`me`) adopted from another that left
-/// no receipt (`finished` names those that did), published before `placed_at`: every record it
-/// holds was there when the request was placed, and its writer has not erased them.
-fn adopted_before(
-    me: &str,
-    placed_at: Micros,
-    finished: BTreeSet<String>,
-) -> impl Fn(&crate::store::schema::BucketMeta) -> bool + Clone + Send + 'static {
-    let me = me.to_string();
-    move |meta| {
-        let writer = meta.manifest_key.as_deref().and_then(crate::storage::keys::origin).map(|o| o.installation);
-        writer.is_some_and(|w| !w.is_empty() && w != me && !finished.contains(w))
-            && meta.archived_at.is_some_and(|at| at < placed_at)
-    }
 }
 
 fn receipt_of(request: &ErasureRequest, installation: &str, finished_at: Micros) -> SharedReceipt {

@@ -436,19 +436,7 @@ impl Store {
     /// Records a request (its id, selector, reason and requester filled in) with every bucket
     /// that may hold a record it names, in one transaction. Nothing is erased yet: the pass
     /// carries it out (`archive::erase`).
-    pub fn place_erasure(&self, request: ErasureRequest, now: Micros) -> Result<ErasureRequest> {
-        self.place_erasure_within(request, now, |_| true)
-    }
-
-    /// `place_erasure` over only the buckets `within` admits: a request a host takes up for the
-    /// archives it adopted from another installation (`archive::fleet_erase`), never for the
-    /// records it holds of its own.
-    pub fn place_erasure_within(
-        &self,
-        mut request: ErasureRequest,
-        now: Micros,
-        within: impl Fn(&BucketMeta) -> bool + Send + 'static,
-    ) -> Result<ErasureRequest> {
+    pub fn place_erasure(&self, mut request: ErasureRequest, now: Micros) -> Result<ErasureRequest> {
         request.selector.check().map_err(Error::InvalidInput)?;
         self.write(move |txn| {
             if txn.open_table(ERASURES)?.get(request.id.as_str())?.is_some() {
@@ -457,7 +445,7 @@ impl Store {
             request.buckets.clear();
             for entry in txn.open_table(BUCKETS)?.iter()? {
                 let meta: BucketMeta = decode_value(entry?.1.value())?;
-                if meta.state != BucketState::Expired && request.selector.may_match(&meta) && within(&meta) {
+                if meta.state != BucketState::Expired && request.selector.may_match(&meta) {
                     request.buckets.push(ErasureBucket {
                         bucket: meta.id.clone(),
                         placed_generation: meta.generation,
