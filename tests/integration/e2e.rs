@@ -763,7 +763,9 @@ fn wait_with_peak_mib(mut child: std::process::Child) -> (std::process::ExitStat
 /// Its pages are bounded by bytes too (8 MiB, one segment), so archiving 300 MiB of such
 /// records stays within the memory of archiving small ones, and every record reads back. A
 /// query read a hot bucket 1,000 rows at a time to fill a page of 16 MiB (349 MiB for this
-/// one); its reads are bounded by what the page may still take.
+/// one); its reads are bounded by what the page may still take. And a next generation (here
+/// for a late record) and `frostline verify` read the archived rows whole: now a segment at a
+/// time.
 #[test]
 fn archiving_a_bucket_of_the_largest_bodies_holds_a_page_of_bytes_not_of_rows() {
     let d = dirs(POLICY);
@@ -793,35 +795,90 @@ fn archiving_a_bucket_of_the_largest_bodies_holds_a_page_of_bytes_not_of_rows() 
     assert!(query_peak_mib < 200, "a query page of the hot bucket held {query_peak_mib} MiB at its peak");
     // The store's page cache is bounded on its own (FROSTLINE_STORE_CACHE_MIB); at its minimum
     // it leaves what the pass itself holds to be seen.
-    let archive = Command::new(frostline_bin())
-        .args(["archive", "--once", "--data", &d.data, "--policies", &d.policies])
-        .env("FROSTLINE_STORE_CACHE_MIB", "4")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let (status, peak_mib) = wait_with_peak_mib(archive);
-    assert!(status.success(), "{status:?}");
+    let archive_peak_mib = || {
+        let archive = Command::new(frostline_bin())
+            .args(["archive", "--once", "--data", &d.data, "--policies", &d.policies])
+            .env("FROSTLINE_STORE_CACHE_MIB", "4")
+            .env("ARCHIVER_LATE_GRACE_SECONDS", "0")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let (status, peak_mib) = wait_with_peak_mib(archive);
+        assert!(status.success(), "{status:?}");
+        peak_mib
+    };
+    let peak_mib = archive_peak_mib();
     eprintln!("archive --once of 300 records of 1 MiB: peak resident {peak_mib} MiB");
     assert!(peak_mib < 200, "the pass held {peak_mib} MiB at its peak for a bucket of 300 MiB");
     // Pages of a query are bounded by bytes too (16 MiB): follow the cursors.
-    let mut read: Vec<serde_json::Value> = Vec::new();
-    let mut cursor: Option<String> = None;
-    loop {
-        let mut args = vec!["query", "--table", "events", "--limit", "1000"];
-        if let Some(c) = &cursor {
-            args.extend(["--cursor", c.as_str()]);
+    let read_all = || {
+        let mut read: Vec<serde_json::Value> = Vec::new();
+        let mut cursor: Option<String> = None;
+        loop {
+            let mut args = vec!["query", "--table", "events", "--limit", "1000"];
+            if let Some(c) = &cursor {
+                args.extend(["--cursor", c.as_str()]);
+            }
+            let query = frostline(&d, &args, None);
+            assert!(query.status.success(), "{}", text_of(&query));
+            read.extend(text(&query.stdout).lines().map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()));
+            cursor = text(&query.stderr).lines().find_map(|l| l.strip_prefix("next cursor: ")).map(str::to_string);
+            if cursor.is_none() {
+                return read;
+            }
         }
-        let query = frostline(&d, &args, None);
-        assert!(query.status.success(), "{}", text_of(&query));
-        read.extend(text(&query.stdout).lines().map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()));
-        cursor = text(&query.stderr).lines().find_map(|l| l.strip_prefix("next cursor: ")).map(str::to_string);
-        if cursor.is_none() {
-            break;
-        }
-    }
+    };
+    let read = read_all();
     assert_eq!(read.len(), 300);
     assert!(
         read.iter().enumerate().all(|(i, r)| r["body"]["i"] == i && r["body"]["pad"].as_str() == Some(pad.as_str()))
     );
+
+    // The scrub reads it a segment at a time too.
+    let verify = Command::new(frostline_bin())
+        .args(["verify", "--data", &d.data, "--policies", &d.policies])
+        .env("FROSTLINE_STORE_CACHE_MIB", "4")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let (status, verify_peak_mib) = wait_with_peak_mib(verify);
+    assert!(status.success(), "{status:?}");
+    eprintln!("verify of the bucket: peak resident {verify_peak_mib} MiB");
+    assert!(verify_peak_mib < 200, "verify held {verify_peak_mib} MiB at its peak for a bucket of 300 MiB");
+
+    // A late record for that bucket: its next generation merges it with the archived rows,
+    // which it read whole into memory (with the hot rows' last page, the whole bucket again)
+    // before they were read a segment at a time.
+    let late = format!(
+        "{{\"partition_key\":\"site a/%20=ü\",\"event_time\":{},\"sort_key\":\"late\",\"body\":{{\"i\":300}}}}\n",
+        t("2023-03-02T00:00:00Z")
+    );
+    // The grace a late record waits before its next generation is set where it is appended.
+    let ingest = Command::new(frostline_bin())
+        .args(["ingest", "--table", "events", "-", "--data", &d.data, "--policies", &d.policies])
+        .env("ARCHIVER_LATE_GRACE_SECONDS", "0")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write as _;
+        let mut child = ingest;
+        child.stdin.take().unwrap().write_all(late.as_bytes()).unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "{}", text_of(&out));
+    }
+    let peak_mib = archive_peak_mib();
+    eprintln!("archive --once of the next generation of 300 records of 1 MiB: peak resident {peak_mib} MiB");
+    assert!(peak_mib < 200, "the next generation held {peak_mib} MiB at its peak for a bucket of 300 MiB");
+    let read = read_all();
+    assert_eq!(read.len(), 301);
+    assert!(read.iter().enumerate().all(|(i, r)| r["body"]["i"] == i));
+    let status = frostline(&d, &["status", "--json"], None);
+    let status: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    assert_eq!(status["tables"][0]["states"]["archived"]["rows"], 301, "{status}");
+    assert_eq!(status["tables"][0]["states"].as_object().unwrap().len(), 1, "every bucket archived: {status}");
 }

@@ -19,7 +19,6 @@ use crate::model::{BucketState, Micros};
 use crate::policy::TablePolicy;
 use crate::storage::{ArchiveBackend, PutOutcome, keys};
 use crate::store::Publication;
-use crate::store::erasure::ArchivedErased;
 use crate::store::schema::{BucketId, BucketMeta, UploadIntent};
 
 pub(super) enum Outcome {
@@ -265,33 +264,24 @@ async fn upload_and_publish(
 ) -> Result<(u64, u64)> {
     let id = meta.id.clone();
     let generation = meta.generation;
-    let (base, mut base_rows) = match published_base(ctx, table, meta).await? {
-        Some((base, rows)) => (Some(base), rows),
-        None => (None, Vec::new()),
-    };
     // Open erasure requests that name the bucket: their hot rows are deleted under this lease
     // before the snapshot, and their archived rows left out of the next generation.
     let (store, claimed) = (ctx.store.clone(), meta.clone());
     let selectors = blocking(move || store.erasure_selectors(&claimed)).await?;
     let erasing = !selectors.is_empty();
-    let mut archived_erased = ArchivedErased::default();
+    let leave_out: Box<dyn Fn(&crate::model::Record) -> bool + Send> = {
+        let (selectors, table_id) = (selectors.clone(), id.table.clone());
+        Box::new(move |row| selectors.iter().any(|s| s.matches_record(&table_id, row)))
+    };
+    let (base, base_rows) = match published_base(ctx, table, meta, leave_out).await? {
+        Some((base, rows)) => (Some(base), Some(rows)),
+        None => (None, None),
+    };
     if erasing {
-        base_rows.retain(|row| {
-            let erased = selectors.iter().any(|s| s.matches_record(&id.table, row));
-            if erased {
-                archived_erased.rows += 1;
-                archived_erased.body_bytes += row.body.len() as u64;
-            }
-            !erased
-        });
         let (store, bucket, lease, now) =
             (ctx.store.clone(), id.clone(), Some((owner.to_string(), generation)), ctx.clock.now());
         let hot = blocking(move || store.erase_hot_rows(&bucket, selectors, lease, now)).await?;
-        tracing::info!(
-            archived = archived_erased.rows,
-            hot = hot.unwrap_or(0),
-            "erasure: records left out of the next generation"
-        );
+        tracing::info!(hot = hot.unwrap_or(0), "erasure: hot records deleted before the next generation");
     }
     let (receiver, reader) =
         pipeline::start(ctx.clone(), id.clone(), owner.to_string(), generation, table.format, base_rows);
@@ -301,6 +291,10 @@ async fn upload_and_publish(
     let read = reader.await.map_err(|e| Error::Internal(format!("the reader of bucket {id} failed: {e}")))?;
     let (segments, prepared) = uploaded?;
     let read = read?;
+    let archived_erased = read.erased;
+    if erasing {
+        tracing::info!(archived = archived_erased.rows, "erasure: archived records left out of the next generation");
+    }
     seconds.add(Phase::Snapshot, read.snapshot_seconds);
     seconds.add(Phase::Encode, read.encode_seconds);
     let mut lap = Lap::start();
@@ -424,30 +418,26 @@ struct Base {
 }
 
 /// When the claimed bucket has a published archive (rows were appended after it, and this
-/// archival makes the next generation), that archive and its rows, read from the target its
-/// manifest names with every hash checked.
+/// archival makes the next generation), that archive, and its rows to be read from the target
+/// its manifest names as the merge reaches them (`pipeline::BaseRows`), without those
+/// `leave_out` names. The manifest is read from the target and checked against its content
+/// address.
 async fn published_base(
     ctx: &Arc<Context>,
     table: &Arc<TablePolicy>,
     meta: &BucketMeta,
-) -> Result<Option<(Base, Vec<crate::model::Record>)>> {
+    leave_out: Box<dyn Fn(&crate::model::Record) -> bool + Send>,
+) -> Result<Option<(Base, pipeline::BaseRows)>> {
     let Some(key) = meta.manifest_key.clone() else { return Ok(None) };
     let (store, id) = (ctx.store.clone(), meta.id.clone());
-    let manifest = blocking(move || store.snapshot()?.latest_manifest(&id)).await?.ok_or_else(|| {
+    let recorded = blocking(move || store.snapshot()?.latest_manifest(&id)).await?.ok_or_else(|| {
         Error::Internal(format!("bucket {} names archive `{key}` but has no recorded manifest", meta.id))
     })?;
-    let generation = manifest.generation;
-    let lineage = manifest.amends.as_ref().map(|a| a.lineage.clone()).unwrap_or_default();
-    let backend = ctx.policies.archive_backend(table, &manifest.archive_target())?;
-    let rows = crate::format::reader::read_archive(backend.as_ref(), &key, None, None).await?;
-    if rows.len() as u64 != manifest.summary.rows {
-        return Err(Error::Corruption(format!(
-            "archive `{key}` of bucket {} read back {} rows where its manifest says {}",
-            meta.id,
-            rows.len(),
-            manifest.summary.rows
-        )));
-    }
+    let backend = ctx.policies.archive_backend(table, &recorded.archive_target())?;
+    let manifest = crate::format::reader::read_manifest(backend.as_ref(), &key).await?;
+    let generation = recorded.generation;
+    let lineage = recorded.amends.as_ref().map(|a| a.lineage.clone()).unwrap_or_default();
+    let rows = pipeline::BaseRows::new(backend, key.clone(), manifest, leave_out);
     Ok(Some((Base { generation, manifest_key: key, lineage }, rows)))
 }
 

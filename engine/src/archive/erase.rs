@@ -174,8 +174,11 @@ async fn holds_none(
     let Some(key) = &meta.manifest_key else { return Ok(false) };
     let table = ctx.policies.table(&meta.id.table)?.clone();
     let backend = ctx.policies.archive_backend(&table, &manifest.archive_target())?;
-    let rows = crate::format::reader::read_archive(backend.as_ref(), key, None, None).await?;
-    Ok(!rows.iter().any(|row| selectors.iter().any(|s| s.matches_record(&meta.id.table, row))))
+    // Segment by segment, stopping at the first record named: never the whole bucket at once.
+    let named = |row: &crate::model::Record| selectors.iter().any(|s| s.matches_record(&meta.id.table, row));
+    let want = crate::format::reader::Want { rows: 1, bytes: usize::MAX };
+    let found = crate::format::reader::read_archive_until(backend.as_ref(), key, None, None, named, want).await?;
+    Ok(found.is_empty())
 }
 
 fn done(ctx: &Arc<Context>, mut entry: ErasureBucket) -> ErasureBucket {

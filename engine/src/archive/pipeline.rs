@@ -1,13 +1,16 @@
 //! The read side of an archival: a claimed bucket's rows are read page by page, each page in a
 //! read transaction that checks the lease first, and encoded into segments on a blocking
-//! thread that runs at most `SEGMENTS_AHEAD` segments ahead of the uploads. Memory holds two
-//! pages of rows (each bounded by rows and by bytes) and a few segments whatever the size of
-//! the bucket and of its records. The rows' summary
+//! thread that runs at most `SEGMENTS_AHEAD` segments ahead of the uploads. A next generation
+//! merges them with the published archive's rows, read one segment at a time (`BaseRows`).
+//! Memory holds a page of hot rows, a segment of archived ones (each bounded by rows and by
+//! bytes) and a few encoded segments whatever the size of the bucket and of its records. The
+//! rows' summary
 //! (count, key range, checksum) is summed on the way, for the manifest and for the cleanup's
 //! proof (which relies on the rows having come in strictly increasing key order), and rides
 //! on the last segment, so the manifest is made (and its key recorded in the upload intent)
 //! before the last segment is uploaded.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -16,9 +19,13 @@ use tokio::task::JoinHandle;
 
 use crate::engine::Context;
 use crate::error::{Error, Result};
+use crate::format::manifest::Manifest;
+use crate::format::reader::verify_segment;
 use crate::format::{EncodedSegment, Format, SEGMENT_BYTES_MAX, SEGMENT_ROWS_MAX, encode_segments};
 use crate::model::rows::{RowSummary, RowSummer};
 use crate::model::{Micros, Record};
+use crate::storage::ArchiveBackend;
+use crate::store::erasure::ArchivedErased;
 use crate::store::schema::BucketId;
 
 /// Rows read per lease-checked read of the claimed bucket: one segment's worth at most, in
@@ -45,12 +52,87 @@ pub struct Summaries {
     pub hot: RowSummary,
 }
 
-/// What the read side did: the summaries of the rows read, and the seconds spent reading and
-/// encoding (they overlap the uploads).
+/// What the read side did: the summaries of the rows read, the archived rows an erasure left
+/// out, and the seconds spent reading and encoding (they overlap the uploads).
 pub struct ReadSide {
     pub summaries: Summaries,
+    pub erased: ArchivedErased,
     pub snapshot_seconds: f64,
     pub encode_seconds: f64,
+}
+
+/// The rows of the published archive a next generation starts from, read from its target one
+/// segment at a time as the merge reaches them (every hash and row checksum checked), so a
+/// late record for a bucket of gigabytes holds one segment of it, not the bucket. Rows an open
+/// erasure names are left out and counted.
+pub struct BaseRows {
+    backend: Arc<dyn ArchiveBackend>,
+    manifest_key: String,
+    manifest: Manifest,
+    next_segment: usize,
+    current: VecDeque<Record>,
+    leave_out: Box<dyn Fn(&Record) -> bool + Send>,
+    read: u64,
+    erased: ArchivedErased,
+}
+
+impl BaseRows {
+    /// The rows of the archive `manifest` (read from `backend` at `manifest_key`), without those
+    /// `leave_out` names.
+    pub fn new(
+        backend: Arc<dyn ArchiveBackend>,
+        manifest_key: String,
+        manifest: Manifest,
+        leave_out: Box<dyn Fn(&Record) -> bool + Send>,
+    ) -> BaseRows {
+        BaseRows {
+            backend,
+            manifest_key,
+            manifest,
+            next_segment: 0,
+            current: VecDeque::new(),
+            leave_out,
+            read: 0,
+            erased: ArchivedErased::default(),
+        }
+    }
+
+    /// The next row, reading the next segment when the one in memory is used up.
+    fn peek(&mut self) -> Result<Option<&Record>> {
+        while self.current.is_empty() && self.next_segment < self.manifest.segments.len() {
+            let segment = &self.manifest.segments[self.next_segment];
+            self.next_segment += 1;
+            let bytes = crate::storage::block_on(self.backend.get(&segment.key))?.ok_or_else(|| {
+                Error::Corruption(format!("segment `{}` named by `{}` is missing", segment.key, self.manifest_key))
+            })?;
+            for row in verify_segment(self.manifest.format, segment, &bytes)? {
+                self.read += 1;
+                if (self.leave_out)(&row) {
+                    self.erased.rows += 1;
+                    self.erased.body_bytes += row.body.len() as u64;
+                } else {
+                    self.current.push_back(row);
+                }
+            }
+        }
+        Ok(self.current.front())
+    }
+
+    fn pop(&mut self) -> Option<Record> {
+        self.current.pop_front()
+    }
+
+    /// Once every row was read: that they were as many as the manifest says; and what an
+    /// erasure left out.
+    fn finish(&self) -> Result<ArchivedErased> {
+        if self.read != self.manifest.summary.rows || self.next_segment < self.manifest.segments.len() {
+            return Err(Error::Corruption(format!(
+                "archive `{}` read back {} rows where its manifest says {}",
+                self.manifest_key, self.read, self.manifest.summary.rows
+            )));
+        }
+        Ok(self.erased)
+    }
 }
 
 /// Starts reading and encoding the claimed bucket `id` (as `owner`, `generation`) in `format`,
@@ -63,12 +145,55 @@ pub fn start(
     owner: String,
     generation: u64,
     format: Format,
-    base: Vec<Record>,
+    base: Option<BaseRows>,
 ) -> (mpsc::Receiver<Encoded>, JoinHandle<Result<ReadSide>>) {
     let (sender, receiver) = mpsc::channel(SEGMENTS_AHEAD);
     let reader =
         tokio::task::spawn_blocking(move || read_and_encode(&ctx, &id, &owner, generation, format, base, sender));
     (receiver, reader)
+}
+
+/// The claimed bucket's hot rows, page by page, each page lease-checked.
+struct HotRows<'a> {
+    ctx: &'a Context,
+    id: &'a BucketId,
+    owner: &'a str,
+    generation: u64,
+    page: VecDeque<Record>,
+    /// No page read yet, or the last one stopped at a bound: more rows may follow.
+    more: bool,
+    last_key: Option<(Micros, Vec<u8>)>,
+    seconds: f64,
+}
+
+impl HotRows<'_> {
+    fn peek(&mut self) -> Result<Option<&Record>> {
+        if self.page.is_empty() && self.more {
+            let started = Instant::now();
+            let first = self.last_key.is_none();
+            let after = self.last_key.as_ref().map(|(t, k)| (*t, k.as_slice()));
+            let page = read_page(self.ctx, self.id, self.owner, self.generation, after)?;
+            if first {
+                crate::failpoints::hit("mid_snapshot")?;
+            }
+            self.more = page_is_full(&page);
+            if let Some(last) = page.last() {
+                self.last_key = Some((last.event_time, last.sort_key.clone()));
+            }
+            self.page = page.into();
+            self.seconds += started.elapsed().as_secs_f64();
+        }
+        Ok(self.page.front())
+    }
+
+    fn pop(&mut self) -> Option<Record> {
+        self.page.pop_front()
+    }
+}
+
+/// The identity of a row, its place in the bucket's clustering order.
+fn identity(r: &Record) -> (Micros, Vec<u8>) {
+    (r.event_time, r.sort_key.clone())
 }
 
 fn read_and_encode(
@@ -77,37 +202,66 @@ fn read_and_encode(
     owner: &str,
     generation: u64,
     format: Format,
-    base: Vec<Record>,
+    mut base: Option<BaseRows>,
     sender: mpsc::Sender<Encoded>,
 ) -> Result<ReadSide> {
     let (mut all, mut hot) = (RowSummer::default(), RowSummer::default());
-    let mut base = base.into_iter().peekable();
-    let (mut snapshot_seconds, mut encode_seconds) = (0.0, 0.0);
-    let started = Instant::now();
-    let mut page = read_page(ctx, id, owner, generation, None)?;
-    crate::failpoints::hit("mid_snapshot")?;
-    snapshot_seconds += started.elapsed().as_secs_f64();
+    let mut hot_rows =
+        HotRows { ctx, id, owner, generation, page: VecDeque::new(), more: true, last_key: None, seconds: 0.0 };
+    let (mut base_seconds, mut encode_seconds) = (0.0, 0.0);
     loop {
-        // The next page is read first, to know whether this one is the last.
-        let started = Instant::now();
-        let next = match page.last() {
-            Some(last) if page_is_full(&page) => {
-                read_page(ctx, id, owner, generation, Some((last.event_time, &last.sort_key)))?
-            }
-            _ => Vec::new(),
-        };
-        let last_page = next.is_empty();
-        snapshot_seconds += started.elapsed().as_secs_f64();
-        let started = Instant::now();
-        for row in &page {
-            hot.push(row);
+        // One chunk of the merged rows, bounded like a page. A hot row never has the identity
+        // of an archived one (an append compares late records with the archive under the
+        // generation it commits against), so one that has is refused rather than archived
+        // twice or in place of the other.
+        let mut chunk: Vec<Record> = Vec::new();
+        let mut chunk_bytes = 0usize;
+        while chunk.len() < SNAPSHOT_PAGE_ROWS && chunk_bytes < SNAPSHOT_PAGE_BYTES {
+            let next_hot = hot_rows.peek()?.map(identity);
+            let started = Instant::now();
+            let next_base = match base.as_mut() {
+                Some(base) => base.peek()?.map(identity),
+                None => None,
+            };
+            base_seconds += started.elapsed().as_secs_f64();
+            let from_base = match (&next_hot, &next_base) {
+                (None, None) => break,
+                (Some(h), Some(b)) if h == b => {
+                    return Err(Error::Conflict(format!(
+                        "bucket {id} holds a hot row (event_time {}, sort_key `{}`) with the identity of an archived \
+                         one; the next generation is not made",
+                        h.0,
+                        String::from_utf8_lossy(&h.1)
+                    )));
+                }
+                (Some(h), Some(b)) => b < h,
+                (Some(_), None) => false,
+                (None, Some(_)) => true,
+            };
+            let row = if from_base {
+                base.as_mut().and_then(BaseRows::pop)
+            } else {
+                let row = hot_rows.pop();
+                if let Some(row) = &row {
+                    hot.push(row);
+                }
+                row
+            };
+            let row = row.expect("a peeked row is there");
+            chunk_bytes += row.stored_bytes();
+            all.push(&row);
+            chunk.push(row);
         }
-        let rows = merge(id, &mut base, page, last_page)?;
-        for row in &rows {
-            all.push(row);
-        }
-        let segments = encode_segments(format, &rows)?;
-        let summaries = if last_page {
+        // The chunk is the last when nothing is left on either side.
+        let last = hot_rows.peek()?.is_none()
+            && match base.as_mut() {
+                Some(base) => base.peek()?.is_none(),
+                None => true,
+            };
+        let started = Instant::now();
+        let segments = encode_segments(format, &chunk)?;
+        drop(chunk);
+        let summaries = if last {
             // The cleanup's proof takes the hot summary for the table's rows only if the
             // snapshot read each row once, in key order (`invariants::hot_rows_match_manifest`);
             // the merged rows must be in order too, each once.
@@ -127,48 +281,14 @@ fn read_and_encode(
             })?;
         }
         if let Some(summaries) = summaries {
-            return Ok(ReadSide { summaries, snapshot_seconds, encode_seconds });
+            let erased = match &base {
+                Some(base) => base.finish()?,
+                None => ArchivedErased::default(),
+            };
+            let snapshot_seconds = hot_rows.seconds + base_seconds;
+            return Ok(ReadSide { summaries, erased, snapshot_seconds, encode_seconds });
         }
-        page = next;
     }
-}
-
-/// The rows of one page of hot rows merged, in clustering order, with the rows of the published
-/// archive that come before its last row (all that are left, on the last page). A hot row never
-/// has the identity of an archived one (an append compares late records with the archive under
-/// the generation it commits against), so one that has is refused here rather than archived
-/// twice or in place of the other.
-fn merge(
-    id: &BucketId,
-    base: &mut std::iter::Peekable<std::vec::IntoIter<Record>>,
-    page: Vec<Record>,
-    last_page: bool,
-) -> Result<Vec<Record>> {
-    if base.peek().is_none() {
-        return Ok(page);
-    }
-    fn key(r: &Record) -> (Micros, &[u8]) {
-        (r.event_time, r.sort_key.as_slice())
-    }
-    let mut out = Vec::with_capacity(page.len());
-    for row in page {
-        while let Some(archived) = base.next_if(|a| key(a) <= key(&row)) {
-            if key(&archived) == key(&row) {
-                return Err(Error::Conflict(format!(
-                    "bucket {id} holds a hot row (event_time {}, sort_key `{}`) with the identity of an archived one; \
-                     the next generation is not made",
-                    row.event_time,
-                    String::from_utf8_lossy(&row.sort_key)
-                )));
-            }
-            out.push(archived);
-        }
-        out.push(row);
-    }
-    if last_page {
-        out.extend(base);
-    }
-    Ok(out)
 }
 
 /// Whether a page stopped at a bound (`read_page`), so that more rows may follow it.
