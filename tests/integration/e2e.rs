@@ -757,6 +757,21 @@ fn wait_with_peak_mib(mut child: std::process::Child) -> (std::process::ExitStat
     }
 }
 
+/// Runs the binary with `args` on `d` (and `env`) to its successful end; its peak resident set.
+fn peak_mib_of(d: &Dirs, args: &[&str], env: &[(&str, &str)]) -> u64 {
+    let child = Command::new(frostline_bin())
+        .args(args)
+        .args(["--data", &d.data, "--policies", &d.policies])
+        .envs(env.iter().copied())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let (status, peak_mib) = wait_with_peak_mib(child);
+    assert!(status.success(), "{args:?}: {status:?}");
+    peak_mib
+}
+
 /// Issue 34 ("bytes, not only rows"): the pass read a claimed bucket 10,000 rows at a time
 /// whatever their size, so a bucket of 1 MiB bodies (the largest a record may have) was read,
 /// and encoded, whole: 300 records took the process to 657 MiB, and 10,000 would take 20 GiB.
@@ -782,31 +797,15 @@ fn archiving_a_bucket_of_the_largest_bodies_holds_a_page_of_bytes_not_of_rows() 
     assert!(ingest.status.success(), "{}", text_of(&ingest));
     drop(input);
     // A query page of the hot bucket is read 16 MiB at a time too, not 1,000 rows at a time.
-    let query = Command::new(frostline_bin())
-        .args(["query", "--table", "events", "--limit", "1000", "--data", &d.data, "--policies", &d.policies])
-        .env("FROSTLINE_STORE_CACHE_MIB", "4")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let (status, query_peak_mib) = wait_with_peak_mib(query);
-    assert!(status.success(), "{status:?}");
+    let query_peak_mib =
+        peak_mib_of(&d, &["query", "--table", "events", "--limit", "1000"], &[("FROSTLINE_STORE_CACHE_MIB", "4")]);
     eprintln!("query of a page of the hot bucket: peak resident {query_peak_mib} MiB");
     assert!(query_peak_mib < 200, "a query page of the hot bucket held {query_peak_mib} MiB at its peak");
     // The store's page cache is bounded on its own (FROSTLINE_STORE_CACHE_MIB); at its minimum
     // it leaves what the pass itself holds to be seen.
     let archive_peak_mib = || {
-        let archive = Command::new(frostline_bin())
-            .args(["archive", "--once", "--data", &d.data, "--policies", &d.policies])
-            .env("FROSTLINE_STORE_CACHE_MIB", "4")
-            .env("ARCHIVER_LATE_GRACE_SECONDS", "0")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let (status, peak_mib) = wait_with_peak_mib(archive);
-        assert!(status.success(), "{status:?}");
-        peak_mib
+        let env = [("FROSTLINE_STORE_CACHE_MIB", "4"), ("ARCHIVER_LATE_GRACE_SECONDS", "0")];
+        peak_mib_of(&d, &["archive", "--once"], &env)
     };
     let peak_mib = archive_peak_mib();
     eprintln!("archive --once of 300 records of 1 MiB: peak resident {peak_mib} MiB");
@@ -836,15 +835,7 @@ fn archiving_a_bucket_of_the_largest_bodies_holds_a_page_of_bytes_not_of_rows() 
     );
 
     // The scrub reads it a segment at a time too.
-    let verify = Command::new(frostline_bin())
-        .args(["verify", "--data", &d.data, "--policies", &d.policies])
-        .env("FROSTLINE_STORE_CACHE_MIB", "4")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let (status, verify_peak_mib) = wait_with_peak_mib(verify);
-    assert!(status.success(), "{status:?}");
+    let verify_peak_mib = peak_mib_of(&d, &["verify"], &[("FROSTLINE_STORE_CACHE_MIB", "4")]);
     eprintln!("verify of the bucket: peak resident {verify_peak_mib} MiB");
     assert!(verify_peak_mib < 200, "verify held {verify_peak_mib} MiB at its peak for a bucket of 300 MiB");
 
