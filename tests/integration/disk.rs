@@ -296,3 +296,43 @@ fn a_compaction_in_place_waits_for_no_open_read_and_is_left_out_when_not_worth_i
     assert!(file_bytes(&e) < before);
     assert_eq!(e.query_all("r").len(), 3_001);
 }
+
+/// Found while measuring the store's free pages: under appends racing passes, a commit without
+/// an fsync (a claim, a cleanup slice) sometimes frees a page a reader still holds, and redb
+/// 3.1.3's debug assertion in `TransactionalMemory::free_helper`
+/// (`!read_page_ref_counts.contains_key(&page)`) panics the writer thread: every later write
+/// fails with "the writer thread has stopped" (seen once in CI, in
+/// `api::concurrent_archival_under_the_default_log_level_panics_no_task_and_fails_no_pass`;
+/// here about 1 run in 15). Release builds compile the assertion out. Ignored until it is
+/// understood (redb's non-durable page reclamation, or our use of it): run it with
+/// `cargo test --test integration -- --ignored disk::the_writer_survives` in a loop.
+#[test]
+#[ignore = "reproduces a redb 3.1.3 debug assertion about 1 run in 15; open, see the comment"]
+fn the_writer_survives_appends_racing_passes_and_space_measures() {
+    let e = compacting_engine("2024-02-15T00:00:00Z");
+    let stop = Arc::new(AtomicBool::new(false));
+    let appender = {
+        let (engine, stop) = (e.engine.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut n = 0usize;
+            while !stop.load(Ordering::Relaxed) {
+                let mut batch = days_of_records(3, 10);
+                for r in &mut batch {
+                    r.sort_key = format!("{n:08}-{}", String::from_utf8_lossy(&r.sort_key)).into_bytes();
+                    r.event_time += 200 * 86_400_000_000;
+                }
+                engine.append("r", batch).unwrap();
+                n += 1;
+            }
+        })
+    };
+    for chunk in days_of_records(30, 100).chunks(500) {
+        e.engine.append("r", chunk.to_vec()).unwrap();
+    }
+    for _ in 0..40 {
+        e.pass();
+        e.engine.store().space(0).unwrap();
+    }
+    stop.store(true, Ordering::Relaxed);
+    appender.join().unwrap();
+}

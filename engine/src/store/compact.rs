@@ -102,7 +102,9 @@ impl Store {
     /// Measures the file and its free pages. redb counts them by walking every table's tree,
     /// so this reads every live page once (from the cache where it can): call it seldom.
     pub fn space(&self, now: crate::model::Micros) -> Result<StoreSpace> {
-        let (allocated_pages, page_size) = self.write_undoable(|txn| {
+        // A durable commit: one without an fsync would count as a read of the last durable
+        // commit until the next one (and hold a compaction off).
+        let (allocated_pages, page_size) = self.write(|txn| {
             let stats = txn.stats()?;
             Ok((stats.allocated_pages(), stats.page_size() as u64))
         })?;
