@@ -369,6 +369,32 @@ fn a_second_process_on_the_same_data_directory_is_refused() {
 
 /// Polls `frostline status --json` (served from the running engine's status file) until
 /// `check` holds, for at most 30 s.
+/// `frostline run` on `d` with a pass every second and `env`, its output dropped.
+fn run_engine(d: &Dirs, env: &[(&str, &str)]) -> std::process::Child {
+    Command::new(frostline_bin())
+        .args(["run", "--data", &d.data, "--policies", &d.policies, "--interval-seconds", "1"])
+        .args(["--listen", "127.0.0.1:0"])
+        .envs(env.iter().copied())
+        .stderr(Stdio::null())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+/// Stops a `run_engine` child with SIGTERM and waits (at most 15 s) for its exit.
+fn stop_engine(run: &mut std::process::Child) -> std::process::ExitStatus {
+    // SAFETY: signalling our own child process.
+    unsafe { libc::kill(run.id() as i32, libc::SIGTERM) };
+    let started = std::time::Instant::now();
+    loop {
+        if let Some(code) = run.try_wait().unwrap() {
+            return code;
+        }
+        assert!(started.elapsed() < std::time::Duration::from_secs(15), "no exit after SIGTERM");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
 /// Waits for the status file a running engine publishes once it holds the data directory:
 /// until then `frostline status` reads the directory itself, and would race the engine for it.
 fn wait_for_status_file(d: &Dirs) {
@@ -401,22 +427,7 @@ fn wait_for_status(d: &Dirs, what: &str, check: impl Fn(&serde_json::Value) -> b
 #[test]
 fn the_running_engine_hot_reloads_on_change_refuses_bad_sets_and_reloads_on_request() {
     let d = dirs(POLICY);
-    let mut run = Command::new(frostline_bin())
-        .args([
-            "run",
-            "--data",
-            &d.data,
-            "--policies",
-            &d.policies,
-            "--interval-seconds",
-            "1",
-            "--listen",
-            "127.0.0.1:0",
-        ])
-        .stderr(Stdio::null())
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut run = run_engine(&d, &[]);
     wait_for_status_file(&d);
     wait_for_status(&d, "the first status", |s| s["policy"]["generation"] == 1);
 
@@ -461,17 +472,7 @@ fn the_running_engine_hot_reloads_on_change_refuses_bad_sets_and_reloads_on_requ
     });
     assert_eq!(status["policy"]["last_reload"]["trigger"], "file change", "{status}");
 
-    // SAFETY: signalling our own child process.
-    unsafe { libc::kill(run.id() as i32, libc::SIGTERM) };
-    let started = std::time::Instant::now();
-    let code = loop {
-        if let Some(code) = run.try_wait().unwrap() {
-            break code;
-        }
-        assert!(started.elapsed() < std::time::Duration::from_secs(15), "no exit after SIGTERM");
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    };
-    assert!(code.success(), "{code:?}");
+    assert!(stop_engine(&mut run).success());
 }
 
 /// Regression: the default data directory is relative (`frostline-data`) and the default
@@ -701,24 +702,8 @@ fn a_running_engine_compacts_its_hot_store_once_archival_freed_most_of_it() {
     assert!(ingest.status.success(), "{}", text_of(&ingest));
     let database = Path::new(&d.data).join("hot.redb");
     let peak = std::fs::metadata(&database).unwrap().len();
-    let mut run = Command::new(frostline_bin())
-        .args([
-            "run",
-            "--data",
-            &d.data,
-            "--policies",
-            &d.policies,
-            "--interval-seconds",
-            "1",
-            "--listen",
-            "127.0.0.1:0",
-        ])
-        .env("FROSTLINE_STORE_COMPACT_FREE_MIB", "1")
-        .env("FROSTLINE_STORE_COMPACT_CHECK_SECONDS", "1")
-        .stderr(Stdio::null())
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut run =
+        run_engine(&d, &[("FROSTLINE_STORE_COMPACT_FREE_MIB", "1"), ("FROSTLINE_STORE_COMPACT_CHECK_SECONDS", "1")]);
     wait_for_status_file(&d);
     let status = wait_for_status(&d, "a compaction in place", |s| s["store_disk"]["compactions"].as_u64() >= Some(1));
     let compaction = &status["store_disk"]["last_compaction"];
@@ -731,9 +716,7 @@ fn a_running_engine_compacts_its_hot_store_once_archival_freed_most_of_it() {
     let query = frostline(&d, &["query", "--table", "events", "--limit", "100000"], None);
     assert!(query.status.success(), "{}", text_of(&query));
     assert_eq!(text(&query.stdout).lines().count(), 6_000, "every record reads back");
-    // SAFETY: signalling our own child process.
-    unsafe { libc::kill(run.id() as i32, libc::SIGTERM) };
-    assert!(run.wait().unwrap().success());
+    assert!(stop_engine(&mut run).success());
 }
 
 /// The peak resident set of `child` until it exits (`VmHWM`, read from /proc every few

@@ -74,6 +74,8 @@ pub struct BaseRows {
     leave_out: Box<dyn Fn(&Record) -> bool + Send>,
     read: u64,
     erased: ArchivedErased,
+    /// Spent fetching and verifying segments.
+    seconds: f64,
 }
 
 impl BaseRows {
@@ -94,12 +96,14 @@ impl BaseRows {
             leave_out,
             read: 0,
             erased: ArchivedErased::default(),
+            seconds: 0.0,
         }
     }
 
     /// The next row, reading the next segment when the one in memory is used up.
     fn peek(&mut self) -> Result<Option<&Record>> {
         while self.current.is_empty() && self.next_segment < self.manifest.segments.len() {
+            let started = Instant::now();
             let segment = &self.manifest.segments[self.next_segment];
             self.next_segment += 1;
             let bytes = crate::storage::block_on(self.backend.get(&segment.key))?.ok_or_else(|| {
@@ -114,6 +118,7 @@ impl BaseRows {
                     self.current.push_back(row);
                 }
             }
+            self.seconds += started.elapsed().as_secs_f64();
         }
         Ok(self.current.front())
     }
@@ -192,8 +197,8 @@ impl HotRows<'_> {
 }
 
 /// The identity of a row, its place in the bucket's clustering order.
-fn identity(r: &Record) -> (Micros, Vec<u8>) {
-    (r.event_time, r.sort_key.clone())
+fn identity(r: &Record) -> (Micros, &[u8]) {
+    (r.event_time, r.sort_key.as_slice())
 }
 
 fn read_and_encode(
@@ -208,7 +213,7 @@ fn read_and_encode(
     let (mut all, mut hot) = (RowSummer::default(), RowSummer::default());
     let mut hot_rows =
         HotRows { ctx, id, owner, generation, page: VecDeque::new(), more: true, last_key: None, seconds: 0.0 };
-    let (mut base_seconds, mut encode_seconds) = (0.0, 0.0);
+    let mut encode_seconds = 0.0;
     loop {
         // One chunk of the merged rows, bounded like a page. A hot row never has the identity
         // of an archived one (an append compares late records with the archive under the
@@ -217,26 +222,26 @@ fn read_and_encode(
         let mut chunk: Vec<Record> = Vec::new();
         let mut chunk_bytes = 0usize;
         while chunk.len() < SNAPSHOT_PAGE_ROWS && chunk_bytes < SNAPSHOT_PAGE_BYTES {
-            let next_hot = hot_rows.peek()?.map(identity);
-            let started = Instant::now();
             let next_base = match base.as_mut() {
-                Some(base) => base.peek()?.map(identity),
+                Some(base) => base.peek()?,
                 None => None,
             };
-            base_seconds += started.elapsed().as_secs_f64();
-            let from_base = match (&next_hot, &next_base) {
+            let from_base = match (hot_rows.peek()?, next_base) {
                 (None, None) => break,
-                (Some(h), Some(b)) if h == b => {
-                    return Err(Error::Conflict(format!(
-                        "bucket {id} holds a hot row (event_time {}, sort_key `{}`) with the identity of an archived \
-                         one; the next generation is not made",
-                        h.0,
-                        String::from_utf8_lossy(&h.1)
-                    )));
-                }
-                (Some(h), Some(b)) => b < h,
                 (Some(_), None) => false,
                 (None, Some(_)) => true,
+                (Some(h), Some(b)) => match identity(b).cmp(&identity(h)) {
+                    std::cmp::Ordering::Less => true,
+                    std::cmp::Ordering::Greater => false,
+                    std::cmp::Ordering::Equal => {
+                        return Err(Error::Conflict(format!(
+                            "bucket {id} holds a hot row (event_time {}, sort_key `{}`) with the identity of an \
+                             archived one; the next generation is not made",
+                            h.event_time,
+                            String::from_utf8_lossy(&h.sort_key)
+                        )));
+                    }
+                },
             };
             let row = if from_base {
                 base.as_mut().and_then(BaseRows::pop)
@@ -281,9 +286,9 @@ fn read_and_encode(
             })?;
         }
         if let Some(summaries) = summaries {
-            let erased = match &base {
-                Some(base) => base.finish()?,
-                None => ArchivedErased::default(),
+            let (erased, base_seconds) = match &base {
+                Some(base) => (base.finish()?, base.seconds),
+                None => (ArchivedErased::default(), 0.0),
             };
             let snapshot_seconds = hot_rows.seconds + base_seconds;
             return Ok(ReadSide { summaries, erased, snapshot_seconds, encode_seconds });

@@ -193,7 +193,17 @@ impl Store {
             self.start_recovery();
             return outcome;
         }
-        let (new_sender, writer) = start_writer(db, self.inner.poisoned.clone())?;
+        let (new_sender, writer) = match start_writer(db, self.inner.poisoned.clone()) {
+            Ok(started) => started,
+            Err(e) => {
+                // Without a writer every write would fail for good: refuse them with the cause
+                // and let the recovery thread reopen the store.
+                self.inner.poisoned.set(format!("no writer after compacting {}: {e}", self.path().display()));
+                drop(sender);
+                self.start_recovery();
+                return Err(e);
+            }
+        };
         *self.inner.writer.lock().expect("writer") = Some(writer);
         *sender = Some(new_sender);
         if let Ok(InPlace::Compacted(c)) = &outcome {
