@@ -1,11 +1,11 @@
 """Reads a frostline table's archive as a Delta Lake table, without frostline.
 
-usage: read_delta.py deltalake|polars|files|vacuum TABLE_URI [VERSION]
+usage: read_delta.py deltalake|polars|files|uris|vacuum TABLE_URI [VERSION]
 
 `deltalake` and `polars` print one JSON object per record, in (event_time, sort_key,
 partition_key) order: the record as `frostline query` prints it, plus the Delta table's
 partition columns `installation`, `bucket` and `partition` under "_delta". `files` prints the
-number of data files the version lists. `vacuum` runs delta-rs's lite VACUUM with no retention
+number of data files the version lists, `uris` their URIs as a JSON list. `vacuum` runs delta-rs's lite VACUUM with no retention
 period (every file the log removed is deleted at once) and prints the deleted paths as a JSON
 list. Object storage options come from the environment
 (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ...), as delta-rs and polars read them.
@@ -24,6 +24,12 @@ if reader == "files":
     from deltalake import DeltaTable
 
     print(len(DeltaTable(uri, version=version, storage_options=options or None).file_uris()))
+    sys.stdout.flush()
+    os._exit(0)
+if reader == "uris":
+    from deltalake import DeltaTable
+
+    print(json.dumps(DeltaTable(uri, version=version, storage_options=options or None).file_uris()))
     sys.stdout.flush()
     os._exit(0)
 if reader == "vacuum":
