@@ -131,6 +131,9 @@ const RESTORE_ONE_IN: u32 = 40;
 const REBUILD_ONE_IN: u32 = 80;
 const PEER_ONE_IN: u32 = 3;
 const PEER_FULL_EVERY: usize = 10;
+/// How long the peer's final run must stay settled: several passes (one a second), so its
+/// first pass has taken up the requests on the target.
+const PEER_SETTLED_FOR: Duration = Duration::from_secs(10);
 /// The appender places an erasure request instead of one batch in this many.
 const ERASE_ONE_IN: u32 = 80;
 /// The appender starts a backfill (a few batches under the table's backfill lease, then its
@@ -223,6 +226,13 @@ struct Model {
     ack_log: Vec<Identity>,
     /// Acknowledged records a restore or a rebuild may have lost (moved to `unknown`).
     lost_to_restores: usize,
+    /// (The live peer's model.) Identities another installation's erasure requests name,
+    /// shared through the target: a record of the peer under one of them acknowledged after
+    /// the request was sent may or may not be erased, as the peer takes the request up before
+    /// or after it commits the record.
+    named_by_shared: BTreeSet<Identity>,
+    /// (The live peer's model.) Records erased by a request taken up from the target.
+    shared_erasures: usize,
 }
 
 impl Model {
@@ -287,7 +297,26 @@ fn spawn_engine(data: &Path, policies: &Path, failpoints: Option<&str>, cutoff: 
         Some(cutoff) => command.env("ARCHIVER_ELIGIBLE_BEFORE", cutoff),
         None => command.env_remove("ARCHIVER_ELIGIBLE_BEFORE"),
     };
+    // In the fleet mode every installation shares its erasure requests through the target,
+    // under the fleet's key kept beside the data directories.
+    match fleet_key(data) {
+        key if key.exists() => command.env("ARCHIVER_SHARE_ERASURES", key),
+        _ => command.env_remove("ARCHIVER_SHARE_ERASURES"),
+    };
     command.spawn().expect("starting frostline run")
+}
+
+/// A stopped installation's engine, opened in the harness to check it, with the settings its
+/// runs have where they matter to opening it (the fleet's erasure key).
+fn open_engine(data: &Path, policies: &Path) -> frostline::Result<Arc<Engine>> {
+    let key = fleet_key(data);
+    let settings = frostline::settings::Settings { share_erasures: key.exists().then_some(key), ..Default::default() };
+    Engine::open(data, policies, settings, Arc::new(frostline::clock::SystemClock))
+}
+
+/// The fleet's erasure key, beside the data directories (present in the fleet mode only).
+fn fleet_key(data: &Path) -> PathBuf {
+    data.with_file_name("fleet.key")
 }
 
 /// Where a run's log goes: beside the data directory (each crashed life overwrites the last),
@@ -328,8 +357,8 @@ fn wait_for_addr(data: &Path, child: &mut Child) -> Option<String> {
 }
 
 /// Appends batches until told to stop, recording what was acknowledged.
-/// The live peer's appender places no erasure requests: its final run need not carry any out.
-fn appender(addr: String, model: Arc<Mutex<Model>>, stop: Arc<AtomicBool>, seed: u64, erasures: bool) {
+fn appender(addr: String, feed: Feed) {
+    let Feed { model, stop, seed, erasures } = feed;
     let mut rng = StdRng::seed_from_u64(seed);
     let agent: ureq::Agent = ureq::Agent::config_builder()
         .timeout_global(Some(Duration::from_secs(10)))
@@ -342,7 +371,10 @@ fn appender(addr: String, model: Arc<Mutex<Model>>, stop: Arc<AtomicBool>, seed:
     while !stop.load(Ordering::SeqCst) {
         // A steady flow, not a flood: the point is appends racing passes, not load.
         std::thread::sleep(Duration::from_millis(rng.random_range(5..40)));
-        if erasures && rng.random_range(0..ERASE_ONE_IN) == 0 && !erase(&agent, &addr, &model, &mut rng) {
+        if let Erasures::Place { peer } = &erasures
+            && rng.random_range(0..ERASE_ONE_IN) == 0
+            && !erase(&agent, &addr, &model, peer.as_deref(), &mut rng)
+        {
             return;
         }
         if backfill_left == 0 && rng.random_range(0..BACKFILL_ONE_IN) == 0 {
@@ -394,7 +426,11 @@ fn appender(addr: String, model: Arc<Mutex<Model>>, stop: Arc<AtomicBool>, seed:
                 m.backfill_batches += usize::from(backfill_left > 0);
                 m.fresh.extend(batch.iter().map(|(id, _)| id.clone()));
                 for (id, body) in batch {
-                    m.acknowledge(id, body);
+                    if m.named_by_shared.contains(&id) {
+                        m.maybe_erased.insert(id, body);
+                    } else {
+                        m.acknowledge(id, body);
+                    }
                 }
                 if backfill_left == 1 {
                     drop(m);
@@ -427,7 +463,12 @@ fn appender(addr: String, model: Arc<Mutex<Model>>, stop: Arc<AtomicBool>, seed:
 /// random one's bucket, through the admin API as an operator would), so the bucket's next
 /// generation leaves them out and the generations that held them are deleted, racing the kills.
 /// False when the request had no answer (the process died).
-fn erase(agent: &ureq::Agent, addr: &str, model: &Mutex<Model>, rng: &mut StdRng) -> bool {
+///
+/// With a live peer sharing erasures through the target (`peer`), the peer erases its own
+/// records under the same identities when it takes the request up: those it had acknowledged
+/// before the request was sent must be gone once its final run has settled; those it
+/// acknowledges later may be gone or not.
+fn erase(agent: &ureq::Agent, addr: &str, model: &Mutex<Model>, peer: Option<&Mutex<Model>>, rng: &mut StdRng) -> bool {
     let named: Vec<Identity> = {
         let m = model.lock().unwrap();
         let kept: Vec<&Identity> = m.acknowledged.keys().filter(|(p, _, _)| !expires(p)).collect();
@@ -436,6 +477,11 @@ fn erase(agent: &ureq::Agent, addr: &str, model: &Mutex<Model>, rng: &mut StdRng
         let range = (partition.clone(), day, String::new())..(partition.clone(), day + DAY_US, String::new());
         m.acknowledged.range(range).map(|(id, _)| id.clone()).step_by(2).take(10).collect()
     };
+    let peer_held: Vec<Identity> = peer.map_or_else(Vec::new, |peer| {
+        let mut p = peer.lock().unwrap();
+        p.named_by_shared.extend(named.iter().cloned());
+        named.iter().filter(|id| p.acknowledged.contains_key(*id)).cloned().collect()
+    });
     let records: Vec<serde_json::Value> =
         named.iter().map(|(p, t, s)| serde_json::json!({"partition_key": p, "event_time": t, "sort_key": s})).collect();
     let body =
@@ -444,6 +490,23 @@ fn erase(agent: &ureq::Agent, addr: &str, model: &Mutex<Model>, rng: &mut StdRng
         .post(&format!("http://{addr}/v1/erasures"))
         .header("Content-Type", "application/json")
         .send(body.to_string());
+    // Placed, or perhaps placed (no answer): the peer's records it named go with it.
+    let placed = match &sent {
+        Ok(response) => (response.status().as_u16() == 201).then_some(true),
+        Err(_) => Some(false),
+    };
+    if let (Some(peer), Some(placed)) = (peer, placed) {
+        let mut p = peer.lock().unwrap();
+        for id in &peer_held {
+            let Some(body) = p.acknowledged.remove(id) else { continue };
+            if placed {
+                p.erasing.insert(id.clone(), body);
+                p.shared_erasures += 1;
+            } else {
+                p.maybe_erased.insert(id.clone(), body);
+            }
+        }
+    }
     let mut m = model.lock().unwrap();
     let moved = |m: &mut Model, erased: bool| {
         for id in &named {
@@ -595,21 +658,16 @@ impl Checker {
     /// A full check looks at everything; an incremental one at what changed since the last
     /// check (of either kind), which it must have seen at least as well as a full check would.
     fn check(&mut self, model: &mut Model, crash: usize, full: bool) {
+        let who = self.data.file_name().unwrap().to_string_lossy().into_owned();
         self.check_objects(crash, full);
-        let engine = Engine::open(
-            &self.data,
-            &self.policies,
-            frostline::settings::Settings::default(),
-            Arc::new(frostline::clock::SystemClock),
-        )
-        .unwrap_or_else(|e| panic!("crash {crash}: reopening the data directory: {e}"));
+        let engine = self.open(crash);
         self.installation = engine.installation_id().to_string();
         let metas = engine.store().buckets("c", None).unwrap();
         // Only buckets of `debug` records ever expire; their records may then be gone.
         let mut expired: HashMap<String, Vec<(Micros, Micros)>> = HashMap::new();
         for meta in metas.iter().filter(|m| m.state == BucketState::Expired) {
             let partition = String::from_utf8(meta.id.partition_key.clone()).unwrap();
-            assert!(expires(&partition), "crash {crash}: bucket {} expired: no policy expires it", meta.id);
+            assert!(expires(&partition), "crash {crash} ({who}): bucket {} expired: no policy expires it", meta.id);
             expired.entry(partition).or_default().push((meta.descriptor.start, meta.descriptor.end));
         }
         let expired_record = |(partition, t, _): &Identity| {
@@ -634,10 +692,10 @@ impl Checker {
                         // read twice from one bucket: reading the changed buckets is enough.
                         assert!(
                             r.partition_key == meta.id.partition_key && meta.descriptor.contains(r.event_time),
-                            "crash {crash}: bucket {bucket} holds a row outside its range: {r:?}"
+                            "crash {crash} ({who}): bucket {bucket} holds a row outside its range: {r:?}"
                         );
                         let id = identity(&r);
-                        assert!(found.insert(id.clone(), r.body).is_none(), "crash {crash}: {id:?} read twice");
+                        assert!(found.insert(id.clone(), r.body).is_none(), "crash {crash} ({who}): {id:?} read twice");
                     }
                     ranges.push((seen.partition.clone(), seen.start, seen.end));
                 }
@@ -654,7 +712,11 @@ impl Checker {
                 if !found.contains_key(id) && expired_record(id) {
                     continue;
                 }
-                assert_eq!(found.get(id), Some(body), "crash {crash}: acknowledged record {id:?} missing or changed");
+                assert_eq!(
+                    found.get(id),
+                    Some(body),
+                    "crash {crash} ({who}): acknowledged record {id:?} missing or changed"
+                );
             }
         } else {
             // A bucket that vanished takes its records with it: they must be found elsewhere.
@@ -675,7 +737,7 @@ impl Checker {
                 // Named by an erasure since it was appended: it may be gone.
                 let Some(body) = model.acknowledged.get(id) else { continue };
                 if let Some(read) = found.get(id) {
-                    assert_eq!(read, body, "crash {crash}: acknowledged record {id:?} changed");
+                    assert_eq!(read, body, "crash {crash} ({who}): acknowledged record {id:?} changed");
                     continue;
                 }
                 if expired_record(id) {
@@ -685,7 +747,11 @@ impl Checker {
                 self.looked_up += 1;
                 let (partition, t, _) = id;
                 let there = query_records(&engine, Some(partition), Some(*t), Some(t + 1), crash);
-                assert_eq!(there.get(id), Some(body), "crash {crash}: acknowledged record {id:?} missing or changed");
+                assert_eq!(
+                    there.get(id),
+                    Some(body),
+                    "crash {crash} ({who}): acknowledged record {id:?} missing or changed"
+                );
             }
         }
         model.fresh.clear();
@@ -695,7 +761,10 @@ impl Checker {
             if model.acknowledged.contains_key(id) {
                 continue;
             }
-            assert!(model.may_read(id, body), "crash {crash}: {id:?} was never appended (or erased, or changed)");
+            assert!(
+                model.may_read(id, body),
+                "crash {crash} ({who}): {id:?} was never appended (or erased, or changed)"
+            );
         }
         // An unknown append that did commit is now known: it must stay readable from here on.
         let committed: Vec<Identity> =
@@ -932,8 +1001,8 @@ impl Checker {
     }
 
     fn open(&self, crash: usize) -> Arc<Engine> {
-        Engine::open(&self.data, &self.policies, Default::default(), Arc::new(frostline::clock::SystemClock))
-            .unwrap_or_else(|e| panic!("crash {crash}: reopening the data directory: {e}"))
+        open_engine(&self.data, &self.policies)
+            .unwrap_or_else(|e| panic!("crash {crash} ({}): reopening the data directory: {e}", self.data.display()))
     }
 }
 
@@ -957,6 +1026,10 @@ fn adopt_cli(data: &Path, policies: &Path, lost: &[String], crash: usize) -> ser
     for id in lost {
         command.args(["--from-installation", id]);
     }
+    match fleet_key(data) {
+        key if key.exists() => command.env("ARCHIVER_SHARE_ERASURES", key),
+        _ => command.env_remove("ARCHIVER_SHARE_ERASURES"),
+    };
     let out = command
         .env_remove("FROSTLINE_FAILPOINTS")
         .env_remove("ARCHIVER_ELIGIBLE_BEFORE")
@@ -1064,7 +1137,15 @@ struct Feed {
     model: Arc<Mutex<Model>>,
     stop: Arc<AtomicBool>,
     seed: u64,
-    erasures: bool,
+    erasures: Erasures,
+}
+
+/// Whether an appender places erasure requests. The live peer's places none (its final run
+/// need not carry any of its own out); the main one's, shared through the target in the fleet
+/// mode, reach the peer's records too, which its model (`peer`) is told of.
+enum Erasures {
+    Place { peer: Option<Arc<Mutex<Model>>> },
+    None,
 }
 
 /// One life's engine and the appender feeding it.
@@ -1076,8 +1157,7 @@ struct Running {
 impl Running {
     fn start(data: &Path, policies: &Path, failpoints: Option<&str>, cutoff: Option<&str>, feed: Feed) -> Running {
         let mut child = spawn_engine(data, policies, failpoints, cutoff, Life::Crashing);
-        let appending = wait_for_addr(data, &mut child)
-            .map(|addr| std::thread::spawn(move || appender(addr, feed.model, feed.stop, feed.seed, feed.erasures)));
+        let appending = wait_for_addr(data, &mut child).map(|addr| std::thread::spawn(move || appender(addr, feed)));
         Running { child, appending }
     }
 
@@ -1130,6 +1210,12 @@ fn crash_harness_loses_nothing_across_repeated_kills() {
     let mut lifecycle_reloads = 0usize;
     let mut cutoff: Option<String> = None;
     let (mut published_at_progress, mut last_progress) = (0usize, 0usize);
+    if fleet {
+        use std::os::unix::fs::PermissionsExt;
+        let key = fleet_key(&data);
+        std::fs::write(&key, hex::encode(rng.random::<[u8; 32]>())).unwrap();
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
     let mut peer = fleet.then(|| Peer {
         data: root.path().join("peer"),
         model: Arc::new(Mutex::new(Model::default())),
@@ -1162,7 +1248,12 @@ fn crash_harness_loses_nothing_across_repeated_kills() {
             &policies,
             failpoints.as_deref(),
             cutoff.as_deref(),
-            Feed { model: model.clone(), stop: stop.clone(), seed: rng.random(), erasures: true },
+            Feed {
+                model: model.clone(),
+                stop: stop.clone(),
+                seed: rng.random(),
+                erasures: Erasures::Place { peer: peer.as_ref().map(|peer| peer.model.clone()) },
+            },
         );
         // In the fleet mode the live peer runs beside one life in three, archiving, expiring
         // and sweeping (with no grace period) in the same folders, killed with the main engine
@@ -1181,7 +1272,7 @@ fn crash_harness_loses_nothing_across_repeated_kills() {
                     &policies,
                     failpoints.as_deref(),
                     cutoff.as_deref(),
-                    Feed { model: peer.model.clone(), stop: stop.clone(), seed, erasures: false },
+                    Feed { model: peer.model.clone(), stop: stop.clone(), seed, erasures: Erasures::None },
                 ))
             }
             _ => None,
@@ -1284,13 +1375,13 @@ fn crash_harness_loses_nothing_across_repeated_kills() {
     // Finally, with no faults: everything due is archived, and every record still reads back.
     write_policy(&policies, &target, POLICY);
     let child = spawn_engine(&data, &policies, None, None, Life::Final);
-    let peer_child = peer
-        .as_ref()
-        .filter(|peer| peer.data.exists())
-        .map(|peer| (spawn_engine(&peer.data, &policies, None, None, Life::Final), peer.data.clone()));
-    settle(&data, &policies, child, true);
-    if let Some((child, peer_data)) = peer_child {
-        settle(&peer_data, &policies, child, false);
+    settle(&data, &policies, child, Duration::ZERO);
+    // The peer's final run starts once the main one has written every request to the target,
+    // and is settled only after its backlog and its erasures (those it took up from the
+    // target on its first pass too) have stayed done for several passes.
+    if let Some(peer) = peer.as_ref().filter(|peer| peer.data.exists()) {
+        let child = spawn_engine(&peer.data, &policies, None, None, Life::Final);
+        settle(&peer.data, &policies, child, PEER_SETTLED_FOR);
     }
     check_life_log(&data, Life::Final, crashes);
     let mut installations = vec![data.as_path()];
@@ -1303,26 +1394,22 @@ fn crash_harness_loses_nothing_across_repeated_kills() {
     check_delta_log(&installations, &policies, &target);
     let mut m = model.lock().unwrap();
     checker.check(&mut m, crashes, true);
-    let peer_records = match &mut peer {
+    check_erased(&data, &policies, &m);
+    let (peer_records, peer_erased) = match &mut peer {
         Some(peer) if peer.data.exists() => {
             let mut pm = peer.model.lock().unwrap();
             peer.checker.check(&mut pm, crashes, true);
-            pm.acknowledged.len()
+            check_erased(&peer.data, &policies, &pm);
+            (pm.acknowledged.len(), pm.shared_erasures)
         }
-        _ => 0,
+        _ => (0, 0),
     };
-    // Every request the engine accepted was carried out: none of the records it named reads back.
-    let engine = Engine::open(&data, &policies, Default::default(), Arc::new(frostline::clock::SystemClock)).unwrap();
-    let found = query_records(&engine, None, None, None, crashes);
-    let back: Vec<&Identity> = m.erasing.keys().filter(|id| found.contains_key(*id)).collect();
-    assert!(back.is_empty(), "{} erased records read back, for instance {:?}", back.len(), back.first());
-    drop(engine);
     eprintln!(
         "crash harness: {crashes} crashes; {} acknowledged records ({} batches of late records, {} in {} backfills \
          ended), {} erased by {} requests; {} buckets published ({} since expired), {} objects; {} full checks, {} records looked up by \
          query; {lifecycle_reloads} policy changes while running; fleet: {counts:?}, {} acknowledged records given up \
          to restores and rebuilds ({} records that may be lost never read back), {peer_records} records of the peer \
-         checked; {:.0}s; by cause: {by_fail_point:?}",
+         checked, {peer_erased} erased by requests it took up from the target; {:.0}s; by cause: {by_fail_point:?}",
         m.acknowledged.len(),
         m.late_batches,
         m.backfill_batches,
@@ -1341,14 +1428,30 @@ fn crash_harness_loses_nothing_across_repeated_kills() {
     assert!(checker.publications > 10, "the harness must actually archive");
 }
 
-/// Runs a final, undisturbed engine until its backlog is archived (and, for the main
-/// installation, every erasure request carried out), then stops it with SIGTERM.
-fn settle(data: &Path, policies: &Path, mut child: Child, erasures: bool) {
+/// Every request an installation accepted (or took up from the target) before the records it
+/// names were acknowledged was carried out: none of them reads back.
+fn check_erased(data: &Path, policies: &Path, model: &Model) {
+    let engine = open_engine(data, policies).unwrap();
+    let found = query_records(&engine, None, None, None, usize::MAX);
+    let back: Vec<&Identity> = model.erasing.keys().filter(|id| found.contains_key(*id)).collect();
+    assert!(
+        back.is_empty(),
+        "{}: {} erased records read back, for instance {:?}",
+        data.display(),
+        back.len(),
+        back.first()
+    );
+}
+
+/// Runs a final, undisturbed engine until its backlog is archived and every erasure request
+/// it holds carried out, and has stayed so for `settled_for`, then stops it with SIGTERM.
+fn settle(data: &Path, policies: &Path, mut child: Child, settled_for: Duration) {
     let addr = wait_for_addr(data, &mut child).expect("final start");
     // A long run leaves a backlog of thousands of buckets (at most `scan_limit` are archived
     // per pass), so the run must keep making progress rather than finish by a fixed time.
     let mut deadline = Instant::now() + SETTLE_STALL;
     let mut least_pending = u64::MAX;
+    let mut settled_since: Option<Instant> = None;
     loop {
         std::thread::sleep(Duration::from_millis(500));
         let status = std::fs::read_to_string(data.join("status.json")).unwrap_or_default();
@@ -1358,8 +1461,13 @@ fn settle(data: &Path, policies: &Path, mut child: Child, erasures: bool) {
             .iter()
             .map(|s| states[s]["buckets"].as_u64().unwrap_or(0))
             .sum::<u64>();
-        if status.is_object() && pending == 0 && (!erasures || open_erasures(&addr) == 0) {
-            break;
+        if status.is_object() && pending == 0 && open_erasures(&addr) == 0 {
+            let since = *settled_since.get_or_insert_with(Instant::now);
+            if since.elapsed() >= settled_for {
+                break;
+            }
+        } else {
+            settled_since = None;
         }
         if status.is_object() && pending < least_pending {
             least_pending = pending;
@@ -1368,8 +1476,7 @@ fn settle(data: &Path, policies: &Path, mut child: Child, erasures: bool) {
         if Instant::now() >= deadline {
             let _ = child.kill();
             let _ = child.wait();
-            let engine =
-                Engine::open(data, policies, Default::default(), Arc::new(frostline::clock::SystemClock)).unwrap();
+            let engine = open_engine(data, policies).unwrap();
             let stuck: Vec<_> = engine
                 .store()
                 .buckets("c", None)
@@ -1416,7 +1523,7 @@ fn open_erasures(addr: &str) -> usize {
 fn check_delta_log(installations: &[&Path], policies: &Path, target: &Path) {
     let mut segments = BTreeSet::new();
     for data in installations {
-        let engine = Engine::open(data, policies, Default::default(), Arc::new(frostline::clock::SystemClock)).unwrap();
+        let engine = open_engine(data, policies).unwrap();
         let table = engine.policies().tables["c"].clone();
         let report = runtime().block_on(frostline::archive::delta::sync(&engine.context(), &table)).unwrap();
         assert_eq!(

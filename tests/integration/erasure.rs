@@ -486,3 +486,121 @@ fn a_host_that_joins_after_a_shared_erasure_keeps_the_records_appended_since() {
     Fleet::settle(&stopped, "2024-03-10T00:00:00Z");
     assert_eq!(Fleet::tenants(&stopped), ["globex"], "a host that existed at the request erases what it held");
 }
+
+/// Regression (the crash harness's fleet mode, seed 17498238750178325163): a copy restored
+/// from a backup taken while late rows waited beside a bucket's archive, after the copy that
+/// went on erased one of those rows and a record of the archive (publishing the next generation
+/// and deleting the one the backup records), refused that generation ("holds hot rows the
+/// archive lacks") and then recorded the bucket as expired, since its own archive was gone:
+/// every record of the bucket read as expired though no retention had expired it. Adoption
+/// now takes the later generation (its lineage names the recorded archive) and keeps the hot
+/// rows it lacks beside it, for the bucket's next generation: nothing the restored copy held is
+/// lost, and only what the other copy's erasure took from the archive is gone (an erasure
+/// placed after a backup is placed again after restoring it, docs/FLEET.md).
+#[test]
+fn a_restored_copy_adopts_the_generation_that_erased_a_row_it_holds_and_keeps_the_row() {
+    let backups = tempfile::tempdir().unwrap();
+    let backup = backups.path().join("backup");
+    let mut e = TestEngine::new(&expiring_policy("3650d"), "2024-03-01T12:00:00Z");
+    let archived = vec![record("2024-03-01T01:00:00Z", "a", "acme"), record("2024-03-01T02:00:00Z", "b", "acme")];
+    e.engine.append("r", archived.clone()).unwrap();
+    e.pass();
+    e.clock.set(t("2024-03-04T00:00:00Z"));
+    assert_eq!(e.pass().archived, 1);
+    let late = vec![record("2024-03-01T03:00:00Z", "late-1", "acme"), record("2024-03-01T04:00:00Z", "late-2", "acme")];
+    e.engine.append("r", late.clone()).unwrap();
+    e = e.backup(&backup).unwrap();
+    let recorded = e.engine.store().buckets("r", None).unwrap()[0].manifest_key.clone().unwrap();
+
+    // The copy that went on erases `a` (archived) and `late-1` (waiting beside the archive):
+    // its next generation holds `b` and `late-2`, and the generation the backup records is gone.
+    let identities = [("2024-03-01T01:00:00Z", "a"), ("2024-03-01T03:00:00Z", "late-1")]
+        .map(|(time, sort_key)| RecordIdentity {
+            partition_key: PARTITION.into(),
+            event_time: t(time),
+            sort_key: sort_key.into(),
+        })
+        .to_vec();
+    let selector = ErasureSelector { identities, ..Default::default() };
+    let placed = e.engine.store().place_erasure(request(selector), e.clock.now()).unwrap();
+    passes_until_finished(&e, &placed.id);
+    assert_eq!(e.query_all("r"), vec![archived[1].clone(), late[1].clone()]);
+    assert!(!files_holding(&target_dir(&e), "acme-a").iter().any(|f| f.to_string_lossy().contains(".parquet")));
+
+    // Restored, the copy records the gone generation and holds both late rows hot.
+    e = e.restore(&backup).unwrap();
+    let report = runtime().block_on(frostline::archive::adopt::adopt(&e.engine.context(), false, &[])).unwrap();
+    assert_eq!((report.adopted, report.hot_rows_released), (1, 1), "{report:?}");
+    assert!(report.conflicts.is_empty() && report.gone.is_empty() && report.failures.is_empty(), "{report:?}");
+    let meta = &e.engine.store().buckets("r", None).unwrap()[0];
+    assert_eq!(meta.state, BucketState::ArchivedPending, "`late-1` waits beside the adopted generation");
+    assert_ne!(meta.manifest_key.as_deref(), Some(recorded.as_str()));
+    assert_eq!(meta.row_count, 3);
+    let expected = vec![archived[1].clone(), late[0].clone(), late[1].clone()];
+    assert_eq!(e.query_all("r"), expected);
+    // The next generation holds them all, and the late row is cleaned up.
+    e.clock.advance(LATE_GRACE_US);
+    assert_eq!(e.pass().archived, 1);
+    let meta = &e.engine.store().buckets("r", None).unwrap()[0];
+    assert_eq!(meta.state, BucketState::Archived { hot_deleted: true });
+    assert_eq!(e.query_all("r"), expected);
+}
+
+/// What adoption cannot resolve it leaves as it is, and never calls expired: here the restored
+/// copy holds a late row under an identity whose record the copy that went on erased and then
+/// took again with another body, so the later generation holds that identity with other
+/// content (a conflict), and the generation the restored copy records is gone. The bucket is
+/// named twice among the conflicts (the later generation, and the gone one it replaced), not
+/// recorded as expired: no retention expired it.
+#[test]
+fn a_restored_copy_never_records_as_expired_an_archive_that_a_later_generation_replaced() {
+    let backups = tempfile::tempdir().unwrap();
+    let backup = backups.path().join("backup");
+    // Objects are stamped with real time, the engine's clock is in 2024: any age will do.
+    let settings = frostline::settings::Settings { orphan_grace_us: i64::MIN, ..Default::default() };
+    let mut e = TestEngine::open_with_settings(
+        &expiring_policy("3650d"),
+        "2024-03-01T12:00:00Z",
+        &[],
+        Default::default(),
+        settings,
+    )
+    .unwrap();
+    e.engine.append("r", vec![record("2024-03-01T01:00:00Z", "a", "acme")]).unwrap();
+    e.pass();
+    e.clock.set(t("2024-03-04T00:00:00Z"));
+    assert_eq!(e.pass().archived, 1);
+    let late = record("2024-03-01T03:00:00Z", "late", "acme");
+    e.engine.append("r", vec![late.clone()]).unwrap();
+    e = e.backup(&backup).unwrap();
+
+    // The copy that went on erases `a` and `late`, then takes `late` again with another body.
+    let identities = [("2024-03-01T01:00:00Z", "a"), ("2024-03-01T03:00:00Z", "late")]
+        .map(|(time, sort_key)| RecordIdentity {
+            partition_key: PARTITION.into(),
+            event_time: t(time),
+            sort_key: sort_key.into(),
+        })
+        .to_vec();
+    let selector = ErasureSelector { identities, ..Default::default() };
+    let placed = e.engine.store().place_erasure(request(selector), e.clock.now()).unwrap();
+    passes_until_finished(&e, &placed.id);
+    let again = record("2024-03-01T03:00:00Z", "late", "globex");
+    e.engine.append("r", vec![again.clone()]).unwrap();
+    e.clock.advance(LATE_GRACE_US);
+    assert_eq!(e.pass().archived, 1);
+    assert_eq!(e.query_all("r"), vec![again]);
+    // Its sweep deletes the generations it replaced, once past the grace period.
+    let swept = runtime().block_on(frostline::archive::sweep::sweep(&e.engine.context(), false)).unwrap();
+    assert!(swept.deleted > 0, "{swept:?}");
+
+    e = e.restore(&backup).unwrap();
+    let report = runtime().block_on(frostline::archive::adopt::adopt(&e.engine.context(), false, &[])).unwrap();
+    assert_eq!(report.adopted, 0, "{report:?}");
+    assert!(report.gone.is_empty(), "{report:?}");
+    assert_eq!(report.conflicts.len(), 2, "{report:?}");
+    assert!(report.conflicts.iter().any(|c| c.contains("with other content")), "{report:?}");
+    assert!(report.conflicts.iter().any(|c| c.contains("replaced by")), "{report:?}");
+    let meta = &e.engine.store().buckets("r", None).unwrap()[0];
+    assert_eq!(meta.state, BucketState::ArchivedPending, "left as it is, not expired");
+}

@@ -302,6 +302,17 @@ async fn record_gone_archives(
         if keys.contains(&key) {
             continue;
         }
+        // Replaced, not expired: a later generation in the folder names it in its lineage (one
+        // this copy could not adopt, named among the conflicts). Recording the bucket as expired
+        // would hide records no retention expired.
+        if let Some(successor) = successor_on_target(backend.as_ref(), keys, &key).await {
+            report.conflicts.push(format!(
+                "bucket {}: its archive `{key}` is gone from {target}, replaced by `{successor}`, which could not be \
+                 adopted; left as it is",
+                meta.id
+            ));
+            continue;
+        }
         // Rows beside the gone archive, waiting for its next generation (or being archived
         // into it, which cannot finish without it), go with it (`Store::record_archive_gone`).
         let pending = meta.state == BucketState::ArchivedPending
@@ -460,6 +471,19 @@ struct FoundManifest {
 /// clocks say (objects copied to a new store carry the copy's times), and a chain may run
 /// across targets (a table that moved writes its next generation on its new target). A
 /// manifest that cannot be read counts as a head; its verification fails when it is tried.
+/// A manifest listed in the folder of `key` whose lineage names `key`.
+async fn successor_on_target(backend: &dyn ArchiveBackend, listed: &HashSet<String>, key: &str) -> Option<String> {
+    let folder = keys::folder_of(key);
+    for candidate in listed.iter().filter(|k| k.starts_with(folder) && k.contains("/manifest-")) {
+        if let Ok(manifest) = read_manifest(backend, candidate).await
+            && manifest.descends_from(key)
+        {
+            return Some(candidate.clone());
+        }
+    }
+    None
+}
+
 async fn adoption_order(manifests: Vec<FoundManifest>) -> (Vec<FoundManifest>, HashSet<String>) {
     let mut replaced = HashSet::new();
     if manifests.len() > 1 {

@@ -3,7 +3,7 @@
 //! rebuilt from nothing (the archives of the lost one) and one restored from a backup (the
 //! archives the copy that went on running published after the backup was taken).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use redb::{ReadableTable, WriteTransaction};
 
@@ -27,8 +27,9 @@ use super::{
 pub enum Adoption {
     /// The bucket was unknown; it is now archived (its hot rows deleted) under the manifest.
     Adopted,
-    /// The bucket was hot or being archived and every one of its hot rows is in the archive:
-    /// the rows were released and the bucket is archived under the manifest.
+    /// The bucket was hot or being archived, or a later generation of its archive stood in
+    /// for it: its hot rows the archive holds were released, those it lacks are kept beside
+    /// it for the bucket's next generation, and the bucket is archived under the manifest.
     Replaced { hot_rows: u64 },
     /// The database already records this manifest.
     Known,
@@ -49,8 +50,11 @@ pub struct VerifiedArchive {
 
 impl Store {
     /// Adopts one verified archive, in one transaction. An unknown bucket is recorded as
-    /// archived; a hot or fenced bucket only when every hot row is in the archive byte for
-    /// byte (its rows are then deleted, as a cleanup would); anything else is a conflict that
+    /// archived; a hot or fenced bucket, or one whose recorded archive the archive succeeds,
+    /// only when none of its hot rows is held by the archive with other content: the rows the
+    /// archive holds byte for byte are deleted, as a cleanup would, and those it lacks stay
+    /// beside it as late rows (records appended after the copies parted, or that the other copy
+    /// erased), so the bucket's next generation holds them. Anything else is a conflict that
     /// changes nothing. Adopted buckets are queued for a retention plan made with their facts.
     pub fn adopt(&self, archive: VerifiedArchive, now: Micros) -> Result<Adoption> {
         self.write(move |txn| {
@@ -62,6 +66,7 @@ impl Store {
                 None => None,
             };
             let mut released = 0;
+            let mut kept = KeptRows::default();
             let mut meta = match existing {
                 None => {
                     let mut meta = adopted_meta(&id, &manifest_key, &manifest, &rows, now);
@@ -90,7 +95,7 @@ impl Store {
                     if meta.state != (BucketState::Archived { hot_deleted: true }) {
                         match release_hot_rows_held_by(txn, &id, &rows, &manifest_key)? {
                             Err(why) => return Ok(Adoption::Conflict(why)),
-                            Ok(count) => released = count,
+                            Ok((count, lacking)) => (released, kept) = (count, lacking),
                         }
                     }
                     release_intents(txn, &id, &manifest, Some(&manifest_key), now)?;
@@ -118,6 +123,8 @@ impl Store {
                     meta.hot_deleted_at = Some(now);
                     meta.plan = None;
                     meta.plan_basis = None;
+                    meta.row_count += kept.rows;
+                    meta.byte_count += kept.body_bytes;
                     meta
                 }
                 Some(meta) => {
@@ -135,6 +142,10 @@ impl Store {
                 .insert(generation_key(&id, meta.generation).as_slice(), encode_value(&manifest)?.as_slice())?;
             // A stale plan never acts: the policy is asked again with the archive's facts.
             record_step(txn, &mut meta, Step::Adopt, now)?;
+            if kept.rows > 0 {
+                // The hot rows the archive lacks wait beside it, as late records do.
+                record_step(txn, &mut meta, Step::LateRecord { republish_at: now }, now)?;
+            }
             save_meta(txn, &meta)?;
             push_outbox(
                 txn,
@@ -296,41 +307,66 @@ fn adopted_meta(id: &BucketId, manifest_key: &str, manifest: &Manifest, rows: &[
     }
 }
 
-/// A row of one bucket, whole: event time, sort key, tenant, kind, body.
-type RowContent<'a> = (Micros, &'a [u8], Option<&'a str>, Option<&'a str>, &'a str);
+/// What a row of one bucket holds besides its identity: tenant, kind, body.
+type RowContent<'a> = (Option<&'a str>, Option<&'a str>, &'a str);
 
-/// Deletes the bucket's hot rows if every one of them is in `archived` (the rows of the
-/// archive `manifest_key`) exactly; otherwise says which row the archive lacks and deletes
-/// nothing.
+/// The hot rows adoption keeps beside the archive it adopted, which lacks them.
+#[derive(Debug, Default, Clone, Copy)]
+struct KeptRows {
+    rows: u64,
+    body_bytes: u64,
+}
+
+/// Deletes the bucket's hot rows that `archived` (the rows of the archive `manifest_key`)
+/// holds exactly and keeps those whose identity it lacks; returns how many were deleted and
+/// what was kept. A hot row whose identity the archive holds with other content is a conflict,
+/// and nothing is deleted.
 fn release_hot_rows_held_by(
     txn: &WriteTransaction,
     id: &BucketId,
     archived: &[Record],
     manifest_key: &str,
-) -> Result<std::result::Result<u64, String>> {
-    let archived: HashSet<RowContent> = archived
+) -> Result<std::result::Result<(u64, KeptRows), String>> {
+    let archived: HashMap<(Micros, &[u8]), RowContent> = archived
         .iter()
-        .map(|r| (r.event_time, r.sort_key.as_slice(), r.tenant.as_deref(), r.kind.as_deref(), r.body.as_str()))
+        .map(|r| {
+            let content = (r.tenant.as_deref(), r.kind.as_deref(), r.body.as_str());
+            ((r.event_time, r.sort_key.as_slice()), content)
+        })
         .collect();
     let name = rows_table_name(id);
-    let records = txn.open_table(rows_table(&name))?;
-    let mut rows = 0;
+    let mut records = txn.open_table(rows_table(&name))?;
+    let mut held = Vec::new();
+    let mut kept = KeptRows::default();
     for entry in records.iter()? {
         let (k, v) = entry?;
         let (event_time, sort_key) = decode_row_key(k.value())?;
         let row = decode_row_ref(v.value())?;
-        if !archived.contains(&(event_time, sort_key.as_slice(), row.tenant, row.kind, row.body)) {
-            return Ok(Err(format!(
-                "bucket {id} holds hot rows the archive `{manifest_key}` lacks (the first at {event_time}, sort key \
-                 `{}`): records appended after the copies parted; the bucket is left as it is, and the archive stays \
-                 on the target, not adopted",
-                String::from_utf8_lossy(&sort_key)
-            )));
+        match archived.get(&(event_time, sort_key.as_slice())) {
+            Some(content) if *content == (row.tenant, row.kind, row.body) => held.push(k.value().to_vec()),
+            Some(_) => {
+                return Ok(Err(format!(
+                    "bucket {id} holds a hot row the archive `{manifest_key}` holds with other content (at \
+                     {event_time}, sort key `{}`): the copies parted and each kept another record under one \
+                     identity; the bucket is left as it is, and the archive stays on the target, not adopted",
+                    String::from_utf8_lossy(&sort_key)
+                )));
+            }
+            None => {
+                kept.rows += 1;
+                kept.body_bytes += row.body.len() as u64;
+            }
         }
-        rows += 1;
     }
-    drop(records);
-    // Every row is in the archive: the bucket's rows table goes whole.
-    txn.delete_table(rows_table(&name))?;
-    Ok(Ok(rows))
+    let released = held.len() as u64;
+    if kept.rows == 0 {
+        // Every row is in the archive: the bucket's rows table goes whole.
+        drop(records);
+        txn.delete_table(rows_table(&name))?;
+    } else {
+        for key in held {
+            records.remove(key.as_slice())?;
+        }
+    }
+    Ok(Ok((released, kept)))
 }
