@@ -65,7 +65,10 @@
 //! lose: those the backup held, and those in an archive the copy it replaces had published
 //! (read to be sure when rows wait beside it); the others may read back or not, once and
 //! intact, as whatever was hot only on the lost copy. An erasure request the backup never
-//! heard of may or may not be carried out. Every run restores at least once (at a third of its
+//! heard of may or may not be carried out. The two installations share erasure requests through
+//! the target (`--share-erasures`, one fleet key): the peer erases its own records under the
+//! identities a request names, and those it had acknowledged before the request was sent must
+//! be gone once its final run has settled (those it acknowledged later may be gone or not). Every run restores at least once (at a third of its
 //! crashes) and rebuilds at least once (at two thirds). After the final runs of both
 //! installations, the Delta log lists every segment of either's published manifests, and
 //! delta-rs's lite VACUUM deletes none of them.
