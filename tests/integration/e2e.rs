@@ -642,8 +642,13 @@ fn compaction_leaves_no_body_of_a_deleted_hot_row_in_the_hot_store() {
             lines.iter().filter(|v| (time(v) < cutoff) == archived).map(|v| format!("{{\"i\":{},", v["body"]["i"]));
         needles.filter(|needle| file.contains(needle.as_str())).count()
     };
-    assert!(bodies_in_file(true) > 0, "the freed pages still hold archived records' bodies before compaction");
+    // Usually some bodies linger in freed pages here; the pass's own later commits can reuse
+    // every such page (a CI run under load found none left once), so their presence is
+    // reported, not required: what compaction must do is leave none.
+    let lingering = bodies_in_file(true);
+    eprintln!("bodies of deleted hot rows in the file before compaction: {lingering}");
     let hot_before = bodies_in_file(false);
+    assert!(hot_before > 0, "the records after the cutoff are still hot");
     let compacted = compact(&d.data);
     assert!(compacted.status.success(), "{}", text_of(&compacted));
     let report: serde_json::Value = serde_json::from_slice(&compacted.stdout).unwrap();
