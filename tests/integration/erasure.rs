@@ -487,6 +487,21 @@ fn a_host_that_joins_after_a_shared_erasure_keeps_the_records_appended_since() {
     assert_eq!(Fleet::tenants(&stopped), ["globex"], "a host that existed at the request erases what it held");
 }
 
+/// Erases the records of `PARTITION` at these (time, sort key) identities, and waits for it.
+fn erase_identities(e: &TestEngine, identities: &[(&str, &str)]) {
+    let identities = identities
+        .iter()
+        .map(|(time, sort_key)| RecordIdentity {
+            partition_key: PARTITION.into(),
+            event_time: t(time),
+            sort_key: (*sort_key).into(),
+        })
+        .collect();
+    let selector = ErasureSelector { identities, ..Default::default() };
+    let placed = e.engine.store().place_erasure(request(selector), e.clock.now()).unwrap();
+    passes_until_finished(e, &placed.id);
+}
+
 /// Regression (the crash harness's fleet mode, seed 17498238750178325163): a copy restored
 /// from a backup taken while late rows waited beside a bucket's archive, after the copy that
 /// went on erased one of those rows and a record of the archive (publishing the next generation
@@ -514,16 +529,7 @@ fn a_restored_copy_adopts_the_generation_that_erased_a_row_it_holds_and_keeps_th
 
     // The copy that went on erases `a` (archived) and `late-1` (waiting beside the archive):
     // its next generation holds `b` and `late-2`, and the generation the backup records is gone.
-    let identities = [("2024-03-01T01:00:00Z", "a"), ("2024-03-01T03:00:00Z", "late-1")]
-        .map(|(time, sort_key)| RecordIdentity {
-            partition_key: PARTITION.into(),
-            event_time: t(time),
-            sort_key: sort_key.into(),
-        })
-        .to_vec();
-    let selector = ErasureSelector { identities, ..Default::default() };
-    let placed = e.engine.store().place_erasure(request(selector), e.clock.now()).unwrap();
-    passes_until_finished(&e, &placed.id);
+    erase_identities(&e, &[("2024-03-01T01:00:00Z", "a"), ("2024-03-01T03:00:00Z", "late-1")]);
     assert_eq!(e.query_all("r"), vec![archived[1].clone(), late[1].clone()]);
     assert!(!files_holding(&target_dir(&e), "acme-a").iter().any(|f| f.to_string_lossy().contains(".parquet")));
 
@@ -575,16 +581,7 @@ fn a_restored_copy_never_records_as_expired_an_archive_that_a_later_generation_r
     e = e.backup(&backup).unwrap();
 
     // The copy that went on erases `a` and `late`, then takes `late` again with another body.
-    let identities = [("2024-03-01T01:00:00Z", "a"), ("2024-03-01T03:00:00Z", "late")]
-        .map(|(time, sort_key)| RecordIdentity {
-            partition_key: PARTITION.into(),
-            event_time: t(time),
-            sort_key: sort_key.into(),
-        })
-        .to_vec();
-    let selector = ErasureSelector { identities, ..Default::default() };
-    let placed = e.engine.store().place_erasure(request(selector), e.clock.now()).unwrap();
-    passes_until_finished(&e, &placed.id);
+    erase_identities(&e, &[("2024-03-01T01:00:00Z", "a"), ("2024-03-01T03:00:00Z", "late")]);
     let again = record("2024-03-01T03:00:00Z", "late", "globex");
     e.engine.append("r", vec![again.clone()]).unwrap();
     e.clock.advance(LATE_GRACE_US);
