@@ -298,16 +298,14 @@ fn a_compaction_in_place_waits_for_no_open_read_and_is_left_out_when_not_worth_i
 }
 
 /// Found while measuring the store's free pages: under appends racing passes, a commit without
-/// an fsync (a claim, a cleanup slice) sometimes frees a page a reader still holds, and redb
-/// 3.1.3's debug assertion in `TransactionalMemory::free_helper`
-/// (`!read_page_ref_counts.contains_key(&page)`) panics the writer thread: every later write
-/// fails with "the writer thread has stopped" (seen once in CI, in
-/// `api::concurrent_archival_under_the_default_log_level_panics_no_task_and_fails_no_pass`;
-/// here about 1 run in 15). Release builds compile the assertion out. Ignored until it is
-/// understood (redb's non-durable page reclamation, or our use of it): run it with
-/// `cargo test --test integration -- --ignored disk::the_writer_survives` in a loop.
+/// an fsync (a claim, a cleanup slice) freed a page a reader still walked. redb 3.1.3's
+/// `begin_read` registered the read under the last committed transaction and read the data root
+/// only afterwards, so a commit between the two left the reader protecting the wrong snapshot,
+/// and two non-durable commits could reclaim pages of the tree it read (its debug assertion in
+/// `TransactionalMemory::free_helper` panicked the writer thread about 1 run in 15; release builds
+/// reused the page). redb 4.3.0 captures the snapshot under the header lock; frostline pins 4.6.
+/// docs/RELIABILITY.md ("A read racing a commit without an fsync") has the diagnosis.
 #[test]
-#[ignore = "reproduces a redb 3.1.3 debug assertion about 1 run in 15; open, see the comment"]
 fn the_writer_survives_appends_racing_passes_and_space_measures() {
     let e = compacting_engine("2024-02-15T00:00:00Z");
     let stop = Arc::new(AtomicBool::new(false));

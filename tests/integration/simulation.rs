@@ -93,7 +93,7 @@ fn random_batch(rng: &mut StdRng, base: i64, now: i64) -> Vec<Record> {
     let horizon_days = ((now - base) / DAY_US + 3).clamp(1, 40);
     (0..n)
         .map(|_| Record {
-            partition_key: format!("p{}", rng.random_range(0..3)).into_bytes(),
+            partition_key: USER_KEYS[rng.random_range(0..3)].as_bytes().to_vec(),
             event_time: base + rng.random_range(0..horizon_days) * DAY_US + rng.random_range(0..24) * 3_600_000_000,
             sort_key: format!("k{}", rng.random_range(0..6)).into_bytes(),
             tenant: None,
@@ -814,7 +814,7 @@ fn run_lifecycle_seed(seed: u64, ops: usize) -> LifecycleCounts {
                 counts.restarts += 1;
             }
             70..76 => {
-                let partition = format!("p{}", rng.random_range(0..3)).into_bytes();
+                let partition = USER_KEYS[rng.random_range(0..3)].as_bytes().to_vec();
                 let id = format!("h-sim-{op}");
                 let hold = frostline::store::schema::Hold {
                     id: id.clone(),

@@ -279,6 +279,11 @@ pub fn runtime() -> &'static tokio::runtime::Runtime {
     RT.get_or_init(|| tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap())
 }
 
+/// Partition keys shaped as users' device keys are: a `/`, a `%`, an `=`, spaces and non-ASCII,
+/// which every layout must carry through object keys, Hive folders and Delta paths. Key `n`
+/// starts with `p{n}`, so they sort in the order of `n`, as the plain `p0`, `p1`, `p2` did.
+pub const USER_KEYS: [&str; 3] = ["p0/site-a/sensor 1", "p1%2F=température", "p2 kühl/😀"];
+
 /// Records over `days` days from `start`, `per_day` each, over a few partitions and tenants.
 pub fn records(start: &str, days: i64, per_day: i64) -> Vec<frostline::model::Record> {
     let day = 86_400_000_000i64;

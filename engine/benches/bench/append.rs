@@ -87,7 +87,7 @@ pub fn append(bench: &mut Bench) -> Result<()> {
 
     let redb = Figure::new(
         bench.scenario,
-        format!("plain redb 3 insert, {count} records, one write transaction per {APPEND_BATCH_RECORDS}"),
+        format!("plain redb 4 insert, {count} records, one write transaction per {APPEND_BATCH_RECORDS}"),
         Unit::RecordsPerSecond,
         redb_samples,
         count as u64,
