@@ -10,7 +10,9 @@ use frostline::engine::Engine;
 use frostline::ops::reload::reload;
 use frostline::settings::Settings;
 
-use crate::replan::{Site, backed_up_after_archiving, files_under, moved_policy, record, restored_copy};
+use crate::replan::{
+    Site, backed_up_after_archiving, files_under, moved_policy, record, restored_copy, restored_copy_of,
+};
 use crate::support::*;
 
 fn adopt_now(engine: &Arc<Engine>, dry_run: bool) -> AdoptReport {
@@ -259,6 +261,36 @@ fn adoption_never_releases_a_hot_row_the_archive_lacks() {
     site.clock.set(t("2024-03-05T00:00:00Z"));
     assert_eq!(run_pass(&restored).archived, 1, "the next generation holds both");
     assert_eq!(read(&restored), expected);
+}
+
+/// Regression (found by the lifecycle simulation at 0a4a692, seed 9140057477744648234): an
+/// adoption that kept a hot row the archive lacks took the bucket's retention facts from the
+/// archive alone, so an `invoice` appended to a restored copy beside the other copy's archived
+/// `debug` record left the bucket planned as all-`debug`, and its expiry deleted the invoice,
+/// which no policy expires. The kept rows' kinds and tenants now count.
+#[test]
+fn adoption_that_keeps_a_hot_row_counts_its_kind_in_the_buckets_retention() {
+    let shared = tempfile::tempdir().unwrap();
+    let policy = moved_policy(&[shared.path()], "t0")
+        .replace(r#"expire_after = "10d""#, r#"expire_after = "1000d", kinds = { debug = { expire_after = "2d" } }"#);
+    let (site, backup) = restored_copy_of(&policy, record("p", "2024-03-01T01:00:00Z", Some("debug")));
+    let restored = Engine::open(&backup, &site.policies(), Settings::default(), site.clock.clone())
+        .unwrap_or_else(|e| panic!("{e}"));
+    restored.append("r", vec![record("p", "2024-03-01T05:00:00Z", Some("invoice"))]).unwrap();
+    let report = adopt_now(&restored, false);
+    assert_eq!((report.adopted, report.hot_rows_released), (1, 1), "{report:?}");
+    let meta = &restored.store().buckets("r", None).unwrap()[0];
+    assert_eq!(meta.kind, frostline::store::schema::Shared::Mixed, "the kept invoice counts: {meta:?}");
+
+    // Long past the debug records' expiry, long before the invoice's: the bucket's next
+    // generation is published and nothing expires.
+    site.clock.set(t("2024-03-20T00:00:00Z"));
+    for _ in 0..3 {
+        let report = run_pass(&restored);
+        assert!(report.errors.is_empty(), "{report:?}");
+    }
+    let read = query_engine(&restored, "r");
+    assert_eq!(read.len(), 2, "the archived debug record and the kept invoice: {read:?}");
 }
 
 /// Regression (issue: `adopt` takes in a live peer's archives on a shared target): outside

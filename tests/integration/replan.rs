@@ -617,9 +617,14 @@ pub(crate) fn backed_up_after_archiving(policy: &str, partition: &str) -> (Site,
 }
 
 pub(crate) fn restored_copy(shared: &Path) -> (Site, PathBuf) {
-    let site = Site::new(&moved_policy(&[shared], "t0"), "2024-03-01T12:00:00Z");
+    restored_copy_of(&moved_policy(&[shared], "t0"), record("p", "2024-03-01T01:00:00Z", None))
+}
+
+/// `restored_copy` of a site under `policy` whose one bucket holds `first`.
+pub(crate) fn restored_copy_of(policy: &str, first: Record) -> (Site, PathBuf) {
+    let site = Site::new(policy, "2024-03-01T12:00:00Z");
     let engine = site.open(Settings::default());
-    engine.append("r", vec![record("p", "2024-03-01T01:00:00Z", None)]).unwrap();
+    engine.append("r", vec![first]).unwrap();
     drop(engine);
     let backup = site.root.path().join("backup");
     copy_dir(&site.data(), &backup);

@@ -3,7 +3,7 @@
 //! rebuilt from nothing (the archives of the lost one) and one restored from a backup (the
 //! archives the copy that went on running published after the backup was taken).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 
 use redb::{ReadableTable, WriteTransaction};
 
@@ -117,8 +117,8 @@ impl Store {
                     meta.manifest_key = adopted.manifest_key;
                     meta.row_count = adopted.row_count;
                     meta.byte_count = adopted.byte_count;
-                    meta.tenant = adopted.tenant;
-                    meta.kind = adopted.kind;
+                    (meta.tenant, meta.kind) = (adopted.tenant, adopted.kind);
+                    kept.fold_into(&mut meta.tenant, &mut meta.kind, adopted.row_count);
                     meta.archived_at = adopted.archived_at;
                     meta.hot_deleted_at = Some(now);
                     meta.plan = None;
@@ -311,10 +311,28 @@ fn adopted_meta(id: &BucketId, manifest_key: &str, manifest: &Manifest, rows: &[
 type RowContent<'a> = (Option<&'a str>, Option<&'a str>, &'a str);
 
 /// The hot rows adoption keeps beside the archive it adopted, which lacks them.
-#[derive(Debug, Default, Clone, Copy)]
+#[derive(Debug, Default, Clone)]
 struct KeptRows {
     rows: u64,
     body_bytes: u64,
+    /// The distinct tenants and kinds they hold: the bucket's retention facts are the archive's
+    /// and theirs together (an `invoice` kept beside archived `debug` records makes the bucket
+    /// mixed, so it is never expired as all-`debug`).
+    tenants: BTreeSet<Option<String>>,
+    kinds: BTreeSet<Option<String>>,
+}
+
+impl KeptRows {
+    /// Folds the kept rows' tenants and kinds into what the adopted archive's `archived_rows`
+    /// rows share.
+    fn fold_into(&self, tenant: &mut Shared, kind: &mut Shared, archived_rows: u64) {
+        for (i, value) in self.tenants.iter().enumerate() {
+            tenant.observe(value.as_deref(), archived_rows + i as u64);
+        }
+        for (i, value) in self.kinds.iter().enumerate() {
+            kind.observe(value.as_deref(), archived_rows + i as u64);
+        }
+    }
 }
 
 /// Deletes the bucket's hot rows that `archived` (the rows of the archive `manifest_key`)
@@ -355,6 +373,8 @@ fn release_hot_rows_held_by(
             None => {
                 kept.rows += 1;
                 kept.body_bytes += row.body.len() as u64;
+                kept.tenants.insert(row.tenant.map(str::to_string));
+                kept.kinds.insert(row.kind.map(str::to_string));
             }
         }
     }
