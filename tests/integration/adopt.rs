@@ -11,7 +11,7 @@ use frostline::ops::reload::reload;
 use frostline::settings::Settings;
 
 use crate::replan::{
-    Site, backed_up_after_archiving, files_under, moved_policy, record, restored_copy, restored_copy_of,
+    Site, backed_up_after_archiving, copy_dir, files_under, moved_policy, record, restored_copy, restored_copy_of,
 };
 use crate::support::*;
 
@@ -291,6 +291,64 @@ fn adoption_that_keeps_a_hot_row_counts_its_kind_in_the_buckets_retention() {
     }
     let read = query_engine(&restored, "r");
     assert_eq!(read.len(), 2, "the archived debug record and the kept invoice: {read:?}");
+}
+
+/// Regression (the crash harness's fleet mode, 1,000 kills at 0a4a692, crash 628): a data
+/// directory backed up after a bucket's archive was published and before its hot rows were
+/// cleaned up, restored after the copy that went on cleaned up and expired that archive.
+/// Adoption left the bucket as a conflict ("gone, but its hot rows are not yet deleted"), so it
+/// stayed published under a manifest that is gone: its reads failed for good. It is recorded
+/// as expired by the other copy now, its hot rows going with it, as the rows beside any archive
+/// the other copy expired do.
+#[test]
+fn a_restored_copy_whose_cleanup_was_pending_records_the_archive_the_other_copy_expired() {
+    let shared = tempfile::tempdir().unwrap();
+    let site = Site::new(&moved_policy(&[shared.path()], "t0"), "2024-03-01T12:00:00Z");
+    let engine = site.open(Settings::default());
+    engine.append("r", vec![record("p", "2024-03-01T01:00:00Z", None)]).unwrap();
+    drop(engine);
+    let backup = site.root.path().join("backup");
+    copy_dir(&site.data(), &backup);
+    // Planned (not yet due) in the backup, as in the original.
+    let restored = Engine::open(&backup, &site.policies(), Settings::default(), site.clock.clone())
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(run_pass(&restored).archived, 0);
+    drop(restored);
+    let engine = site.open(Settings::default());
+    site.clock.set(t("2024-03-03T00:00:00Z"));
+    assert_eq!(run_pass(&engine).archived, 1);
+    let (meta, manifest) = engine.store().published("r").unwrap().remove(0);
+    let key = meta.manifest_key.clone().unwrap();
+
+    // The backup as it would be had it been taken between publication and cleanup: the same
+    // claim (generation 1) and publication, the hot row still there.
+    let restored = Engine::open(&backup, &site.policies(), Settings::default(), site.clock.clone())
+        .unwrap_or_else(|e| panic!("{e}"));
+    let now = t("2024-03-03T00:00:00Z");
+    let claimed = restored.store().claim(meta.id.clone(), "w".into(), now, 1).unwrap().expect("due");
+    assert_eq!(claimed.generation, manifest.generation);
+    let publication = frostline::store::Publication::new(manifest, key.clone());
+    restored.store().publish(meta.id.clone(), "w".into(), claimed.generation, now, publication).unwrap();
+    drop(restored);
+
+    // The copy that went on expires the archive and deletes its objects.
+    site.clock.set(t("2024-03-20T00:00:00Z"));
+    for _ in 0..3 {
+        run_pass(&engine);
+    }
+    assert_eq!(engine.store().buckets("r", None).unwrap()[0].state, frostline::model::BucketState::Expired);
+    assert!(files_under(shared.path()).iter().all(|f| !f.to_string_lossy().contains("manifest-")), "expired");
+    drop(engine);
+
+    let restored = Engine::open(&backup, &site.policies(), Settings::default(), site.clock.clone())
+        .unwrap_or_else(|e| panic!("{e}"));
+    let report = adopt_now(&restored, false);
+    assert!(report.conflicts.is_empty(), "{report:?}");
+    assert_eq!(report.gone.len(), 1, "{report:?}");
+    let meta = &restored.store().buckets("r", None).unwrap()[0];
+    assert_eq!(meta.state, frostline::model::BucketState::Expired, "{meta:?}");
+    assert!(query_engine(&restored, "r").is_empty(), "the range reads as expired");
+    assert!(run_pass(&restored).errors.is_empty());
 }
 
 /// Regression (issue: `adopt` takes in a live peer's archives on a shared target): outside

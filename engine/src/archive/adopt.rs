@@ -314,14 +314,19 @@ async fn record_gone_archives(
             continue;
         }
         // Rows beside the gone archive, waiting for its next generation (or being archived
-        // into it, which cannot finish without it), go with it (`Store::record_archive_gone`).
+        // into it, which cannot finish without it), go with it (`Store::record_archive_gone`);
+        // so do the rows of the archive itself whose cleanup this copy had not finished when it
+        // was backed up (the other copy cleaned up and expired it). Not while a worker's lease
+        // on the bucket runs.
         let pending = meta.state == BucketState::ArchivedPending
-            || (meta.state == BucketState::Archiving && meta.lease_expires_at <= ctx.clock.now());
+            || (matches!(meta.state, BucketState::Archiving | BucketState::Archived { hot_deleted: false })
+                && meta.lease_expires_at <= ctx.clock.now());
         if meta.state != (BucketState::Archived { hot_deleted: true }) && !pending {
             report.conflicts.push(format!(
-                "bucket {}: its archive `{key}` is gone from {target}, but its hot rows are not yet deleted; left as \
-                 it is",
-                meta.id
+                "bucket {}: its archive `{key}` is gone from {target}, but a worker's lease on the bucket runs until \
+                 {}; left as it is: run adopt again once it lapses",
+                meta.id,
+                crate::model::time::format_rfc3339(meta.lease_expires_at)
             ));
             continue;
         }

@@ -307,8 +307,9 @@ impl BucketState {
             // Adoption of the next generation another copy published, holding the pending rows.
             (ArchivedPending, Archived { hot_deleted: true }) => true,
             // Its archive is gone (another copy of the data directory expired it): the rows
-            // appended beside it go with it.
-            (ArchivedPending | Archiving, Expired) => true,
+            // appended beside it go with it, and so do its own rows whose cleanup this copy had
+            // not finished when it was backed up.
+            (ArchivedPending | Archiving | Archived { hot_deleted: false }, Expired) => true,
             _ => false,
         }
     }
@@ -427,6 +428,7 @@ mod tests {
                 (Archiving, Archived { hot_deleted: true }),
                 (Archiving, Expired),
                 (Archived { hot_deleted: false }, Archived { hot_deleted: true }),
+                (Archived { hot_deleted: false }, Expired),
                 (Archived { hot_deleted: true }, ArchivedPending),
                 (Archived { hot_deleted: true }, Expired),
                 (ArchivedPending, Archiving),

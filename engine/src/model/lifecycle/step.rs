@@ -75,9 +75,9 @@ impl Step<'_> {
             // An unknown bucket is recorded as the archive it adopts.
             Step::Adopt => matches!(state, Hot | Archiving | Archived { hot_deleted: true } | ArchivedPending),
             Step::BeginExpiry | Step::Park { .. } => state == Archived { hot_deleted: true },
-            // Also with rows beside the archive, or a next generation that cannot be made
-            // without it.
-            Step::ArchiveGone { .. } => matches!(state, Archived { hot_deleted: true } | ArchivedPending | Archiving),
+            // Also with rows beside the archive, a next generation that cannot be made without
+            // it, or a cleanup of the rows it holds that the other copy finished first.
+            Step::ArchiveGone { .. } => matches!(state, Archived { .. } | ArchivedPending | Archiving),
             Step::CompleteExpiry { .. }
             | Step::DeletingElsewhere
             | Step::PurgeWaits { .. }
