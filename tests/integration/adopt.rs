@@ -273,10 +273,10 @@ fn adoption_that_keeps_a_hot_row_counts_its_kind_in_the_buckets_retention() {
     let shared = tempfile::tempdir().unwrap();
     let policy = moved_policy(&[shared.path()], "t0")
         .replace(r#"expire_after = "10d""#, r#"expire_after = "1000d", kinds = { debug = { expire_after = "2d" } }"#);
-    let (site, backup) = restored_copy_of(&policy, record("p", "2024-03-01T01:00:00Z", Some("debug")));
+    let (site, backup) = restored_copy_of(&policy, record(USER_KEYS[1], "2024-03-01T01:00:00Z", Some("debug")));
     let restored = Engine::open(&backup, &site.policies(), Settings::default(), site.clock.clone())
         .unwrap_or_else(|e| panic!("{e}"));
-    restored.append("r", vec![record("p", "2024-03-01T05:00:00Z", Some("invoice"))]).unwrap();
+    restored.append("r", vec![record(USER_KEYS[1], "2024-03-01T05:00:00Z", Some("invoice"))]).unwrap();
     let report = adopt_now(&restored, false);
     assert_eq!((report.adopted, report.hot_rows_released), (1, 1), "{report:?}");
     let meta = &restored.store().buckets("r", None).unwrap()[0];
@@ -305,7 +305,7 @@ fn a_restored_copy_whose_cleanup_was_pending_records_the_archive_the_other_copy_
     let shared = tempfile::tempdir().unwrap();
     let site = Site::new(&moved_policy(&[shared.path()], "t0"), "2024-03-01T12:00:00Z");
     let engine = site.open(Settings::default());
-    engine.append("r", vec![record("p", "2024-03-01T01:00:00Z", None)]).unwrap();
+    engine.append("r", vec![record(USER_KEYS[1], "2024-03-01T01:00:00Z", None)]).unwrap();
     drop(engine);
     let backup = site.root.path().join("backup");
     copy_dir(&site.data(), &backup);

@@ -524,29 +524,33 @@ fn erase(agent: &ureq::Agent, addr: &str, model: &Mutex<Model>, peer: Option<&Mu
         .post(&format!("http://{addr}/v1/erasures"))
         .header("Content-Type", "application/json")
         .send(body.to_string());
-    // Placed (the request's id), or perhaps placed (no answer): the peer's records it named go
-    // with it.
-    let sent = sent.map(|mut response| {
-        let status = response.status().as_u16();
-        let answer: serde_json::Value = response
-            .body_mut()
-            .read_to_string()
-            .ok()
-            .and_then(|text| serde_json::from_str(&text).ok())
-            .unwrap_or_default();
-        (status, answer["request"]["id"].as_str().map(str::to_string))
-    });
-    let placed = match &sent {
-        Ok((201, id)) => Some(Some(id.clone().expect("a placed erasure request answers with its id"))),
-        Ok(_) => None,
-        Err(_) => Some(None),
+    // The request's fate: placed (its id), perhaps placed (no answer: the process died), or
+    // refused. The peer's records it named go with a placed request, perhaps with the other.
+    enum Fate {
+        Placed(String),
+        Unknown,
+        Refused(u16),
+    }
+    let fate = match sent {
+        Ok(mut response) if response.status().as_u16() == 201 => {
+            let answer: serde_json::Value = response
+                .body_mut()
+                .read_to_string()
+                .ok()
+                .and_then(|text| serde_json::from_str(&text).ok())
+                .unwrap_or_default();
+            let id = answer["request"]["id"].as_str().expect("a placed erasure request answers with its id");
+            Fate::Placed(id.to_string())
+        }
+        Ok(response) => Fate::Refused(response.status().as_u16()),
+        Err(_) => Fate::Unknown,
     };
-    if let (Some(peer), Some(placed)) = (peer, &placed) {
+    if let Some(peer) = peer.filter(|_| !matches!(fate, Fate::Refused(_))) {
         let mut p = peer.lock().unwrap();
         let mut erasing = Vec::new();
         for id in &peer_held {
             let Some(body) = p.acknowledged.remove(id) else { continue };
-            if placed.is_some() {
+            if let Fate::Placed(_) = fate {
                 p.erasing.insert(id.clone(), body);
                 p.shared_erasures += 1;
                 erasing.push(id.clone());
@@ -554,7 +558,7 @@ fn erase(agent: &ureq::Agent, addr: &str, model: &Mutex<Model>, peer: Option<&Mu
                 p.maybe_erased.insert(id.clone(), body);
             }
         }
-        if let Some(request) = placed {
+        if let Fate::Placed(request) = &fate {
             p.erasing_by_request.insert(request.clone(), erasing);
         }
     }
@@ -569,19 +573,19 @@ fn erase(agent: &ureq::Agent, addr: &str, model: &Mutex<Model>, peer: Option<&Mu
             };
         }
     };
-    match sent {
-        Ok((201, _)) => {
+    match fate {
+        Fate::Placed(_) => {
             moved(&mut m, true);
             m.erasures += 1;
             true
         }
-        Ok((status, _)) => {
+        Fate::Refused(status) => {
             // Refused while it shuts down, or failing on its store: nothing was placed. A
             // request the engine calls malformed is the harness's bug.
             assert!(status >= 500, "the erasure request was refused with {status}: {body}");
             true
         }
-        Err(_) => {
+        Fate::Unknown => {
             moved(&mut m, false);
             false
         }

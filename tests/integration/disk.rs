@@ -303,7 +303,8 @@ fn a_compaction_in_place_waits_for_no_open_read_and_is_left_out_when_not_worth_i
 /// only afterwards, so a commit between the two left the reader protecting the wrong snapshot,
 /// and two non-durable commits could reclaim pages of the tree it read (its debug assertion in
 /// `TransactionalMemory::free_helper` panicked the writer thread about 1 run in 15; release builds
-/// reused the page). redb 4.3.0 captures the snapshot under the header lock; frostline pins 4.6.
+/// reused the page). redb 4.3.0 captures the snapshot under the header lock; frostline requires
+/// redb 4.6 or a later 4.x.
 /// docs/RELIABILITY.md ("A read racing a commit without an fsync") has the diagnosis.
 #[test]
 fn the_writer_survives_appends_racing_passes_and_space_measures() {
