@@ -39,7 +39,11 @@
 //! after the bucket's end, so as soon as it is archived; the engines sweep after every pass
 //! with no grace period (`FROSTLINE_TEST_ORPHAN_GRACE_SECONDS=0`, a debug build's override),
 //! so every released key is deleted at once, racing the kills. A bucket of any other partition
-//! that expires fails the check; a record of an expired `debug` bucket may be gone.
+//! that expires fails the check; a `debug` record of an expired bucket may be gone. One batch
+//! of late records in three is of `invoice` records for the day of a recent `debug` batch:
+//! once one is acknowledged its bucket holds two kinds and must never expire (an expiry that
+//! judged it by its archive's kinds alone would take the invoice with it); one that comes after
+//! the bucket expired is refused.
 //!
 //! Archives change under the crashes too: one batch in five is of late records, new records for
 //! the day of an earlier batch, whose buckets are archived by then (or being archived), so a
@@ -162,6 +166,14 @@ fn expires(partition: &str) -> bool {
     partition.starts_with('d')
 }
 
+/// Whether a record may be gone with its expired bucket: a `debug` record (one of a `d`
+/// partition that is not late). A late record in a `d` partition is an `invoice`, which no
+/// policy expires: once acknowledged, its bucket holds a kind that never expires, so it must
+/// read back for good, whatever its bucket held before.
+fn may_expire((partition, _, sort_key): &Identity) -> bool {
+    expires(partition) && !sort_key.starts_with("late")
+}
+
 /// The lifecycle policies the harness switches between (see the module doc). Each returns the
 /// policy file and the cutoff to start the engine with.
 fn lifecycle_policy(rng: &mut StdRng, sink: &Path) -> (String, Option<String>) {
@@ -220,6 +232,10 @@ struct Model {
     maybe_erased: BTreeMap<Identity, String>,
     next_day: i64,
     late_batches: usize,
+    /// The days of the `debug` batches sent, and the batches of late `invoice` records
+    /// acknowledged into their buckets (which then hold two kinds).
+    debug_days: Vec<i64>,
+    late_invoices: usize,
     erasures: usize,
     /// Batches acknowledged under a backfill lease, and backfills ended.
     backfill_batches: usize,
@@ -420,16 +436,29 @@ fn appender(addr: String, feed: Feed) {
         // records: new records for the day of an earlier batch, whose buckets are archived by
         // now, or being archived, or not yet, so they make the next generation of an archive.
         let late = day > 1 && rng.random_range(0..5) == 0;
-        let (of_day, sort_prefix) = match late {
-            true => (day - rng.random_range(1..day.min(200)), format!("late{day}-")),
-            false => (day, String::new()),
+        // One late batch in three is of `invoice` records for the day of a recent `debug`
+        // batch: its buckets then hold a kind no policy expires, so they must never expire
+        // again; or, if they expired already, the batch is refused (its archive is gone).
+        let invoice_day = {
+            let m = model.lock().unwrap();
+            (late && rng.random_range(0..3) == 0)
+                .then(|| m.debug_days.iter().rev().take(200).copied().collect::<Vec<_>>())
+        }
+        .and_then(|days| days.choose(&mut rng).copied());
+        let (of_day, sort_prefix) = match (late, invoice_day) {
+            (true, Some(debug_day)) => (debug_day, format!("late{day}-")),
+            (true, None) => (day - rng.random_range(1..day.min(200)), format!("late{day}-")),
+            (false, _) => (day, String::new()),
         };
         let base = t("2020-01-01T00:00:00Z") + (of_day % 1_000) * DAY_US + if late { 500_000 } else { 0 };
         let round = of_day / 1_000;
         // One batch in four is of `debug` records, in partitions of their own, which expire
         // (late records never are: a bucket whose archive expired refuses them).
         let debug = !late && rng.random_range(0..4) == 0;
-        let prefix = if debug { "d" } else { "r" };
+        if debug {
+            model.lock().unwrap().debug_days.push(day);
+        }
+        let prefix = if debug || invoice_day.is_some() { "d" } else { "r" };
         let batch: Vec<(Identity, String)> = (0..rng.random_range(5..30))
             .map(|i| {
                 let id = (
@@ -444,7 +473,11 @@ fn appender(addr: String, feed: Feed) {
         let lines: String = batch
             .iter()
             .map(|((p, t, s), body)| {
-                let kind = if debug { r#","kind":"debug""# } else { "" };
+                let kind = match (debug, invoice_day) {
+                    (true, _) => r#","kind":"debug""#,
+                    (false, Some(_)) => r#","kind":"invoice""#,
+                    (false, None) => "",
+                };
                 format!(r#"{{"partition_key":"{p}","event_time":{t},"sort_key":"{s}"{kind},"body":{body}}}"#) + "\n"
             })
             .collect();
@@ -457,6 +490,7 @@ fn appender(addr: String, feed: Feed) {
         match sent {
             Ok(response) if response.status().as_u16() == 200 => {
                 m.late_batches += usize::from(late);
+                m.late_invoices += usize::from(invoice_day.is_some());
                 m.backfill_batches += usize::from(backfill_left > 0);
                 m.fresh.extend(batch.iter().map(|(id, _)| id.clone()));
                 for (id, body) in batch {
@@ -724,8 +758,10 @@ impl Checker {
             assert!(expires(&partition), "crash {crash} ({who}): bucket {} expired: no policy expires it", meta.id);
             expired.entry(partition).or_default().push((meta.descriptor.start, meta.descriptor.end));
         }
-        let expired_record = |(partition, t, _): &Identity| {
-            expired.get(partition).is_some_and(|ranges| ranges.iter().any(|(start, end)| start <= t && t < end))
+        let expired_record = |id: &Identity| {
+            let (partition, t, _) = id;
+            may_expire(id)
+                && expired.get(partition).is_some_and(|ranges| ranges.iter().any(|(start, end)| start <= t && t < end))
         };
 
         // Buckets: every one in a full check, else those whose metadata changed. The rows each
@@ -1465,13 +1501,14 @@ fn crash_harness_loses_nothing_across_repeated_kills() {
         _ => (0, 0),
     };
     eprintln!(
-        "crash harness: {crashes} crashes; {} acknowledged records ({} batches of late records, {} in {} backfills \
+        "crash harness: {crashes} crashes; {} acknowledged records ({} batches of late records, {} of them invoices into debug buckets, {} in {} backfills \
          ended), {} erased by {} requests; {} buckets published ({} since expired), {} objects; {} full checks, {} records looked up by \
          query; {lifecycle_reloads} policy changes while running; fleet: {counts:?}, {} acknowledged records given up \
          to restores and rebuilds ({} records that may be lost never read back), {peer_records} records of the peer \
          checked, {peer_erased} erased by requests it took up from the target; {:.0}s; by cause: {by_fail_point:?}",
         m.acknowledged.len(),
         m.late_batches,
+        m.late_invoices,
         m.backfill_batches,
         m.backfills_ended,
         m.erasing.len(),
