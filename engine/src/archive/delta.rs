@@ -428,13 +428,17 @@ async fn sync_serialized(
                     report.repaired += repaired;
                     tracing::info!(table = %table.id, version = report.version, removed, added, repaired, "Delta log commit");
                     crate::failpoints::hit("after_delta_commit")?;
+                    // The log as of this commit, which the commit's own hook has read (a
+                    // replay of every file in the log: reading it again would double the
+                    // cost that grows with the table). A commit of another engine since is
+                    // met by the next commit, which then fails and reads the log again.
+                    delta.state = Some(done.snapshot());
                 }
                 Err(e) => {
                     outcome = Err(e);
                     break;
                 }
             }
-            delta.update_state().await.map_err(|e| unavailable(&table.id, "cannot read its Delta log", e))?;
         }
         match outcome {
             Ok(()) => {
