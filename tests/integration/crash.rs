@@ -439,12 +439,12 @@ fn appender(addr: String, feed: Feed) {
         // One late batch in three is of `invoice` records for the day of a recent `debug`
         // batch: its buckets then hold a kind no policy expires, so they must never expire
         // again; or, if they expired already, the batch is refused (its archive is gone).
-        let invoice_day = {
+        let invoice_day = if late && rng.random_range(0..3) == 0 {
             let m = model.lock().unwrap();
-            (late && rng.random_range(0..3) == 0)
-                .then(|| m.debug_days.iter().rev().take(200).copied().collect::<Vec<_>>())
-        }
-        .and_then(|days| days.choose(&mut rng).copied());
+            m.debug_days[m.debug_days.len().saturating_sub(200)..].choose(&mut rng).copied()
+        } else {
+            None
+        };
         let (of_day, sort_prefix) = match (late, invoice_day) {
             (true, Some(debug_day)) => (debug_day, format!("late{day}-")),
             (true, None) => (day - rng.random_range(1..day.min(200)), format!("late{day}-")),
