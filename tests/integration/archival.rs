@@ -43,6 +43,7 @@ fn manifest_of(
         segments: vec![],
         created_at: 0,
         amends: None,
+        erasures: None,
     }
 }
 

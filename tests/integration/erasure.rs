@@ -18,10 +18,14 @@ const PARTITION: &str = "site a/%20=ü";
 const LATE_GRACE_US: i64 = frostline::settings::LATE_GRACE_SECONDS_DEFAULT as i64 * 1_000_000;
 
 fn record(time: &str, sort_key: &str, tenant: &str) -> Record {
+    record_in(PARTITION, time, sort_key, tenant)
+}
+
+fn record_in(partition: &str, time: &str, sort_key: &str, tenant: &str) -> Record {
     // A large body that names its tenant, so the raw bytes can be searched for.
     let body = format!("{{\"who\":\"{tenant}-{sort_key}\",\"pad\":\"{}\"}}", "x".repeat(4_000));
     Record {
-        partition_key: PARTITION.as_bytes().to_vec(),
+        partition_key: partition.as_bytes().to_vec(),
         event_time: t(time),
         sort_key: sort_key.as_bytes().to_vec(),
         tenant: Some(tenant.into()),
@@ -485,6 +489,83 @@ fn a_host_that_joins_after_a_shared_erasure_keeps_the_records_appended_since() {
     // The host that was stopped when the request was placed takes it up when it runs again.
     Fleet::settle(&stopped, "2024-03-10T00:00:00Z");
     assert_eq!(Fleet::tenants(&stopped), ["globex"], "a host that existed at the request erases what it held");
+}
+
+/// Regression (the gap issue 33's last stops named): a host rebuilt after its installation was
+/// lost adopts the lost one's archives, and a shared request the lost installation had not
+/// carried out (it was stopped when the request was placed) never reached them: the rebuilt
+/// host passed the request over, as it began after it, so the records stayed readable on the
+/// target for good and the request's status named the lost installation as behind forever.
+/// Now adoption sees that the lost installation's manifest does not answer for the request,
+/// and places a request here for exactly the records it names in those archives: the passes
+/// erase them, leave the receipt in the lost installation's name, and keep every record
+/// appended here since, in the adopted bucket and beside it.
+#[test]
+fn a_host_that_adopts_a_lost_installations_archives_erases_what_a_shared_request_still_names_in_them() {
+    let fleet = Fleet::new();
+    let placer = fleet.open("2024-03-01T12:00:00Z");
+    let lost = fleet.open("2024-03-01T12:00:00Z");
+    // Each host archives partitions of its own (one table's folders have one writer each).
+    const LOST: &str = "site b/%41=ø";
+    let in_lost = |time: &str, sort_key: &str, tenant: &str| record_in(LOST, time, sort_key, tenant);
+    for (e, n, partition) in [(&placer, "1", PARTITION), (&lost, "2", LOST)] {
+        let batch = vec![
+            record_in(partition, "2024-03-01T01:00:00Z", &format!("a{n}"), "acme"),
+            record_in(partition, "2024-03-01T02:00:00Z", &format!("g{n}"), "globex"),
+        ];
+        e.engine.append("r", batch).unwrap();
+        Fleet::settle(e, "2024-03-05T00:00:00Z");
+    }
+    // `lost` is stopped; acme's records are erased on the other host, which shares the request.
+    let selector = ErasureSelector { tenant: Some("acme".into()), ..Default::default() };
+    let placed = placer.engine.store().place_erasure(request(selector), placer.clock.now()).unwrap();
+    Fleet::settle(&placer, "2024-03-05T01:00:00Z");
+    assert!(!placer.engine.store().erasure(&placed.id).unwrap().unwrap().is_open());
+    assert_eq!(files_holding(fleet.shared.path(), "acme-a1").len(), 0, "the placer's own archive is erased");
+    assert!(!files_holding(fleet.shared.path(), "acme-a2").is_empty(), "the stopped host's is not yet");
+
+    // `lost` never runs again: its data directory is rebuilt, and the new installation appends
+    // acme records (lawful: acme is a customer again) before and after adopting.
+    let lost_id = lost.engine.installation_id().to_string();
+    lost.clock.set(t("2024-03-06T00:00:00Z"));
+    let rebuilt = lost.rebuild().unwrap();
+    rebuilt.engine.append("r", vec![in_lost("2024-03-06T01:00:00Z", "a3", "acme")]).unwrap();
+    let context = rebuilt.engine.context();
+    let dry =
+        runtime().block_on(frostline::archive::adopt::adopt(&context, true, std::slice::from_ref(&lost_id))).unwrap();
+    assert_eq!(dry.erasures_owed.len(), 1, "{dry:?}");
+    assert!(rebuilt.engine.store().erasures().unwrap().is_empty(), "a dry run places nothing");
+    let report =
+        runtime().block_on(frostline::archive::adopt::adopt(&context, false, std::slice::from_ref(&lost_id))).unwrap();
+    assert_eq!(report.adopted, 1, "{report:?}");
+    assert_eq!(report.erasures_owed.len(), 1, "{report:?}");
+    assert!(report.erasures_unknown.is_empty(), "{report:?}");
+    rebuilt.engine.append("r", vec![in_lost("2024-03-01T05:00:00Z", "a4", "acme")]).unwrap();
+    Fleet::settle(&rebuilt, "2024-03-06T00:30:00Z");
+    Fleet::settle(&rebuilt, "2024-03-10T00:00:00Z");
+
+    let mut read: Vec<String> =
+        rebuilt.query_all("r").iter().map(|r| String::from_utf8(r.sort_key.clone()).unwrap()).collect();
+    read.sort();
+    assert_eq!(read, ["a3", "a4", "g2"], "the adopted acme record is erased, the ones appended since stay");
+    let local = rebuilt.engine.store().erasures().unwrap();
+    assert_eq!(local.len(), 1, "{local:?}");
+    assert!(!local[0].is_open(), "{local:?}");
+    assert_eq!(local[0].selector.identities.len(), 1, "exactly the adopted record: {local:?}");
+    let left = files_holding(fleet.shared.path(), "acme-a2");
+    assert!(left.is_empty(), "no object on the target holds the erased record: {left:?}");
+    assert!(!files_holding(fleet.shared.path(), "acme-a4").is_empty(), "the late record is archived");
+
+    // The request's status names nobody as behind: the lost installation's receipt was left by
+    // the host that adopted its archives, and the rebuilt one, which began after the request,
+    // left its own.
+    let progress =
+        runtime().block_on(frostline::archive::fleet_erase::progress(&placer.engine.context(), &placed.id)).unwrap();
+    assert_eq!(progress.len(), 1, "{progress:?}");
+    assert!(progress[0].behind.is_empty(), "{progress:?}");
+    let by_lost = progress[0].finished.iter().find(|r| r.installation == lost_id).expect("a receipt for `lost`");
+    assert_eq!(by_lost.left_by.as_deref(), Some(rebuilt.engine.installation_id()), "{by_lost:?}");
+    assert_eq!(by_lost.archived_rows_erased, 1, "{by_lost:?}");
 }
 
 /// Erases the records of `PARTITION` at these (time, sort key) identities, and waits for it.

@@ -490,6 +490,9 @@ struct LifecycleCounts {
     /// (`--share-erasures`), and the records they took.
     peer_erasures: u64,
     peer_records_erased: u64,
+    /// Records of a lost installation's archives that the new one erased for a request the
+    /// lost one had not finished.
+    owed_erased: u64,
     /// Batches appended under a backfill lease, and passes that found the table paused by one.
     backfill_batches: u64,
     passes_paused_by_backfill: u64,
@@ -529,6 +532,7 @@ impl LifecycleCounts {
         self.erasure_objects_deleted += other.erasure_objects_deleted;
         self.peer_erasures += other.peer_erasures;
         self.peer_records_erased += other.peer_records_erased;
+        self.owed_erased += other.owed_erased;
         self.backfill_batches += other.backfill_batches;
         self.passes_paused_by_backfill += other.passes_paused_by_backfill;
     }
@@ -882,6 +886,26 @@ fn run_lifecycle_seed(seed: u64, ops: usize) -> LifecycleCounts {
                 // The database is lost and made anew; the new installation adopts the archives.
                 clear_faults();
                 faults_active = false;
+                // One rebuild in three (erasures on, pinned seeds aside) loses the database one
+                // pass after an erasure was placed on it: the request is on the shared target,
+                // perhaps not finished. The new installation began after it and passes it over,
+                // but the archives it adopts owe it what they still hold.
+                let owed = (erasures_on
+                    && !LIFECYCLE_PINNED_ERASURE_SEEDS.contains(&seed)
+                    && StdRng::seed_from_u64(seed ^ op as u64 ^ 0x1057_e5a5).random_range(0..3) == 0)
+                    && {
+                        // Its pass expires what is due meanwhile.
+                        let now = e.engine.clock().now();
+                        for ((p, day), bucket) in buckets.iter_mut() {
+                            let held = holds.values().any(|h| h == p);
+                            if !held && retention.expire_at((day + 1) * DAY_US, &bucket.kinds) <= now {
+                                bucket.expirable = true;
+                            }
+                        }
+                        let names = erase_then_lose(&e, &mut model, &mut kinds, &mut buckets, &mut counts, seed, op);
+                        placed_erasures.insert(format!("e-sim-lost-{op}"), names);
+                        true
+                    };
                 let served = check_lifecycle_reads(&e, &model, &buckets, Tolerated::Nothing, seed, op)
                     .expect("no faults are armed");
                 let before: BTreeMap<BucketKey, (BucketState, String, Option<String>)> = e
@@ -916,6 +940,7 @@ fn run_lifecycle_seed(seed: u64, ops: usize) -> LifecycleCounts {
                 if trace {
                     eprintln!("op {op}: adopted after a rebuild: {report:?}");
                 }
+                assert!(report.erasures_unknown.is_empty(), "seed {seed} op {op}: {report:?}");
                 let two_archives =
                     |c: &String| c.contains("cannot replace it") || c.contains("another copy of this data directory");
                 assert!(
@@ -964,6 +989,55 @@ fn run_lifecycle_seed(seed: u64, ops: usize) -> LifecycleCounts {
                 buckets.retain(|key, _| kept.contains(key));
                 recompute_kinds(&mut buckets, &model, &kinds);
                 holds.clear();
+                // Requests the adopted archives owe: the one under way when the database was
+                // lost, and one an installation lost earlier had not carried out on an archive
+                // that comes back (an older generation of a bucket expired since, whose expiry
+                // deleted only the generation it recorded). The new installation erases what
+                // they name in those archives, and nothing else: a record the lost installation
+                // served is lawful (appended after its request had finished) unless its own
+                // request was under way.
+                let owing: std::collections::BTreeSet<String> = e
+                    .engine
+                    .store()
+                    .erasures()
+                    .unwrap()
+                    .into_iter()
+                    .filter_map(|r| r.answers_for.map(|a| a.request))
+                    .collect();
+                if !owing.is_empty() {
+                    for _ in 0..12 {
+                        if e.engine.store().open_erasures().unwrap().is_empty() {
+                            break;
+                        }
+                        // The passes expire what is due meanwhile (the new installation has no
+                        // holds).
+                        let now = e.engine.clock().now();
+                        for ((_, day), bucket) in buckets.iter_mut() {
+                            if retention.expire_at((day + 1) * DAY_US, &bucket.kinds) <= now {
+                                bucket.expirable = true;
+                            }
+                        }
+                        runtime()
+                            .block_on(frostline::archive::run_pass(&e.engine.context(), "eraser"))
+                            .unwrap_or_else(|err| panic!("seed {seed} op {op}: pass failed: {err}"));
+                        counts.passes += 1;
+                        e.clock.advance(20_000_000);
+                    }
+                    let open = e.engine.store().open_erasures().unwrap();
+                    assert!(open.is_empty(), "seed {seed} op {op}: owed erasures still open: {open:?}");
+                    let before = model.len();
+                    for request in &owing {
+                        let names = &placed_erasures[request];
+                        let under_way = owed && *request == format!("e-sim-lost-{op}");
+                        model.retain(|id, _| !names.names(id) || (!under_way && served.contains_key(id)));
+                    }
+                    kinds.retain(|id, _| model.contains_key(id));
+                    recompute_kinds(&mut buckets, &model, &kinds);
+                    check_lifecycle_reads(&e, &model, &buckets, Tolerated::Nothing, seed, op)
+                        .expect("no faults are armed");
+                    counts.records_erased += (before - model.len()) as u64;
+                    counts.owed_erased += (before - model.len()) as u64;
+                }
                 counts.rebuilds += 1;
                 counts.adopted += report.adopted;
             }
@@ -1089,16 +1163,7 @@ fn run_lifecycle_seed(seed: u64, ops: usize) -> LifecycleCounts {
                 };
                 let names = ErasureNames { partition: partition.clone(), from, to };
                 let named = |id: &Identity| names.names(id);
-                let request = frostline::store::erasure::ErasureRequest {
-                    id: format!("e-sim-{op}"),
-                    selector,
-                    reason: "simulation".into(),
-                    requester: "sim".into(),
-                    placed_at: 0,
-                    finished_at: None,
-                    buckets: Vec::new(),
-                    fleet: Vec::new(),
-                };
+                let request = erasure_request(&format!("e-sim-{op}"), selector);
                 let placed = e.engine.store().place_erasure(request, e.engine.clock().now()).unwrap();
                 placed_erasures.insert(placed.id.clone(), names.clone());
                 let mut finished = None;
@@ -1478,6 +1543,45 @@ impl Peer {
             .expect("no faults");
         self.model.len() as u64
     }
+}
+
+/// Places a request for one of the main installation's partitions and runs one pass, which
+/// shares it on the target and carries out what it can; the model drops the named records that
+/// pass erased. What it names.
+#[allow(clippy::too_many_arguments)]
+fn erase_then_lose(
+    e: &TestEngine,
+    model: &mut BTreeMap<Identity, String>,
+    kinds: &mut BTreeMap<Identity, &'static str>,
+    buckets: &mut BTreeMap<BucketKey, ModelBucket>,
+    counts: &mut LifecycleCounts,
+    seed: u64,
+    op: usize,
+) -> ErasureNames {
+    let mut draw = StdRng::seed_from_u64(seed ^ op as u64 ^ 0x0e5a_5e10);
+    let mut partition = USER_KEYS[draw.random_range(0..3)].as_bytes().to_vec();
+    partition[0] = b'p';
+    e.engine.store().end_backfill("r").unwrap();
+    let selector = frostline::store::erasure::ErasureSelector {
+        table: Some("r".into()),
+        partition_key: Some(String::from_utf8(partition.clone()).unwrap()),
+        ..Default::default()
+    };
+    let request = erasure_request(&format!("e-sim-lost-{op}"), selector);
+    e.engine.store().place_erasure(request, e.engine.clock().now()).unwrap();
+    runtime()
+        .block_on(frostline::archive::run_pass(&e.engine.context(), "eraser"))
+        .unwrap_or_else(|err| panic!("seed {seed} op {op}: pass failed: {err}"));
+    counts.passes += 1;
+    e.clock.advance(20_000_000);
+    let names = ErasureNames { partition, from: None, to: None };
+    let (got, _, _) = read_everything(e, seed, op).unwrap_or_else(|err| panic!("seed {seed} op {op}: {err}"));
+    let before = model.len();
+    model.retain(|id, _| !names.names(id) || got.contains_key(id));
+    kinds.retain(|id, _| model.contains_key(id));
+    recompute_kinds(buckets, model, kinds);
+    counts.records_erased += (before - model.len()) as u64;
+    names
 }
 
 /// What one erasure request of the simulation names: a partition, over a range of days or all

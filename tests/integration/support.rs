@@ -86,6 +86,7 @@ pub fn erasure_request(
         finished_at: None,
         buckets: Vec::new(),
         fleet: Vec::new(),
+        answers_for: None,
     }
 }
 

@@ -138,6 +138,7 @@ fn run_round(runtime: &tokio::runtime::Runtime) -> Result<(f64, f64, f64, f64)> 
         finished_at: None,
         buckets: Vec::new(),
         fleet: Vec::new(),
+        answers_for: None,
     };
     let start = Instant::now();
     engine.store().place_erasure(request, ARCHIVE_NOW_MICROS)?;

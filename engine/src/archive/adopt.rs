@@ -23,15 +23,22 @@
 //! created only if absent), and adoption is refused while another installation's claim stands
 //! that is not itself named as lost: two hosts never both answer for one installation's
 //! archives (two that claim at once both see the other's claim, withdraw their own and stop).
+//!
+//! A lost installation's archives also owe the fleet's erasure requests it had not carried
+//! out: for each shared request on the targets that it left no receipt for, began before, and
+//! whose manifest does not name among those its generation answers for
+//! (`format::manifest::ErasuresAnswered`), the records the request names in the archive are
+//! erased here, by a request for exactly their identities (`place_owed`).
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;
 
-use super::{blocking, read_archive, read_manifest};
+use super::{blocking, fleet_erase, read_archive, read_manifest};
 use crate::engine::Context;
 use crate::error::{Error, Result};
 use crate::model::BucketState;
 use crate::storage::{ArchiveBackend, keys};
+use crate::store::erasure::{AnswersFor, ERASURE_IDENTITIES_MAX, ErasureRequest, ErasureSelector, RecordIdentity};
 use crate::store::schema::BucketId;
 use crate::store::{Adoption, VerifiedArchive};
 
@@ -63,7 +70,22 @@ pub struct AdoptReport {
     /// published on (another copy of the data directory expired them, or they were deleted
     /// outside frostline): their buckets are recorded as expired (in a dry run: would be).
     pub gone: Vec<String>,
+    /// Shared erasure requests that a lost installation had not carried out on the archives
+    /// adopted from it, and the requests placed here to erase what they name in them (in a
+    /// dry run: the records they would erase).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub erasures_owed: Vec<String>,
+    /// Adopted archives that hold records a shared request names and whose writer (a version
+    /// before manifests recorded it) left no word of whether it answered for them: nothing is
+    /// erased, and the request should be placed again here.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub erasures_unknown: Vec<String>,
 }
+
+/// The records of adopted archives that shared requests name and that their lost writers had
+/// not erased, by (request, lost installation, table): who placed the request, and the
+/// records' identities keyed by the fleet's key.
+type Owed = BTreeMap<(String, String, String), (String, Vec<RecordIdentity>)>;
 
 /// Takes in the archives this data directory does not record. Archives of another
 /// installation, in any layout, are taken in only when it is named in `from_installations` (a
@@ -83,6 +105,10 @@ pub async fn adopt(ctx: &Arc<Context>, dry_run: bool, from_installations: &[Stri
     // The epochs of this installation found on the targets: another copy's, once adopted
     // from, are recorded (below).
     let mut own_epochs = BTreeSet::new();
+    // The shared erasure requests on each target, read before anything is adopted from a lost
+    // installation: whatever it had not carried out is carried out here on its archives.
+    let shared = shared_requests(ctx, from_installations).await?;
+    let mut owed = Owed::new();
     for (table_id, table) in &policies.tables {
         let mut backends: Vec<&Arc<dyn ArchiveBackend>> = vec![&table.backend];
         for backend in policies.targets.values() {
@@ -168,16 +194,25 @@ pub async fn adopt(ctx: &Arc<Context>, dry_run: bool, from_installations: &[Stri
                     }
                 };
                 let rows = archive.rows.len() as u64;
+                let owes = if found.writer != ctx.installation_id && !found.writer.is_empty() {
+                    owed_by(ctx, &shared, &found.writer, &archive, &mut report)
+                } else {
+                    Vec::new()
+                };
                 if dry_run {
+                    add_owed(&mut owed, &found.writer, &archive.id.table, owes);
                     report.adopted += 1;
                     report.rows += rows;
                     chosen = Some(i);
                     break;
                 }
-                let (store, now) = (ctx.store.clone(), ctx.clock.now());
+                let (store, now, table) = (ctx.store.clone(), ctx.clock.now(), archive.id.table.clone());
                 match blocking(move || store.adopt(archive, now)).await? {
-                    Adoption::Adopted => {}
-                    Adoption::Replaced { hot_rows } => report.hot_rows_released += hot_rows,
+                    Adoption::Adopted => add_owed(&mut owed, &found.writer, &table, owes),
+                    Adoption::Replaced { hot_rows } => {
+                        report.hot_rows_released += hot_rows;
+                        add_owed(&mut owed, &found.writer, &table, owes);
+                    }
                     Adoption::Known => {
                         report.known += 1;
                         chosen = Some(i);
@@ -223,12 +258,165 @@ pub async fn adopt(ctx: &Arc<Context>, dry_run: bool, from_installations: &[Stri
             blocking(move || store.record_epoch(epoch, now)).await?;
         }
     }
+    place_owed(ctx, owed, dry_run, &mut report).await?;
     for table in changed_tables {
         if !policies.table(&table)?.delta_log() {
             super::catalog::write(ctx, &table).await?;
         }
     }
     Ok(report)
+}
+
+/// The shared erasure requests on every target of the policy set, when archives of lost
+/// installations are to be taken in (none otherwise), each with the installations that left a
+/// receipt for it on any target: a request reaches the archives on every target, though an
+/// engine writes it to the targets its tables use at the time (a table's older archives may
+/// lie on a target it has left). Refused, before anything is adopted, where a target holds
+/// requests and the engine has no fleet key to match them.
+async fn shared_requests(
+    ctx: &Arc<Context>,
+    from_installations: &[String],
+) -> Result<Vec<fleet_erase::SharedOnTarget>> {
+    let mut by_id: BTreeMap<String, fleet_erase::SharedOnTarget> = BTreeMap::new();
+    if from_installations.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut seen = BTreeSet::new();
+    let tables = ctx.policies.tables.values().map(|t| &t.backend);
+    for backend in tables.chain(ctx.policies.targets.values()) {
+        if !seen.insert(backend.target().to_string()) {
+            continue;
+        }
+        let requests = fleet_erase::requests_on(backend.as_ref()).await?;
+        if !requests.is_empty() && ctx.fleet_key().is_none() {
+            return Err(Error::InvalidInput(format!(
+                "target {} holds {} shared erasure request(s), which the archives of {} may still owe; adopting \
+                 them needs the fleet's key to carry those out: run adopt with --share-erasures \
+                 (ARCHIVER_SHARE_ERASURES) naming the fleet's key file",
+                backend.target(),
+                requests.len(),
+                from_installations.join(", ")
+            )));
+        }
+        for found in requests {
+            match by_id.get_mut(&found.request.id) {
+                Some(known) => known.receipts.extend(found.receipts),
+                None => {
+                    by_id.insert(found.request.id.clone(), found);
+                }
+            }
+        }
+    }
+    Ok(by_id.into_values().collect())
+}
+
+/// The records of `archive`, written by the lost installation `writer`, that a shared request
+/// names and that the writer had not erased: it left no receipt, began before the request was
+/// placed, and its manifest does not name the request among those it answers for
+/// (`format::manifest::ErasuresAnswered`). By request id, with who placed it, keyed identities.
+fn owed_by(
+    ctx: &Context,
+    requests: &[fleet_erase::SharedOnTarget],
+    writer: &str,
+    archive: &VerifiedArchive,
+    report: &mut AdoptReport,
+) -> Vec<(String, String, Vec<RecordIdentity>)> {
+    let Some(key) = ctx.fleet_key() else { return Vec::new() };
+    let mut out = Vec::new();
+    for shared in requests {
+        let request = &shared.request;
+        if shared.receipts.contains(writer) || request.selector.keyed.as_deref() != Some(key.id()) {
+            continue;
+        }
+        let named: Vec<RecordIdentity> = archive
+            .rows
+            .iter()
+            .filter(|row| request.selector.matches_record(&archive.id.table, row))
+            .map(|row| ErasureSelector::keyed_identity(key, row))
+            .collect();
+        if named.is_empty() {
+            continue;
+        }
+        match &archive.manifest.erasures {
+            Some(answered)
+                if request.placed_at < answered.installation_since || answered.requests.contains(&request.id) => {}
+            Some(_) => out.push((request.id.clone(), request.placed_by.clone(), named)),
+            None => report.erasures_unknown.push(format!(
+                "`{}` holds {} record(s) that shared request `{}` names, and installation {writer} left no receipt \
+                 for it; its manifest does not say whether it answers for them (written by an earlier version): \
+                 nothing of it is erased here, place the request again on this host (docs/FLEET.md)",
+                archive.manifest_key,
+                named.len(),
+                request.id
+            )),
+        }
+    }
+    out
+}
+
+fn add_owed(owed: &mut Owed, writer: &str, table: &str, owes: Vec<(String, String, Vec<RecordIdentity>)>) {
+    for (request, placed_by, identities) in owes {
+        owed.entry((request, writer.to_string(), table.to_string()))
+            .or_insert_with(|| (placed_by, Vec::new()))
+            .1
+            .extend(identities);
+    }
+}
+
+/// Places a request here for each (shared request, lost installation) that adopted archives
+/// owe, by the exact identities of the records named (at most `ERASURE_IDENTITIES_MAX` each:
+/// more make several requests). The passes carry them out like any other, and once they have
+/// finished the receipt is left in the lost installation's name (`archive::fleet_erase`).
+/// Records appended here since keep their identities apart from these, so nothing appended
+/// since is erased (but a record appended here under an identity named, before the request is
+/// finished, which names that identity).
+async fn place_owed(ctx: &Arc<Context>, owed: Owed, dry_run: bool, report: &mut AdoptReport) -> Result<()> {
+    // Requests placed for each (shared request, lost installation), to number them.
+    let mut placed: BTreeMap<(String, String), usize> = BTreeMap::new();
+    for ((request, writer, table), (placed_by, identities)) in owed {
+        if dry_run {
+            report.erasures_owed.push(format!(
+                "shared request `{request}`: {} record(s) in the archives of installation {writer} would be erased",
+                identities.len()
+            ));
+            continue;
+        }
+        let key = ctx.fleet_key().ok_or_else(|| Error::Internal("owed erasures without a fleet key".into()))?;
+        for chunk in identities.chunks(ERASURE_IDENTITIES_MAX) {
+            let n = placed.entry((request.clone(), writer.clone())).or_default();
+            *n += 1;
+            let local = ErasureRequest {
+                id: format!("{request}-{writer}-{n}"),
+                selector: ErasureSelector {
+                    table: Some(table.clone()),
+                    identities: chunk.to_vec(),
+                    keyed: Some(key.id().to_string()),
+                    ..Default::default()
+                },
+                reason: format!(
+                    "shared request `{request}`, for the archives adopted from installation {writer}, which had not \
+                     carried it out"
+                ),
+                requester: format!("installation {placed_by}"),
+                placed_at: 0,
+                finished_at: None,
+                buckets: Vec::new(),
+                fleet: Vec::new(),
+                answers_for: Some(AnswersFor { request: request.clone(), installation: writer.clone() }),
+            };
+            let (store, now, id) = (ctx.store.clone(), ctx.clock.now(), local.id.clone());
+            match blocking(move || store.place_erasure(local, now)).await {
+                Ok(_) | Err(Error::Conflict(_)) => {}
+                Err(e) => return Err(e),
+            }
+            tracing::info!(request = %request, installation = %writer, local = %id, "erasure owed by adopted archives placed");
+            report.erasures_owed.push(format!(
+                "shared request `{request}`: {} record(s) in the archives of installation {writer}, erased by request `{id}`",
+                chunk.len()
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Two copies of one data directory (one restored from a backup while the other went on) can

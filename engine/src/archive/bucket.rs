@@ -14,7 +14,7 @@ use super::{blocking, expiry, pipeline};
 
 use crate::engine::Context;
 use crate::error::{Error, Result};
-use crate::format::manifest::{Amendment, MANIFEST_VERSION, Manifest, SegmentInfo, sha256_hex};
+use crate::format::manifest::{Amendment, ErasuresAnswered, MANIFEST_VERSION, Manifest, SegmentInfo, sha256_hex};
 use crate::model::{BucketState, Micros};
 use crate::policy::TablePolicy;
 use crate::storage::{ArchiveBackend, PutOutcome, keys};
@@ -267,7 +267,17 @@ async fn upload_and_publish(
     // Open erasure requests that name the bucket: their hot rows are deleted under this lease
     // before the snapshot, and their archived rows left out of the next generation.
     let (store, claimed) = (ctx.store.clone(), meta.clone());
-    let selectors = blocking(move || store.erasure_selectors(&claimed)).await?;
+    let scope = blocking(move || store.erasure_scope(&claimed)).await?;
+    // Where the engine shares erasures, the manifest says which requests it answers for.
+    let answered = match ctx.fleet_key() {
+        Some(_) => {
+            let store = ctx.store.clone();
+            let since = blocking(move || store.installation_since()).await?;
+            Some(ErasuresAnswered { installation_since: since, requests: scope.answered })
+        }
+        None => None,
+    };
+    let selectors = scope.selectors;
     let erasing = !selectors.is_empty();
     let leave_out: Box<dyn Fn(&crate::model::Record) -> bool + Send> = {
         let (selectors, table_id) = (selectors.clone(), id.table.clone());
@@ -285,7 +295,7 @@ async fn upload_and_publish(
     }
     let (receiver, reader) =
         pipeline::start(ctx.clone(), id.clone(), owner.to_string(), generation, table.format, base_rows);
-    let claimed = Claimed { owner, meta, base: base.as_ref() };
+    let claimed = Claimed { owner, meta, base: base.as_ref(), answered: answered.as_ref() };
     let uploaded = upload_segments(ctx, table, claimed, heartbeat, seconds, receiver).await;
     // The receiver is gone: a reader still running stops at its next segment.
     let read = reader.await.map_err(|e| Error::Internal(format!("the reader of bucket {id} failed: {e}")))?;
@@ -302,7 +312,13 @@ async fn upload_and_publish(
         Some(prepared) => prepared,
         None => {
             // No segment carried the summary: the bucket had no rows.
-            let prepared = prepare_manifest(ctx, table, meta, base.as_ref(), segments, read.summaries)?;
+            let prepared = prepare_manifest(
+                ctx,
+                table,
+                ManifestOf { meta, base: base.as_ref(), answered: answered.as_ref() },
+                segments,
+                read.summaries,
+            )?;
             record_intent(ctx, &id, generation, table, owner, vec![prepared.2.clone()]).await?;
             prepared
         }
@@ -357,7 +373,7 @@ async fn upload_segments(
     seconds: &mut PhaseSeconds,
     mut receiver: tokio::sync::mpsc::Receiver<pipeline::Encoded>,
 ) -> Result<(Vec<SegmentInfo>, Option<PreparedManifest>)> {
-    let Claimed { owner, meta, base } = claimed;
+    let Claimed { owner, meta, base, answered } = claimed;
     let id = &meta.id;
     let prefix =
         keys::bucket_folder(table.layout(), &id.table, &ctx.installation_id, &id.bucket_key, &id.partition_key);
@@ -381,7 +397,8 @@ async fn upload_segments(
         segments.push(info.clone());
         let mut intent_keys = vec![key];
         if let Some(summaries) = last {
-            let manifest = prepare_manifest(ctx, table, meta, base, segments.clone(), summaries)?;
+            let manifest =
+                prepare_manifest(ctx, table, ManifestOf { meta, base, answered }, segments.clone(), summaries)?;
             intent_keys.push(manifest.2.clone());
             prepared = Some(manifest);
         }
@@ -407,6 +424,15 @@ struct Claimed<'a> {
     owner: &'a str,
     meta: &'a BucketMeta,
     base: Option<&'a Base>,
+    /// The erasure requests the generation answers for, where the engine shares erasures.
+    answered: Option<&'a ErasuresAnswered>,
+}
+
+/// What a bucket's manifest is made from besides its segments.
+struct ManifestOf<'a> {
+    meta: &'a BucketMeta,
+    base: Option<&'a Base>,
+    answered: Option<&'a ErasuresAnswered>,
 }
 
 /// The published archive a next generation starts from: its generation and manifest key.
@@ -446,11 +472,11 @@ async fn published_base(
 fn prepare_manifest(
     ctx: &Arc<Context>,
     table: &Arc<TablePolicy>,
-    meta: &BucketMeta,
-    base: Option<&Base>,
+    of: ManifestOf<'_>,
     segments: Vec<SegmentInfo>,
     summaries: pipeline::Summaries,
 ) -> Result<PreparedManifest> {
+    let ManifestOf { meta, base, answered } = of;
     let amends = base.map(|base| Amendment {
         generation: base.generation,
         manifest_key: base.manifest_key.clone(),
@@ -476,6 +502,7 @@ fn prepare_manifest(
         segments,
         created_at: ctx.clock.now(),
         amends,
+        erasures: answered.cloned(),
     };
     manifest.check_consistent()?;
     let bytes = Bytes::from(manifest.to_bytes());

@@ -17,10 +17,14 @@
 //!   their values under the same key (a request under another key is named and skipped). A
 //!   request placed before it began is passed over: the host had no record then, and would
 //!   otherwise erase records appended since that nobody asked to erase (a host that joins the
-//!   fleet, or whose data directory is rebuilt, after a request for a tenant that comes back);
+//!   fleet, or whose data directory is rebuilt, after a request for a tenant that comes back),
+//!   with a receipt that says so (`began_after`);
 //! - leaves a receipt for each request its store has finished
 //!   (`_frostline-erasures/<id>/receipt-<installation>.json`: counts and times, never the
-//!   selector or a record).
+//!   selector or a record), and, for the archives it adopted from a lost installation that
+//!   had not carried a request out (`archive::adopt` places a request for exactly the records
+//!   they still owe, `AnswersFor`), the receipt in that installation's name once those
+//!   requests have finished (`left_by`).
 //!
 //! Which installations share a target is read from the archives there (the installation in
 //! every manifest's name) when a request's progress is asked for, so an installation that has
@@ -33,7 +37,7 @@
 //! "Erasure", what stays). An engine that was stopped when a request was placed picks it up on
 //! its first pass after it starts.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
@@ -43,7 +47,7 @@ use crate::engine::Context;
 use crate::error::{Error, Result};
 use crate::model::Micros;
 use crate::storage::{ArchiveBackend, PutOutcome};
-use crate::store::erasure::{ErasureProgress, ErasureRequest, ErasureSelector};
+use crate::store::erasure::{AnswersFor, ErasureProgress, ErasureRequest, ErasureSelector};
 pub use crate::store::erasure::{FleetProgress, SharedReceipt};
 
 /// Where requests, receipts and the installations that share a target live, below its root.
@@ -103,25 +107,37 @@ async fn create_once(ctx: &Context, backend: &dyn ArchiveBackend, key: &str, byt
 
 /// One exchange with every target (module documentation); returns the requests placed here
 /// from a target. A target that cannot be reached is skipped with its error, the others go on.
+/// Once every target has the receipts of the requests this store has finished, the manifests
+/// written from then on no longer name those requests (`store::schema::UNRECEIPTED_ERASURES`).
 pub async fn exchange(ctx: &Arc<Context>) -> (u64, Vec<String>) {
+    let store = ctx.store.clone();
+    let mine: Vec<ErasureRequest> = match blocking(move || store.erasures()).await {
+        Ok(mine) => mine,
+        Err(e) => return (0, vec![format!("shared erasures: {e}")]),
+    };
     let mut placed = 0;
     let mut errors = Vec::new();
     for backend in targets(ctx) {
-        match exchange_with(ctx, backend.as_ref()).await {
+        match exchange_with(ctx, backend.as_ref(), &mine).await {
             Ok(n) => placed += n,
             Err(e) => errors.push(format!("shared erasures on {}: {e}", backend.target())),
+        }
+    }
+    if errors.is_empty() {
+        let finished = mine.iter().filter(|r| !r.is_open()).map(|r| r.id.clone()).collect();
+        let store = ctx.store.clone();
+        if let Err(e) = blocking(move || store.erasure_receipts_left(finished)).await {
+            errors.push(format!("shared erasures: {e}"));
         }
     }
     (placed, errors)
 }
 
-async fn exchange_with(ctx: &Arc<Context>, backend: &dyn ArchiveBackend) -> Result<u64> {
+async fn exchange_with(ctx: &Arc<Context>, backend: &dyn ArchiveBackend, mine: &[ErasureRequest]) -> Result<u64> {
     let me = ctx.installation_id.clone();
     let fleet_key = ctx.fleet_key().ok_or_else(|| Error::Internal("shared erasures without a fleet key".into()))?;
     let listed: BTreeSet<String> =
         backend.list(SHARED_ERASURES_PREFIX).await?.into_iter().map(|object| object.key).collect();
-    let store = ctx.store.clone();
-    let mine: Vec<ErasureRequest> = blocking(move || store.erasures()).await?;
     let known: BTreeSet<&str> = mine.iter().map(|r| r.id.as_str()).collect();
     let store = ctx.store.clone();
     let since = blocking(move || store.installation_since()).await?;
@@ -140,23 +156,7 @@ async fn exchange_with(ctx: &Arc<Context>, backend: &dyn ArchiveBackend) -> Resu
         {
             continue;
         }
-        let Some(bytes) = backend.get(listed_key).await? else { continue };
-        // One unreadable request must not stop the others: it is named and skipped.
-        let shared = match serde_json::from_slice::<SharedRequest>(&bytes) {
-            Ok(shared) if shared.id == id => shared,
-            Ok(shared) => {
-                tracing::warn!(key = %listed_key, named = %shared.id, "a shared erasure request names another id; skipped");
-                continue;
-            }
-            Err(e) => {
-                tracing::warn!(
-                    key = %listed_key, error = %e,
-                    "a shared erasure request cannot be read (one written before requests were keyed names its \
-                     values in clear: place it again on an engine of this build); skipped"
-                );
-                continue;
-            }
-        };
+        let Some(shared) = read_request(backend, listed_key, id).await? else { continue };
         if shared.selector.keyed.as_deref() != Some(fleet_key.id()) {
             tracing::warn!(
                 key = %listed_key, request_key = ?shared.selector.keyed, fleet_key = fleet_key.id(),
@@ -169,11 +169,28 @@ async fn exchange_with(ctx: &Arc<Context>, backend: &dyn ArchiveBackend) -> Resu
             // Placed before this installation began (a host that joined the fleet later, a
             // data directory rebuilt since): none of its records were there to be erased, and
             // taking the request up now would erase records appended since, which nobody asked
-            // for. Passed over for the rest of this life, and said once.
+            // for. Passed over for the rest of this life, said once, and receipted as such (the
+            // archives this host adopted from a lost installation answer for themselves:
+            // `archive::adopt`).
             tracing::info!(
                 request = %shared.id, placed_by = %shared.placed_by, placed_at = shared.placed_at, since,
                 "a shared erasure request placed before this installation began is not taken up"
             );
+            if !listed.contains(&receipt_key(&shared.id, &me)) {
+                let receipt = SharedReceipt {
+                    installation: me.clone(),
+                    request: shared.id.clone(),
+                    finished_at: ctx.clock.now(),
+                    buckets: 0,
+                    hot_rows_erased: 0,
+                    archived_rows_erased: 0,
+                    objects_deleted: 0,
+                    versions_kept_on: Vec::new(),
+                    began_after: true,
+                    left_by: None,
+                };
+                create_once(ctx, backend, &receipt_key(&shared.id, &me), json(&receipt)?).await?;
+            }
             ctx.memory().shared_erasure_keys.lock().expect("shared erasure keys").insert(passed_over);
             continue;
         }
@@ -186,6 +203,7 @@ async fn exchange_with(ctx: &Arc<Context>, backend: &dyn ArchiveBackend) -> Resu
             finished_at: None,
             buckets: Vec::new(),
             fleet: Vec::new(),
+            answers_for: None,
         };
         let (store, now) = (ctx.store.clone(), ctx.clock.now());
         let request = blocking(move || store.place_erasure(request, now)).await?;
@@ -196,7 +214,12 @@ async fn exchange_with(ctx: &Arc<Context>, backend: &dyn ArchiveBackend) -> Resu
         placed += 1;
     }
     // This store's requests the target lacks, and receipts for those it finished.
-    for request in &mine {
+    let mut answering: BTreeMap<&AnswersFor, Vec<&ErasureRequest>> = BTreeMap::new();
+    for request in mine {
+        if let Some(answers_for) = &request.answers_for {
+            answering.entry(answers_for).or_default().push(request);
+            continue;
+        }
         let key = request_key(&request.id);
         if !listed.contains(&key) {
             let shared = SharedRequest {
@@ -210,27 +233,96 @@ async fn exchange_with(ctx: &Arc<Context>, backend: &dyn ArchiveBackend) -> Resu
         let Some(finished_at) = request.finished_at else { continue };
         let key = receipt_key(&request.id, &me);
         if !listed.contains(&key) {
-            let receipt = receipt_of(request, &me, finished_at);
+            let receipt = receipt_of(&[request], &me, finished_at);
             create_once(ctx, backend, &key, json(&receipt)?).await?;
         }
+    }
+    // The receipt of a lost installation whose adopted archives this host erased: once every
+    // request answering for it has finished, on the target that carries the shared request.
+    for (answers_for, requests) in answering {
+        let key = receipt_key(&answers_for.request, &answers_for.installation);
+        let Some(finished_at) = requests.iter().map(|r| r.finished_at).collect::<Option<Vec<_>>>() else { continue };
+        if listed.contains(&key) || !listed.contains(&request_key(&answers_for.request)) {
+            continue;
+        }
+        let mut receipt =
+            receipt_of(&requests, &answers_for.installation, finished_at.into_iter().max().unwrap_or_default());
+        receipt.request = answers_for.request.clone();
+        receipt.left_by = Some(me.clone());
+        create_once(ctx, backend, &key, json(&receipt)?).await?;
     }
     Ok(placed)
 }
 
-fn receipt_of(request: &ErasureRequest, installation: &str, finished_at: Micros) -> SharedReceipt {
-    let mut versions_kept_on: Vec<String> =
-        request.buckets.iter().flat_map(|b| b.versions_kept_on.iter().cloned()).collect();
+/// Request `id` as `key` on a target holds it; `None` (said in a warning) when it cannot be
+/// read or names another id: one unreadable request must not stop the others.
+async fn read_request(backend: &dyn ArchiveBackend, key: &str, id: &str) -> Result<Option<SharedRequest>> {
+    let Some(bytes) = backend.get(key).await? else { return Ok(None) };
+    match serde_json::from_slice::<SharedRequest>(&bytes) {
+        Ok(shared) if shared.id == id => Ok(Some(shared)),
+        Ok(shared) => {
+            tracing::warn!(key = %key, named = %shared.id, "a shared erasure request names another id; skipped");
+            Ok(None)
+        }
+        Err(e) => {
+            tracing::warn!(
+                key = %key, error = %e,
+                "a shared erasure request cannot be read (one written before requests were keyed names its \
+                 values in clear: place it again on an engine of this build); skipped"
+            );
+            Ok(None)
+        }
+    }
+}
+
+/// A request on a shared target and the installations that left a receipt for it.
+#[derive(Debug, Clone)]
+pub struct SharedOnTarget {
+    pub request: SharedRequest,
+    pub receipts: BTreeSet<String>,
+}
+
+/// Every readable request on `backend`, with the installations that finished it.
+pub async fn requests_on(backend: &dyn ArchiveBackend) -> Result<Vec<SharedOnTarget>> {
+    let listed: Vec<String> = backend.list(SHARED_ERASURES_PREFIX).await?.into_iter().map(|o| o.key).collect();
+    let mut out = Vec::new();
+    for key in &listed {
+        let Some(id) = key.strip_prefix(SHARED_ERASURES_PREFIX).and_then(|rest| rest.strip_suffix("/request.json"))
+        else {
+            continue;
+        };
+        if !valid_id(id) {
+            continue;
+        }
+        let Some(request) = read_request(backend, key, id).await? else { continue };
+        let folder = format!("{SHARED_ERASURES_PREFIX}{id}/receipt-");
+        let receipts = listed
+            .iter()
+            .filter_map(|k| k.strip_prefix(folder.as_str()).and_then(|rest| rest.strip_suffix(".json")))
+            .map(str::to_string)
+            .collect();
+        out.push(SharedOnTarget { request, receipts });
+    }
+    Ok(out)
+}
+
+/// The receipt of `requests` (one request, or those answering for one lost installation).
+fn receipt_of(requests: &[&ErasureRequest], installation: &str, finished_at: Micros) -> SharedReceipt {
+    let buckets = || requests.iter().flat_map(|r| r.buckets.iter());
+    let mut versions_kept_on: Vec<String> = buckets().flat_map(|b| b.versions_kept_on.iter().cloned()).collect();
     versions_kept_on.sort();
     versions_kept_on.dedup();
     SharedReceipt {
         installation: installation.to_string(),
-        request: request.id.clone(),
+        request: requests.first().map(|r| r.id.clone()).unwrap_or_default(),
         finished_at,
-        buckets: request.buckets.iter().filter(|b| b.progress == ErasureProgress::Done).count() as u64,
-        hot_rows_erased: request.buckets.iter().map(|b| b.hot_rows_erased).sum(),
-        archived_rows_erased: request.buckets.iter().map(|b| b.archived_rows_erased).sum(),
-        objects_deleted: request.buckets.iter().map(|b| b.deleted_objects.len() as u64).sum(),
+        buckets: buckets().filter(|b| b.progress == ErasureProgress::Done).count() as u64,
+        hot_rows_erased: buckets().map(|b| b.hot_rows_erased).sum(),
+        archived_rows_erased: buckets().map(|b| b.archived_rows_erased).sum(),
+        objects_deleted: buckets().map(|b| b.deleted_objects.len() as u64).sum(),
         versions_kept_on,
+        began_after: false,
+        left_by: None,
     }
 }
 

@@ -53,6 +53,29 @@ pub struct Manifest {
     /// hot rows it added, which the cleanup proves before deleting them (invariant 9).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub amends: Option<Amendment>,
+    /// Which shared erasure requests this generation answers for, so that a host adopting it
+    /// once its writer is lost can tell which of them its rows still owe (`archive::adopt`).
+    /// Absent in manifests of earlier versions, and where the writer did not share erasures.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub erasures: Option<ErasuresAnswered>,
+}
+
+/// What the writer of a generation knew of the fleet's erasure requests when it wrote it.
+/// A request answers for its records when the writer took it up (it was carried out on the
+/// bucket, or the bucket held none of its records then); a request the writer never heard of
+/// may still name records of this generation.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErasuresAnswered {
+    /// When the writer's installation began: a request placed before then named none of its
+    /// records, and the writer passed it over (`archive::fleet_erase`).
+    pub installation_since: Micros,
+    /// The requests open in the writer's store that may name a record of the bucket and that
+    /// this generation answers for (the bucket's part is done, it was not matched when the
+    /// request was placed, or this generation leaves the named records out), and those that
+    /// finished and whose receipt the writer had not yet left on the target. A request that
+    /// finished with its receipt on the target answers for every archive of its writer.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub requests: Vec<String>,
 }
 
 /// What a generation that replaces an earlier one took from where.

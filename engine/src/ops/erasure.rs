@@ -82,6 +82,7 @@ pub fn place_erasure(engine: &Engine, request: EraseRequest) -> Result<ErasurePl
         finished_at: None,
         buckets: Vec::new(),
         fleet: Vec::new(),
+        answers_for: None,
     };
     let placed = engine.store().place_erasure(placed, engine.clock().now())?;
     tracing::info!(request = %placed.id, buckets = placed.buckets.len(), "erasure request placed");

@@ -20,7 +20,7 @@ use super::keys::{decode_row_key, rows_table, rows_table_name};
 use super::outbox::push_outbox;
 use super::schema::{
     BUCKETS, BucketId, BucketMeta, ERASURES, META, META_OPEN_ERASURES_INDEXED, OPEN_ERASURES, RELEASED, ReleasedKey,
-    Shared, StoredRow, decode_value, encode_value,
+    Shared, StoredRow, UNRECEIPTED_ERASURES, decode_value, encode_value,
 };
 use super::{Store, check_lease, load_meta, record_step, save_meta};
 use crate::model::lifecycle::Step;
@@ -124,6 +124,15 @@ impl ErasureSelector {
         }
     }
 
+    /// The identity of one record as a selector keyed by `key` names it.
+    pub fn keyed_identity(key: &FleetKey, record: &Record) -> RecordIdentity {
+        RecordIdentity {
+            partition_key: key.digest(PARTITION_KEY, &record.partition_key),
+            event_time: record.event_time,
+            sort_key: key.digest(SORT_KEY, &record.sort_key),
+        }
+    }
+
     /// Whether `named` (a value of this selector's field `field`) names `value`.
     fn names(&self, field: &str, named: &str, value: &[u8]) -> bool {
         match &self.keyed {
@@ -185,6 +194,15 @@ impl ErasureSelector {
     pub fn matches_record(&self, table: &str, record: &Record) -> bool {
         self.matches(table, &record.partition_key, record.event_time, &record.sort_key, record.tenant.as_deref())
     }
+}
+
+/// What a bucket's next generation does about erasure (`Store::erasure_scope`).
+#[derive(Debug, Clone, Default)]
+pub struct ErasureScope {
+    /// The selectors whose records it leaves out.
+    pub selectors: Vec<ErasureSelector>,
+    /// The requests it answers for, by id, sorted.
+    pub answered: Vec<String>,
 }
 
 /// Where one matched bucket stands in a request.
@@ -250,6 +268,14 @@ pub struct SharedReceipt {
     /// Targets that keep deleted objects as noncurrent versions (policies/README.md).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub versions_kept_on: Vec<String>,
+    /// The installation began after the request was placed, held none of its records and
+    /// passed it over (all counts are 0).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub began_after: bool,
+    /// Left by another host for this installation, which was lost: the host adopted its
+    /// archives and erased what the request named in them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub left_by: Option<String>,
 }
 
 /// What one shared target says of a request: which installations finished it, which have not.
@@ -276,6 +302,19 @@ pub struct ErasureRequest {
     /// request there: filled when one request is read (`ops::erasure::erasure`), never stored.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub fleet: Vec<FleetProgress>,
+    /// Set on a request a host placed for the archives it adopted from a lost installation
+    /// that had not carried out a shared request (`archive::adopt`): it names those archives'
+    /// records by exact identities, is never written to a target as a request of its own, and
+    /// once finished leaves the shared request's receipt in the lost installation's name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub answers_for: Option<AnswersFor>,
+}
+
+/// The shared request and the lost installation a request answers for (`ErasureRequest`).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct AnswersFor {
+    pub request: String,
+    pub installation: String,
 }
 
 impl ErasureRequest {
@@ -465,7 +504,9 @@ impl Store {
             }
             request.placed_at = now;
             request.finished_at = None;
-            request.finish_if_done(now);
+            if request.finish_if_done(now) {
+                txn.open_table(UNRECEIPTED_ERASURES)?.insert(request.id.as_str(), ())?;
+            }
             save_request(txn, &request)?;
             // Events carry the request's id, reason and counts, never what it names.
             let mut details = request.counts();
@@ -548,14 +589,51 @@ impl Store {
         txn.open_table(ERASURES)?.get(id)?.map(|v| decode_value(v.value())).transpose()
     }
 
-    /// The selectors of the open requests that match bucket `meta`, unless a hold covers it
-    /// (a held bucket is erased only once its holds are lifted).
-    pub fn erasure_selectors(&self, meta: &BucketMeta) -> Result<Vec<ErasureSelector>> {
-        let open = self.open_erasures()?;
-        if open.is_empty() || self.holds()?.iter().any(|h| h.covers(meta)) {
-            return Ok(Vec::new());
+    /// What the next generation of bucket `meta` does about erasure: the selectors of the open
+    /// requests whose part of the bucket is not done (none while a hold covers it: a held
+    /// bucket is erased only once its holds are lifted), whose records it leaves out; and the
+    /// requests it answers for (`format::manifest::ErasuresAnswered`): those it leaves out, the
+    /// open ones that may name a record of the bucket and whose part of it is done or that did
+    /// not match it when placed, and the finished ones whose receipt is not yet on the shared
+    /// targets.
+    pub fn erasure_scope(&self, meta: &BucketMeta) -> Result<ErasureScope> {
+        let txn = self.read()?;
+        let open = open_requests(&txn.open_table(OPEN_ERASURES)?, &txn.open_table(ERASURES)?)?;
+        let mut scope = ErasureScope::default();
+        for entry in txn.open_table(UNRECEIPTED_ERASURES)?.iter()? {
+            scope.answered.push(entry?.0.value().to_string());
         }
-        Ok(selectors_by_bucket(&open).remove(&meta.id).unwrap_or_default())
+        if open.is_empty() {
+            return Ok(scope);
+        }
+        let held = self.holds()?.iter().any(|h| h.covers(meta));
+        for request in open {
+            let pending = request.buckets.iter().any(|b| b.bucket == meta.id && b.progress != ErasureProgress::Done);
+            if pending && !held {
+                scope.selectors.push(request.selector);
+                scope.answered.push(request.id);
+            } else if !pending && request.selector.may_match(meta) {
+                scope.answered.push(request.id);
+            }
+        }
+        scope.answered.sort();
+        scope.answered.dedup();
+        Ok(scope)
+    }
+
+    /// The finished requests whose receipts now lie on every shared target: the manifests
+    /// written from now on need not name them (`UNRECEIPTED_ERASURES`).
+    pub fn erasure_receipts_left(&self, ids: Vec<String>) -> Result<()> {
+        if ids.is_empty() {
+            return Ok(());
+        }
+        self.write(move |txn| {
+            let mut unreceipted = txn.open_table(UNRECEIPTED_ERASURES)?;
+            for id in &ids {
+                unreceipted.remove(id.as_str())?;
+            }
+            Ok(())
+        })
     }
 
     /// Deletes the hot rows of bucket `id` that `selectors` name: under the lease of
@@ -634,6 +712,7 @@ impl Store {
             }
             if request.finish_if_done(now) {
                 push_outbox(txn, "erasure_finished", None, now, request.counts())?;
+                txn.open_table(UNRECEIPTED_ERASURES)?.insert(request.id.as_str(), ())?;
             }
             save_request(txn, &request)
         })

@@ -51,8 +51,8 @@ pub use self::recovery::{RECOVERY_PROBE_BYTES, RECOVERY_WAIT_MS_MAX};
 use self::schema::{
     BUCKETS, BUCKETS_BY_END, BUCKETS_BY_TIME, BucketId, BucketMeta, DELIVERIES, DUE, EPOCHS, ERASURES, HOLDS, INTENTS,
     MANIFESTS, META, META_INSTALLATION_ID, META_PUBLICATION_CHANGES_SEQ, META_SCHEMA_VERSION, OUTBOX, PLAN_QUEUE,
-    PUBLICATION_CHANGES, PlanClass, RELEASED, SCHEMA_VERSION, TABLES, TOMBSTONES, TableState, Tombstone, by_end_key,
-    by_time_key, decode_value, due_key, encode_value, plan_queue_key,
+    PUBLICATION_CHANGES, PlanClass, RELEASED, SCHEMA_VERSION, TABLES, TOMBSTONES, TableState, Tombstone,
+    UNRECEIPTED_ERASURES, by_end_key, by_time_key, decode_value, due_key, encode_value, plan_queue_key,
 };
 pub use self::writer::GROUP_COMMIT_REQUESTS_MAX;
 use self::writer::{Poison, TxnFn, WriteRequest, writer_loop};
@@ -286,6 +286,7 @@ fn init_schema(db: &Database) -> Result<()> {
         txn.open_table(EPOCHS)?;
         txn.open_table(RELEASED)?;
         txn.open_table(ERASURES)?;
+        txn.open_table(UNRECEIPTED_ERASURES)?;
         txn.open_table(PUBLICATION_CHANGES)?;
     }
     erasure::index_open_requests(&txn)?;

@@ -87,6 +87,11 @@ pub const ERASURES: TableDefinition<&str, &[u8]> = TableDefinition::new("erasure
 /// The ids of the erasure requests not yet finished: a pass and every claim read the open
 /// requests, which would otherwise mean decoding every request ever placed.
 pub const OPEN_ERASURES: TableDefinition<&str, ()> = TableDefinition::new("open_erasures");
+/// The ids of the finished erasure requests whose receipt is not yet known to lie on every
+/// shared target (`archive::fleet_erase`): until it does, the manifests this data directory
+/// writes name them among the requests they answer for, so that a host adopting them after
+/// this one is lost can tell a finished request from one never carried out.
+pub const UNRECEIPTED_ERASURES: TableDefinition<&str, ()> = TableDefinition::new("unreceipted_erasures");
 /// Which buckets' publications changed, in the order they changed: `(table, sequence)` to
 /// the bucket's id, written by `record_step` in the transaction of the change (a publication,
 /// an adoption, an expiry begun, finished or called off). A running engine's Delta sync reads
