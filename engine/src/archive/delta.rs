@@ -38,7 +38,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use deltalake::DeltaTable;
-use deltalake::kernel::transaction::{CommitBuilder, CommitProperties, TableReference};
+use deltalake::kernel::transaction::CommitData;
 use deltalake::kernel::{Action, Add, Remove, Transaction};
 use deltalake::logstore::{CommitOrBytes, LogStoreRef, StorageConfig, default_logstore};
 use deltalake::protocol::{DeltaOperation, SaveMode};
@@ -247,23 +247,94 @@ async fn record(ctx: &Arc<Context>, table: &TablePolicy, result: &Result<DeltaSy
 }
 
 /// What a table's syncs keep between them: this installation's files (`FileIndex`) and the
-/// log as the last sync left it, which the next one brings up to date by reading only the
-/// commits made since (delta-rs's `update_state`), not the whole log.
+/// log as the last sync left it (`KeptLog`), which the next one brings up to date by reading
+/// only the commits made since, not the whole log.
 #[derive(Default)]
 struct KeptSync {
     index: Option<FileIndex>,
     log: Option<KeptLog>,
 }
 
-/// The log as a sync left it: where it lives, its version then, and the bytes of that version's
-/// commit. The next sync brings it up to date only when the log at the same place still holds
-/// that commit: a log deleted and written anew, rolled back, or moved with its target (the same
-/// name, another URL) is read whole instead.
+/// The log as a sync left it: where it lives, its version then, the bytes of that version's
+/// commit, and what the log says at that version. The next sync brings it up to date only when
+/// the log at the same place still holds that commit: a log deleted and written anew, rolled
+/// back, or moved with its target (the same name, another URL) is read whole instead.
 struct KeptLog {
-    table: DeltaTable,
     location: String,
     version: u64,
     commit: bytes::Bytes,
+    view: LogView,
+}
+
+/// What a sync needs of the log at one version: every file it lists (the path as delta-rs
+/// decodes it, and its size) and this installation's application transaction version. Kept
+/// from the commits themselves, a sync after one publication reads one commit and writes one,
+/// where a delta-rs snapshot replays every file of the log after each commit (its cost grows
+/// with the table). The whole log is read (by delta-rs) only when a sync starts without one,
+/// when a commit changes the table's metadata or protocol, and for a checkpoint.
+#[derive(Debug, Clone, Default, PartialEq)]
+struct LogView {
+    files: BTreeMap<String, i64>,
+    app_version: i64,
+}
+
+impl LogView {
+    /// The log read whole at `version`, or its newest: (version, view).
+    async fn load(
+        log_store: &LogStoreRef,
+        app_id: &str,
+        version: Option<u64>,
+    ) -> deltalake::DeltaResult<(u64, LogView)> {
+        let mut delta = DeltaTable::new(log_store.clone());
+        match version {
+            Some(version) => delta.load_version(version).await?,
+            None => delta.load().await?,
+        }
+        let state = delta.snapshot()?;
+        let files = state.log_data().into_iter().map(|file| (file.path().into_owned(), file.size())).collect();
+        let app_version = state.transaction_version(log_store.as_ref(), app_id).await?.unwrap_or(0);
+        Ok((state.version(), LogView { files, app_version }))
+    }
+
+    /// Applies one commit's actions; `false` when the commit changes what this view does not
+    /// follow (the table's metadata or protocol) or cannot be read as actions: then the log is
+    /// read whole.
+    fn apply(&mut self, commit: &[u8], app_id: &str) -> bool {
+        for line in commit.split(|b| *b == b'\n').filter(|line| !line.iter().all(u8::is_ascii_whitespace)) {
+            match serde_json::from_slice::<Action>(line) {
+                Ok(Action::Add(add)) => {
+                    self.files.insert(add.path, add.size);
+                }
+                Ok(Action::Remove(remove)) => {
+                    self.files.remove(&remove.path);
+                }
+                Ok(Action::Txn(txn)) if txn.app_id == app_id => self.app_version = txn.version,
+                Ok(Action::Metadata(_) | Action::Protocol(_)) | Err(_) => return false,
+                Ok(_) => {}
+            }
+        }
+        true
+    }
+}
+
+/// Brings `log` up to the log's newest version by reading the commits since its own; `false`
+/// when one of them needs the log read whole (`LogView::apply`).
+async fn catch_up(log_store: &LogStoreRef, log: &mut KeptLog, app_id: &str) -> deltalake::DeltaResult<bool> {
+    while let Some(commit) = log_store.read_commit_entry(log.version + 1).await? {
+        if !log.view.apply(&commit, app_id) {
+            return Ok(false);
+        }
+        log.version += 1;
+        log.commit = commit;
+    }
+    Ok(true)
+}
+
+/// The log read whole, as a sync keeps it.
+async fn load_log(log_store: &LogStoreRef, location: &str, app_id: &str) -> deltalake::DeltaResult<KeptLog> {
+    let (version, view) = LogView::load(log_store, app_id, None).await?;
+    let commit = log_store.read_commit_entry(version).await?.unwrap_or_default();
+    Ok(KeptLog { location: location.to_string(), version, commit, view })
 }
 
 /// `kept_log`: the log as the last sync of this process left it (read whole when `None`);
@@ -278,117 +349,51 @@ async fn sync_serialized(
         Error::InvalidInput(format!("table `{}`: its target is not an object store; it has no Delta log", table.id))
     })?;
     let root = keys::delta_table_root(&table.id);
-    let (wanted, known) = (&index.wanted, &index.known);
-    let known_misencoded: BTreeSet<String> = known.keys().map(|path| doubly_encoded(path)).collect();
-    // The buckets that have a published file: a file of theirs that the log lists and that is
-    // no longer wanted belongs to a generation a newer one replaced (late records).
-    let published_buckets: BTreeSet<(&str, &str)> =
-        wanted.values().map(|f| (f.partition_key.as_str(), f.bucket_key.as_str())).collect();
     let log_store = log_store(store, table.backend.local_dir(), &root)?;
-    let created = create_if_absent(&log_store, &table.id, ctx.clock.now()).await?;
+    let location = log_store.root_url().to_string();
+    // A log this process synced, still holding the commit it left it at, exists: only a sync
+    // without one makes sure (a listing of the log's folder, which grows with its history).
+    let kept = match kept_log.take() {
+        Some(kept)
+            if kept.location == location
+                && log_store.read_commit_entry(kept.version).await.ok().flatten().as_ref() == Some(&kept.commit) =>
+        {
+            Some(kept)
+        }
+        _ => None,
+    };
+    let created = match kept {
+        Some(_) => false,
+        None => create_if_absent(&log_store, &table.id, ctx.clock.now()).await?,
+    };
     let mut report =
         DeltaSync { table: table.id.clone(), created, buckets_read: index.buckets_read, ..Default::default() };
     let app_id = format!("frostline-{}", ctx.installation_id);
+    let read_log = |e| unavailable(&table.id, "cannot read its Delta log", e);
     let mut attempt = 0;
     // Only the commits since the last sync are read, when the log still holds the commit the
     // last sync left it at; any other log is read whole.
-    let location = log_store.root_url().to_string();
-    let mut updated = None;
-    if let Some(KeptLog { table: mut delta, location: kept_at, version, commit }) = kept_log.take()
-        && kept_at == location
-        && log_store.read_commit_entry(version).await.ok().flatten().as_ref() == Some(&commit)
-        && delta.update_state().await.is_ok()
-    {
-        updated = Some(delta);
-    }
-    let mut delta = match updated {
-        Some(delta) => delta,
-        None => {
-            let mut delta = DeltaTable::new(log_store.clone());
-            delta.load().await.map_err(|e| unavailable(&table.id, "cannot read its Delta log", e))?;
-            delta
-        }
+    let mut log = match kept {
+        Some(kept) => kept,
+        None => load_log(&log_store, &location, &app_id).await.map_err(read_log)?,
     };
     loop {
         attempt += 1;
-        if attempt > 1 {
-            delta.update_state().await.map_err(|e| unavailable(&table.id, "cannot read its Delta log", e))?;
+        if !catch_up(&log_store, &mut log, &app_id).await.map_err(read_log)? {
+            log = load_log(&log_store, &location, &app_id).await.map_err(read_log)?;
         }
-        let state = delta.snapshot().map_err(|e| unavailable(&table.id, "cannot read its Delta log", e))?;
-        let present: BTreeMap<String, i64> = state
-            .log_data()
-            .into_iter()
-            .map(|file| (file.path().into_owned(), file.size()))
-            // Only files this database published or adopted (under the paths earlier builds
-            // wrote too): another installation's, or another copy's of this one, are never its
-            // to remove, whatever folder they lie in.
-            .filter(|(path, _)| known.contains_key(path) || known_misencoded.contains(path))
-            .collect();
         let now_ms = ctx.clock.now().div_euclid(1_000);
-        // Published files the log lists only under the path earlier builds wrote: each entry
-        // is replaced (the same file, no data change), not removed and added again.
-        let misencoded: BTreeMap<&str, String> = wanted
-            .keys()
-            .filter(|path| !present.contains_key(*path))
-            .map(|path| (path.as_str(), doubly_encoded(path)))
-            .filter(|(path, old)| old != path && present.contains_key(old))
-            .collect();
-        let replaced: BTreeSet<&str> = misencoded.values().map(String::as_str).collect();
-        let repairs: Vec<Action> = misencoded
-            .iter()
-            .flat_map(|(path, old)| {
-                [
-                    Action::Remove(remove_action(old, present[old], now_ms, false)),
-                    Action::Add(add_action(path, &wanted[*path], false)),
-                ]
-            })
-            .collect();
-        // A file of a generation that a newer one replaced is removed in the commit that adds
-        // the newer one's files (a reader sees the bucket's rows before or after, never
-        // without them); the files of expired archives in a delete of their own.
-        let rewritten = |path: &str| {
-            known.get(path).is_some_and(|(partition, bucket)| published_buckets.contains(&(partition, bucket)))
-        };
-        let (mut rewrites, mut removes): (Vec<Action>, Vec<Action>) = (Vec::new(), Vec::new());
-        let mut rewritten_buckets: BTreeSet<(&str, &str)> = BTreeSet::new();
-        for (path, size) in
-            present.iter().filter(|(path, _)| !wanted.contains_key(*path) && !replaced.contains(path.as_str()))
-        {
-            let action = Action::Remove(remove_action(path, *size, now_ms, true));
-            if rewritten(path) {
-                let (partition, bucket) = &known[path];
-                rewritten_buckets.insert((partition.as_str(), bucket.as_str()));
-                rewrites.push(action);
-            } else {
-                removes.push(action);
-            }
-        }
-        let mut adds: Vec<Action> = Vec::new();
-        for (path, file) in
-            wanted.iter().filter(|(path, _)| !present.contains_key(*path) && !misencoded.contains_key(path.as_str()))
-        {
-            let action = Action::Add(add_action(path, file, true));
-            if rewritten_buckets.contains(&(file.partition_key.as_str(), file.bucket_key.as_str())) {
-                rewrites.push(action);
-            } else {
-                adds.push(action);
-            }
-        }
+        let Planned { repairs, removes, rewrites, adds } = plan(&log.view, index, now_ms);
         if repairs.is_empty() && removes.is_empty() && adds.is_empty() && rewrites.is_empty() {
-            report.version = delta.version().unwrap_or(0);
-            *kept_log = kept(&log_store, delta, location).await;
+            report.version = log.version;
+            check_view(&log_store, &log, &app_id, &table.id).await?;
+            *kept_log = Some(log);
             return Ok(report);
         }
-        let last = state
-            .transaction_version(log_store.as_ref(), &app_id)
-            .await
-            .map_err(|e| unavailable(&table.id, "cannot read its Delta log", e))?
-            .unwrap_or(0);
         // Repairs, removes, rewrites and adds in separate commits, each the operation a reader
         // expects of it (a repair of the log, a delete, an update that replaces files, an
         // append); each carries the next application transaction version.
         let mut outcome = Ok(());
-        let mut version = last;
         for (actions, operation) in [
             (repairs, DeltaOperation::FileSystemCheck {}),
             (removes, DeltaOperation::Delete { predicate: None }),
@@ -408,31 +413,40 @@ async fn sync_serialized(
                 }
                 _ => (actions.len(), 0, 0),
             };
-            version += 1;
-            let properties = CommitProperties::default()
-                .with_application_transaction(Transaction::new_with_last_update(&app_id, version, Some(now_ms)))
-                // A lost race is resolved here, by reading the log again, never by delta-rs
-                // rebasing a commit whose first attempt may have landed.
-                .with_max_retries(0);
+            let transaction = Transaction::new_with_last_update(&app_id, log.view.app_version + 1, Some(now_ms));
             crate::failpoints::hit("before_delta_commit")?;
-            let snapshot = delta.snapshot().map_err(|e| unavailable(&table.id, "cannot read its Delta log", e))?;
-            let committed = CommitBuilder::from(properties)
-                .with_actions(actions)
-                .build(Some(snapshot as &dyn TableReference), log_store.clone(), operation)
+            // Written as delta-rs writes a commit (commit info, the actions, the application
+            // transaction), created only if the version is free: a lost race is resolved here,
+            // by reading the log again, never by rebasing a commit whose first attempt may
+            // have landed.
+            let commit = CommitData::new(actions, operation, HashMap::new(), vec![transaction])
+                .get_bytes()
+                .map_err(|e| Error::Internal(format!("table `{}`: cannot encode a Delta commit: {e}", table.id)))?;
+            let version = log.version + 1;
+            let written = log_store
+                .write_commit_entry(version, CommitOrBytes::LogBytes(commit.clone()), uuid::Uuid::new_v4())
                 .await;
-            match committed {
-                Ok(done) => {
-                    report.version = done.version();
+            match written {
+                Ok(()) => {
+                    if !log.view.apply(&commit, &app_id) {
+                        return Err(Error::Internal(format!(
+                            "table `{}`: a Delta commit of its own unreadable",
+                            table.id
+                        )));
+                    }
+                    log.version = version;
+                    log.commit = commit;
+                    report.version = version;
                     report.added += added;
                     report.removed += removed;
                     report.repaired += repaired;
-                    tracing::info!(table = %table.id, version = report.version, removed, added, repaired, "Delta log commit");
+                    tracing::info!(table = %table.id, version, removed, added, repaired, "Delta log commit");
                     crate::failpoints::hit("after_delta_commit")?;
-                    // The log as of this commit, which the commit's own hook has read (a
-                    // replay of every file in the log: reading it again would double the
-                    // cost that grows with the table). A commit of another engine since is
-                    // met by the next commit, which then fails and reads the log again.
-                    delta.state = Some(done.snapshot());
+                    if (version + 1).is_multiple_of(u64::from(DELTA_CHECKPOINT_INTERVAL)) {
+                        checkpoint(&log_store, version)
+                            .await
+                            .map_err(|e| unavailable(&table.id, "cannot write a checkpoint of its Delta log", e))?;
+                    }
                 }
                 Err(e) => {
                     outcome = Err(e);
@@ -442,7 +456,8 @@ async fn sync_serialized(
         }
         match outcome {
             Ok(()) => {
-                *kept_log = kept(&log_store, delta, location).await;
+                check_view(&log_store, &log, &app_id, &table.id).await?;
+                *kept_log = Some(log);
                 return Ok(report);
             }
             Err(e) if attempt < DELTA_COMMIT_ATTEMPTS_MAX => {
@@ -456,12 +471,137 @@ async fn sync_serialized(
     }
 }
 
-/// The log as this sync leaves it, for the next one (`None`, read whole next time, when its
-/// newest commit cannot be read back).
-async fn kept(log_store: &LogStoreRef, table: DeltaTable, location: String) -> Option<KeptLog> {
-    let version = table.version()?;
-    let commit = log_store.read_commit_entry(version).await.ok().flatten()?;
-    Some(KeptLog { table, location, version, commit })
+/// The commits a sync makes, each empty when nothing of its kind is due.
+struct Planned {
+    /// Files the log lists only under the path earlier builds wrote, listed again under the
+    /// right one (a remove and an add each, no data change).
+    repairs: Vec<Action>,
+    /// Files of archives no longer published (expired).
+    removes: Vec<Action>,
+    /// Files of generations a newer one replaced, removed with the newer one's files added.
+    rewrites: Vec<Action>,
+    /// Files of archives newly published.
+    adds: Vec<Action>,
+}
+
+/// The difference between this installation's published files (`index`) and the files the log
+/// lists of those this database recorded (`view`), as commits. Both lists are walked once, in
+/// the order of their paths (a merge of two sorted maps): a sync after one publication on a
+/// table of thousands of files compares them without a lookup per file.
+fn plan(view: &LogView, index: &FileIndex, now_ms: i64) -> Planned {
+    let (wanted, known) = (&index.wanted, &index.known);
+    // The files the log lists that this database recorded: another installation's, or another
+    // copy's of this one, are never its to remove, whatever folder they lie in.
+    let mut present: Vec<(&str, i64)> = Vec::new();
+    let mut known_paths = known.keys().peekable();
+    for (path, size) in &view.files {
+        while known_paths.next_if(|k| k.as_str() < path.as_str()).is_some() {}
+        if known_paths.peek().is_some_and(|k| *k == path) || misencoded_known(known, path) {
+            present.push((path, *size));
+        }
+    }
+    // Files listed and not wanted, and files wanted and not listed, by one merge.
+    let mut listed_only: BTreeMap<&str, i64> = BTreeMap::new();
+    let mut wanted_only: Vec<(&str, &PublishedFile)> = Vec::new();
+    let mut listed = present.iter().peekable();
+    for (path, file) in wanted {
+        while let Some((listed_path, size)) = listed.next_if(|(p, _)| *p < path.as_str()) {
+            listed_only.insert(listed_path, *size);
+        }
+        if listed.next_if(|(p, _)| *p == path.as_str()).is_none() {
+            wanted_only.push((path, file));
+        }
+    }
+    listed_only.extend(listed.map(|(path, size)| (*path, *size)));
+    // Published files the log lists only under the path earlier builds wrote: each entry is
+    // replaced (the same file, no data change), not removed and added again.
+    let mut repairs = Vec::new();
+    let mut adding: Vec<(&str, &PublishedFile)> = Vec::new();
+    for (path, file) in wanted_only {
+        let old = doubly_encoded(path);
+        match listed_only.remove(old.as_str()) {
+            Some(size) if old != path => {
+                repairs.push(Action::Remove(remove_action(&old, size, now_ms, false)));
+                repairs.push(Action::Add(add_action(path, file, false)));
+            }
+            _ => adding.push((path, file)),
+        }
+    }
+    // A file of a generation that a newer one replaced is removed in the commit that adds the
+    // newer one's files (a reader sees the bucket's rows before or after, never without them);
+    // the files of expired archives in a delete of their own. The buckets that have a published
+    // file are gathered only when something is removed.
+    let (mut rewrites, mut removes) = (Vec::new(), Vec::new());
+    let mut rewritten_buckets: BTreeSet<(&str, &str)> = BTreeSet::new();
+    if !listed_only.is_empty() {
+        let published_buckets: BTreeSet<(&str, &str)> =
+            wanted.values().map(|f| (f.partition_key.as_str(), f.bucket_key.as_str())).collect();
+        for (path, size) in listed_only {
+            let action = Action::Remove(remove_action(path, size, now_ms, true));
+            match known.get(path) {
+                Some((partition, bucket)) if published_buckets.contains(&(partition.as_str(), bucket.as_str())) => {
+                    rewritten_buckets.insert((partition.as_str(), bucket.as_str()));
+                    rewrites.push(action);
+                }
+                _ => removes.push(action),
+            }
+        }
+    }
+    let mut adds = Vec::new();
+    for (path, file) in adding {
+        let action = Action::Add(add_action(path, file, true));
+        if rewritten_buckets.contains(&(file.partition_key.as_str(), file.bucket_key.as_str())) {
+            rewrites.push(action);
+        } else {
+            adds.push(action);
+        }
+    }
+    Planned { repairs, removes, rewrites, adds }
+}
+
+/// Whether `path`, which this database did not record, is one of its files as an earlier
+/// build wrote it to the log (`doubly_encoded`).
+fn misencoded_known(known: &KnownFiles, path: &str) -> bool {
+    if !path.contains("%25") {
+        return false;
+    }
+    let key = path.replace("%25", "%");
+    known.contains_key(&key) && doubly_encoded(&key) == path
+}
+
+/// A debug build checks the view a sync keeps against the log read whole by delta-rs at the
+/// same version, so every test and long run with a Delta table checks it.
+async fn check_view(log_store: &LogStoreRef, log: &KeptLog, app_id: &str, table: &str) -> Result<()> {
+    if cfg!(debug_assertions) {
+        let (_, whole) = LogView::load(log_store, app_id, Some(log.version))
+            .await
+            .map_err(|e| unavailable(table, "cannot read its Delta log", e))?;
+        if whole != log.view {
+            return Err(Error::Internal(format!(
+                "table `{table}`: the Delta log view kept from commits differs at version {} from the log read whole \
+                 ({} files against {}; application version {} against {})",
+                log.version,
+                log.view.files.len(),
+                whole.files.len(),
+                log.view.app_version,
+                whole.app_version
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Writes the checkpoint of `version` (the log read whole at it, once every
+/// `DELTA_CHECKPOINT_INTERVAL` commits, as delta-rs's own commits do) and deletes the log
+/// entries older than the table's log retention that a checkpoint makes unneeded.
+async fn checkpoint(log_store: &LogStoreRef, version: u64) -> deltalake::DeltaResult<()> {
+    let mut delta = DeltaTable::new(log_store.clone());
+    delta.load_version(version).await?;
+    deltalake::checkpoints::create_checkpoint(&delta, None).await?;
+    if delta.snapshot()?.table_config().enable_expired_log_cleanup.unwrap_or(true) {
+        deltalake::checkpoints::cleanup_metadata(&delta, None).await?;
+    }
+    Ok(())
 }
 
 fn unavailable(table: &str, what: &str, error: impl std::fmt::Display) -> Error {
