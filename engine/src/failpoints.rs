@@ -40,6 +40,8 @@ pub const FAIL_POINTS: &[&str] = &[
     // A Delta log sync, before and after each commit.
     "before_delta_commit",
     "after_delta_commit",
+    // Adoption, between recording the archives and placing the erasures they owe.
+    "before_owed_erasures",
 ];
 
 pub const FAILPOINTS_ENV: &str = "FROSTLINE_FAILPOINTS";

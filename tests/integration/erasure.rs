@@ -535,10 +535,20 @@ fn a_host_that_adopts_a_lost_installations_archives_erases_what_a_shared_request
         runtime().block_on(frostline::archive::adopt::adopt(&context, true, std::slice::from_ref(&lost_id))).unwrap();
     assert_eq!(dry.erasures_owed.len(), 1, "{dry:?}");
     assert!(rebuilt.engine.store().erasures().unwrap().is_empty(), "a dry run places nothing");
-    let report =
-        runtime().block_on(frostline::archive::adopt::adopt(&context, false, std::slice::from_ref(&lost_id))).unwrap();
-    assert_eq!(report.adopted, 1, "{report:?}");
+    // An adoption cut off after it recorded the archive and before it placed what the archive
+    // owes: run again, it finds the archive recorded and places the request then, once.
+    let adopt =
+        || runtime().block_on(frostline::archive::adopt::adopt(&context, false, std::slice::from_ref(&lost_id)));
+    fail::cfg("before_owed_erasures", "return").unwrap();
+    let cut = adopt();
+    fail::remove("before_owed_erasures");
+    assert!(cut.is_err(), "{cut:?}");
+    assert!(rebuilt.engine.store().erasures().unwrap().is_empty());
+    let report = adopt().unwrap();
+    assert_eq!((report.adopted, report.known), (0, 1), "recorded by the run cut off: {report:?}");
     assert_eq!(report.erasures_owed.len(), 1, "{report:?}");
+    let again = adopt().unwrap();
+    assert_eq!(rebuilt.engine.store().erasures().unwrap().len(), 1, "placed once, whatever the runs: {again:?}");
     assert!(report.erasures_unknown.is_empty(), "{report:?}");
     rebuilt.engine.append("r", vec![in_lost("2024-03-01T05:00:00Z", "a4", "acme")]).unwrap();
     Fleet::settle(&rebuilt, "2024-03-06T00:30:00Z");

@@ -179,6 +179,12 @@ pub async fn adopt(ctx: &Arc<Context>, dry_run: bool, from_installations: &[Stri
                 if known.contains(key) {
                     report.known += 1;
                     chosen = Some(i);
+                    // An earlier run that recorded it may have stopped before it placed what
+                    // the archive owes: placed again (under the same ids, so nothing twice).
+                    if found.writer != ctx.installation_id && !found.writer.is_empty() {
+                        let owes = owed_by_recorded(ctx, &shared, table_id, found, &folder, &mut report).await?;
+                        add_owed(&mut owed, &found.writer, table_id, owes);
+                    }
                     break;
                 }
                 if replaced_by_recorded.contains(key) {
@@ -257,6 +263,9 @@ pub async fn adopt(ctx: &Arc<Context>, dry_run: bool, from_installations: &[Stri
             let (store, now) = (ctx.store.clone(), ctx.clock.now());
             blocking(move || store.record_epoch(epoch, now)).await?;
         }
+    }
+    if !dry_run {
+        crate::failpoints::hit("before_owed_erasures")?;
     }
     place_owed(ctx, owed, dry_run, &mut report).await?;
     for table in changed_tables {
@@ -352,6 +361,33 @@ fn owed_by(
         }
     }
     out
+}
+
+/// What an archive of a lost installation that this database already records still owes
+/// (`owed_by`); its rows are read only when its manifest leaves a request unanswered.
+async fn owed_by_recorded(
+    ctx: &Arc<Context>,
+    requests: &[fleet_erase::SharedOnTarget],
+    table: &str,
+    found: &FoundManifest,
+    folder: &str,
+    report: &mut AdoptReport,
+) -> Result<Vec<(String, String, Vec<RecordIdentity>)>> {
+    let Some(key) = ctx.fleet_key() else { return Ok(Vec::new()) };
+    let manifest = read_manifest(found.backend.as_ref(), &found.key).await?;
+    let unanswered = requests.iter().any(|shared| {
+        let request = &shared.request;
+        !shared.receipts.contains(&found.writer)
+            && request.selector.keyed.as_deref() == Some(key.id())
+            && manifest.erasures.as_ref().is_none_or(|answered| {
+                request.placed_at >= answered.installation_since && !answered.requests.contains(&request.id)
+            })
+    });
+    if !unanswered {
+        return Ok(Vec::new());
+    }
+    let archive = read_verified(ctx, table, &found.backend, folder, &found.key).await?;
+    Ok(owed_by(ctx, requests, &found.writer, &archive, report))
 }
 
 fn add_owed(owed: &mut Owed, writer: &str, table: &str, owes: Vec<(String, String, Vec<RecordIdentity>)>) {
