@@ -312,13 +312,7 @@ async fn upload_and_publish(
         Some(prepared) => prepared,
         None => {
             // No segment carried the summary: the bucket had no rows.
-            let prepared = prepare_manifest(
-                ctx,
-                table,
-                ManifestOf { meta, base: base.as_ref(), answered: answered.as_ref() },
-                segments,
-                read.summaries,
-            )?;
+            let prepared = prepare_manifest(ctx, table, claimed, segments, read.summaries)?;
             record_intent(ctx, &id, generation, table, owner, vec![prepared.2.clone()]).await?;
             prepared
         }
@@ -373,7 +367,7 @@ async fn upload_segments(
     seconds: &mut PhaseSeconds,
     mut receiver: tokio::sync::mpsc::Receiver<pipeline::Encoded>,
 ) -> Result<(Vec<SegmentInfo>, Option<PreparedManifest>)> {
-    let Claimed { owner, meta, base, answered } = claimed;
+    let Claimed { owner, meta, .. } = claimed;
     let id = &meta.id;
     let prefix =
         keys::bucket_folder(table.layout(), &id.table, &ctx.installation_id, &id.bucket_key, &id.partition_key);
@@ -397,8 +391,7 @@ async fn upload_segments(
         segments.push(info.clone());
         let mut intent_keys = vec![key];
         if let Some(summaries) = last {
-            let manifest =
-                prepare_manifest(ctx, table, ManifestOf { meta, base, answered }, segments.clone(), summaries)?;
+            let manifest = prepare_manifest(ctx, table, claimed, segments.clone(), summaries)?;
             intent_keys.push(manifest.2.clone());
             prepared = Some(manifest);
         }
@@ -425,13 +418,6 @@ struct Claimed<'a> {
     meta: &'a BucketMeta,
     base: Option<&'a Base>,
     /// The erasure requests the generation answers for, where the engine shares erasures.
-    answered: Option<&'a ErasuresAnswered>,
-}
-
-/// What a bucket's manifest is made from besides its segments.
-struct ManifestOf<'a> {
-    meta: &'a BucketMeta,
-    base: Option<&'a Base>,
     answered: Option<&'a ErasuresAnswered>,
 }
 
@@ -472,11 +458,11 @@ async fn published_base(
 fn prepare_manifest(
     ctx: &Arc<Context>,
     table: &Arc<TablePolicy>,
-    of: ManifestOf<'_>,
+    claimed: Claimed<'_>,
     segments: Vec<SegmentInfo>,
     summaries: pipeline::Summaries,
 ) -> Result<PreparedManifest> {
-    let ManifestOf { meta, base, answered } = of;
+    let Claimed { meta, base, answered, .. } = claimed;
     let amends = base.map(|base| Amendment {
         generation: base.generation,
         manifest_key: base.manifest_key.clone(),

@@ -624,6 +624,13 @@ impl Store {
     /// The finished requests whose receipts now lie on every shared target: the manifests
     /// written from now on need not name them (`UNRECEIPTED_ERASURES`).
     pub fn erasure_receipts_left(&self, ids: Vec<String>) -> Result<()> {
+        // Read first: called after every exchange, it commits (and syncs) only when a request
+        // leaves the table.
+        let txn = self.read()?;
+        let unreceipted = txn.open_table(UNRECEIPTED_ERASURES)?;
+        let mut ids = ids;
+        ids.retain(|id| unreceipted.get(id.as_str()).is_ok_and(|found| found.is_some()));
+        drop((unreceipted, txn));
         if ids.is_empty() {
             return Ok(());
         }
