@@ -277,11 +277,11 @@ async fn pass_loop(engine: Arc<Engine>, passes: Arc<Passes>, mut stopping: tokio
     }
 }
 
-/// Paces the status file. Its summary reads every bucket, so on a large store it is written
-/// less often than a pass runs: never sooner after the last write than
-/// `STATUS_FILE_COST_FACTOR` times what that write took. A small store's file is rewritten
-/// after every pass; one of a million buckets (about 1.7 s to summarize) about every
-/// 17 s, a tenth of a core at most.
+/// Paces the status file: never sooner after the last write than `STATUS_FILE_COST_FACTOR`
+/// times what that write took. The summary reads the store's tallies (`store::tally`), so it
+/// costs about the same on any store and the file is rewritten after every pass; the pace is a
+/// guard for what still grows (a long list of deferrals, a slow disk), a tenth of a core at
+/// most.
 #[derive(Default)]
 struct StatusWrites {
     last: Option<(std::time::Instant, Duration)>,

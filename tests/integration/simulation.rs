@@ -176,6 +176,8 @@ fn check_reads(e: &TestEngine, model: &BTreeMap<Identity, String>, faults_active
         got.into_iter().map(|r| ((r.partition_key, r.event_time, r.sort_key), r.body)).collect();
     assert_eq!(actual.len(), expected.len(), "seed {seed} op {op}: record count differs");
     assert_eq!(actual, expected, "seed {seed} op {op}: records differ from the model");
+    let differences = e.engine.store().tally_differences().unwrap();
+    assert!(differences.is_empty(), "seed {seed} op {op}: the status tallies differ: {differences:#?}");
 }
 
 fn run_seed(seed: u64, ops: usize) {
@@ -1686,6 +1688,9 @@ fn check_lifecycle_reads(
     for id in got.keys() {
         assert!(model.contains_key(id), "seed {seed} op {op}: {id:?} was never appended");
     }
+    // The status tallies agree with the buckets' rows after every step that changed them.
+    let differences = e.engine.store().tally_differences().unwrap();
+    assert!(differences.is_empty(), "seed {seed} op {op}: the status tallies differ: {differences:#?}");
     // Each bucket counts the records a query reads of it (status, metrics and the retention
     // plans read the counts): an archive being replaced, late rows, an erasure under way.
     if tolerated == Tolerated::Nothing {

@@ -179,46 +179,35 @@ pub struct SweepStopStatus {
 pub fn collect(engine: &Engine) -> Result<Status> {
     let now: Micros = engine.clock().now();
     let policies = engine.policies();
-    let mut states: BTreeMap<&str, BTreeMap<String, StateCount>> = BTreeMap::new();
-    let mut deferrals = Vec::new();
-    let mut leases = Vec::new();
-    let mut held: BTreeMap<&str, u64> = BTreeMap::new();
-    engine.store().visit_buckets(|b| {
-        if let Some(id) = policies.tables.get_key_value(&b.id.table).map(|(id, _)| id.as_str()) {
-            let entry = states.entry(id).or_default().entry(b.state.name().to_string()).or_insert(StateCount {
-                buckets: 0,
-                rows: 0,
-                oldest_age_seconds: 0,
-            });
-            entry.buckets += 1;
-            entry.rows += b.row_count;
-            entry.oldest_age_seconds = entry.oldest_age_seconds.max((now - b.state_since) / 1_000_000);
-            if !b.held_by.is_empty() {
-                *held.entry(id).or_default() += 1;
-            }
-        }
-        if b.attempts > 0 || (b.plan.is_none() && b.last_error.is_some()) {
-            deferrals.push(Deferral {
+    // The store keeps these as tallies in the transaction of every change of a bucket, so a
+    // status reads a few keys per table, not every bucket (`store::tally`).
+    let mut tallies = engine.store().status_tallies(policies.tables.keys().map(String::as_str))?;
+    let deferrals = tallies
+        .deferred
+        .iter()
+        .map(|b| Deferral {
+            bucket: b.id.display(),
+            attempts: b.attempts,
+            next_retry_at: b.next_retry_at.map(format_rfc3339),
+            error: b.last_error.clone().unwrap_or_default(),
+        })
+        .collect();
+    let leases = tallies
+        .leased
+        .iter()
+        .filter(|b| b.lease_expires_at > now)
+        .filter_map(|b| {
+            Some(Lease {
                 bucket: b.id.display(),
-                attempts: b.attempts,
-                next_retry_at: b.next_retry_at.map(format_rfc3339),
-                error: b.last_error.clone().unwrap_or_default(),
-            });
-        }
-        if let Some(owner) = &b.lease_owner
-            && b.lease_expires_at > now
-        {
-            leases.push(Lease {
-                bucket: b.id.display(),
-                owner: owner.clone(),
+                owner: b.lease_owner.clone()?,
                 generation: b.generation,
                 expires_at: format_rfc3339(b.lease_expires_at),
-            });
-        }
-        Ok(())
-    })?;
+            })
+        })
+        .collect();
     let mut tables = Vec::with_capacity(policies.tables.len());
     for (id, table) in &policies.tables {
+        let tally = tallies.tables.remove(id).unwrap_or_default();
         let delta_log = engine.store().delta_log_state(id)?.map(|s| DeltaLogStatus {
             version: s.version,
             synced_at: format_rfc3339(s.synced_at),
@@ -230,8 +219,15 @@ pub fn collect(engine: &Engine) -> Result<Status> {
             strategy: table.strategy.identity().name.clone(),
             retention: table.retention.name().to_string(),
             target: format!("{} ({})", table.target_name, table.backend.target()),
-            states: states.remove(id.as_str()).unwrap_or_default(),
-            held_buckets: held.get(id.as_str()).copied().unwrap_or(0),
+            states: tally
+                .states
+                .into_iter()
+                .map(|(state, t)| {
+                    let oldest_age_seconds = ((now - t.oldest_since) / 1_000_000).max(0);
+                    (state, StateCount { buckets: t.buckets, rows: t.rows, oldest_age_seconds })
+                })
+                .collect(),
+            held_buckets: tally.held,
             delta_log,
         });
     }

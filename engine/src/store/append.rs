@@ -14,6 +14,7 @@ use super::schema::{
     StoredRow, by_end_key, by_time_key, decode_by_time_key, decode_value, encode_row, encode_value, plan_queue_key,
     row_key, rows_table, rows_table_name,
 };
+use super::tally::{Tallies, Tally};
 use super::writer::WriteRequest;
 use super::{Store, encoding};
 
@@ -56,6 +57,23 @@ pub struct AppendBatch {
     /// How long a bucket that takes its first late record waits before its next generation is
     /// due (`Settings::late_grace_us`).
     pub late_grace_us: Micros,
+}
+
+/// A bucket's row as an append of no rows at time 0 makes it: what the store's
+/// tests start from.
+#[cfg(test)]
+pub(super) fn bucket_for_tests(id: BucketId, descriptor: &BucketDescriptor) -> BucketMeta {
+    let batch = AppendBatch {
+        table: id.table.clone(),
+        strategy: "s".into(),
+        rows: Vec::new(),
+        writable_horizons: None,
+        writable_buckets: 0,
+        now: 0,
+        archives_checked: Vec::new(),
+        late_grace_us: 0,
+    };
+    new_bucket_meta(id, descriptor, &batch)
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
@@ -101,6 +119,8 @@ pub(super) fn apply_batch(txn: &WriteTransaction, batch: &AppendBatch) -> Result
         rows.push((index, key, value, row));
     }
     let mut metas: Vec<(BucketMeta, bool)> = Vec::with_capacity(ids.len());
+    // What each bucket's stored row counts as in the status tallies, before this batch.
+    let mut tallied: Vec<Option<Tally>> = Vec::with_capacity(ids.len());
     let mut newest_start: HashMap<Vec<u8>, Option<Micros>> = HashMap::new();
     for ((id, prefix), first_row) in ids.iter().zip(&prefixes).zip(&first_rows) {
         let existing: Option<BucketMeta> =
@@ -124,6 +144,7 @@ pub(super) fn apply_batch(txn: &WriteTransaction, batch: &AppendBatch) -> Result
                 return Err(Error::ArchiveChanged { bucket: id.display() });
             }
         }
+        tallied.push((!is_new).then(|| Tally::of(&meta)));
         metas.push((meta, is_new));
     }
     for (index, _, _, row) in &rows {
@@ -227,8 +248,10 @@ pub(super) fn apply_batch(txn: &WriteTransaction, batch: &AppendBatch) -> Result
     // The indexes every bucket is in (`store::index_new_bucket`, inlined: `by_time` is open).
     let mut by_end = txn.open_table(BUCKETS_BY_END)?;
     let mut plan_queue = txn.open_table(PLAN_QUEUE)?;
-    for ((id, prefix), (meta, is_new)) in ids.iter().zip(&prefixes).zip(&metas) {
+    let mut tallies = Tallies::open(txn)?;
+    for (((id, prefix), (meta, is_new)), before) in ids.iter().zip(&prefixes).zip(&metas).zip(tallied) {
         buckets.insert(prefix.as_slice(), encode_value(meta)?.as_slice())?;
+        tallies.account(id, before, Tally::of(meta))?;
         if *is_new {
             by_time.insert(by_time_key(id, meta.descriptor.start).as_slice(), ())?;
             by_end.insert(by_end_key(id, meta.descriptor.end).as_slice(), ())?;

@@ -35,6 +35,7 @@ mod publications;
 mod reads;
 mod recovery;
 pub mod schema;
+pub mod tally;
 mod upgrade;
 mod writer;
 
@@ -288,6 +289,7 @@ fn init_schema(db: &Database) -> Result<()> {
         txn.open_table(ERASURES)?;
         txn.open_table(UNRECEIPTED_ERASURES)?;
         txn.open_table(PUBLICATION_CHANGES)?;
+        tally::Tallies::open(&txn)?;
     }
     erasure::index_open_requests(&txn)?;
     txn.commit()?;
@@ -300,10 +302,15 @@ fn load_meta(txn: &WriteTransaction, id: &BucketId) -> Result<BucketMeta> {
     decode_value(v.value())
 }
 
+/// Saves a bucket's row, and moves its status tallies from what the row it replaces counted
+/// as (`tally`), in the same transaction.
 fn save_meta(txn: &WriteTransaction, meta: &BucketMeta) -> Result<()> {
-    let mut t = txn.open_table(BUCKETS)?;
-    t.insert(meta.id.encode().as_slice(), encode_value(meta)?.as_slice())?;
-    Ok(())
+    let before = {
+        let mut t = txn.open_table(BUCKETS)?;
+        let previous = t.insert(meta.id.encode().as_slice(), encode_value(meta)?.as_slice())?;
+        previous.map(|v| decode_value::<BucketMeta>(v.value()).map(|b| tally::Tally::of(&b))).transpose()?
+    };
+    tally::Tallies::open(txn)?.account(&meta.id, before, tally::Tally::of(meta))
 }
 
 /// What the lifecycle needs to know of a bucket beyond its own row, read in the caller's
@@ -499,7 +506,7 @@ fn reconcile(txn: &WriteTransaction, meta: &mut BucketMeta, now: Micros) -> Resu
 
 #[cfg(test)]
 mod tests {
-    use super::append::{AppendBatch, new_bucket_meta};
+    use super::append::bucket_for_tests;
     use super::*;
     use crate::model::BucketDescriptor;
 
@@ -510,17 +517,7 @@ mod tests {
     fn queued(store: &Store, key: &str, end_day: i64, state: BucketState) -> BucketId {
         let id = BucketId { table: "t".into(), partition_key: b"site a/p%=\xc3\xa9".to_vec(), bucket_key: key.into() };
         let descriptor = BucketDescriptor { key: key.into(), start: (end_day - 1) * DAY, end: end_day * DAY };
-        let batch = AppendBatch {
-            table: "t".into(),
-            strategy: "s".into(),
-            rows: Vec::new(),
-            writable_horizons: None,
-            writable_buckets: 0,
-            now: 0,
-            archives_checked: Vec::new(),
-            late_grace_us: 0,
-        };
-        let mut meta = new_bucket_meta(id.clone(), &descriptor, &batch);
+        let mut meta = bucket_for_tests(id.clone(), &descriptor);
         meta.state = state;
         store
             .write(move |txn| {

@@ -21,13 +21,17 @@
 //! | `tombstones`     | bucket id                                        | `Tombstone`    |
 //! | `epochs`         | epoch (16 hex digits)                            | first used at  |
 //! | `released`       | target ‖ object key                              | `ReleasedKey`  |
+//! | `state_tallies`  | (table, state)                                   | (buckets, rows)|
+//! | `buckets_by_state`| table ‖ state ‖ state_since ‖ bucket id         | ()             |
+//! | `held_tallies`   | table                                            | buckets        |
+//! | `deferred_buckets`, `leased_buckets` | bucket id                    | ()             |
 //!
 //! Each bucket's hot rows live in a table of their own (`rows_table`), so a cleanup drops a
 //! small bucket's rows with the table instead of deleting them key by key (schema 2; schema 1
 //! kept every row in one `records` table keyed by bucket id ‖ event_time ‖ sort_key, and
 //! `Store::open` moves them, see `upgrade`). BENCHMARKS.md has the figures the layout was
 //! chosen by. Schema 3 keeps the plan queue by bucket end (schema 2 kept it by bucket id as
-//! `unplanned`) and adds `buckets_by_end`.
+//! `unplanned`) and adds `buckets_by_end`. Schema 4 adds the status tallies (`tally`).
 
 use redb::TableDefinition;
 use serde::{Deserialize, Serialize};
@@ -45,7 +49,7 @@ use crate::model::{BucketDescriptor, BucketFacts, BucketState, Micros, Retention
 
 /// Bumped on any incompatible change of a table or value; `Store::open` refuses a newer one
 /// and upgrades an older one.
-pub const SCHEMA_VERSION: u32 = 3;
+pub const SCHEMA_VERSION: u32 = 4;
 
 pub const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
 pub const TABLES: TableDefinition<&str, &[u8]> = TableDefinition::new("tables");
@@ -97,6 +101,17 @@ pub const UNRECEIPTED_ERASURES: TableDefinition<&str, ()> = TableDefinition::new
 /// an adoption, an expiry begun, finished or called off). A running engine's Delta sync reads
 /// only what is new here (`archive::delta`), and drops what it has read.
 pub const PUBLICATION_CHANGES: TableDefinition<&[u8], &[u8]> = TableDefinition::new("publication_changes");
+/// The status tallies (`store::tally`, schema 4): per table and state, the buckets and their
+/// rows; each bucket by table, state and when it entered it; per table, the buckets a hold
+/// parks; the buckets deferred, and those leased.
+pub const STATE_TALLIES: TableDefinition<(&str, &str), (u64, u64)> = TableDefinition::new("state_tallies");
+pub const BUCKETS_BY_STATE: TableDefinition<&[u8], ()> = TableDefinition::new("buckets_by_state");
+pub const HELD_TALLIES: TableDefinition<&str, u64> = TableDefinition::new("held_tallies");
+pub const DEFERRED_BUCKETS: TableDefinition<&[u8], ()> = TableDefinition::new("deferred_buckets");
+pub const LEASED_BUCKETS: TableDefinition<&[u8], ()> = TableDefinition::new("leased_buckets");
+/// Present while the tallies are being built from every bucket (the upgrade to schema 4): the
+/// last bucket tallied (empty: none yet), so a restart goes on from it.
+pub const META_TALLY_CURSOR: &str = "tally_cursor";
 /// The sequence of the last entry written to `PUBLICATION_CHANGES`.
 pub const META_PUBLICATION_CHANGES_SEQ: &str = "publication_changes_seq";
 /// Set once `OPEN_ERASURES` holds every open request (a data directory written before the

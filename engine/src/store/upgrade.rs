@@ -16,6 +16,10 @@
 //! harmless, so a crash only makes the next open start again), then in one last transaction
 //! moves the plan queue, restarts any reconciliation under way (its position was a bucket
 //! key) and records version 3.
+//!
+//! Schema 4 adds the status tallies (`tally`): the upgrade records version 4 with an empty
+//! cursor, then tallies every bucket in transactions that each move the cursor, and removes
+//! the cursor last; an open that finds the cursor goes on from it.
 
 use redb::{Database, ReadableDatabase, ReadableTable};
 
@@ -44,6 +48,14 @@ pub(super) fn upgrade(db: &Database, stored_version: u32) -> Result<()> {
     move_schema_1_records(db)?;
     if stored_version < 3 {
         index_buckets_by_end(db)?;
+    }
+    if stored_version < 4 {
+        super::tally::begin_tally(db, 4)?;
+    }
+    let started = std::time::Instant::now();
+    let tallied = super::tally::tally_all(db)?;
+    if tallied > 0 {
+        tracing::info!(tallied, elapsed_ms = started.elapsed().as_millis() as u64, "upgraded the store to schema 4");
     }
     Ok(())
 }
