@@ -1348,3 +1348,60 @@ fn the_engines_random_choices_replay_with_its_seed() {
     assert_eq!(choices(&a), choices(&b));
     assert_ne!(choices(&a), choices(&c));
 }
+
+/// A listing (and a retention report) of one partition reads that partition's buckets from
+/// the index by start, up to its page: it answers exactly what the table-wide listing answers
+/// for the partition (the same buckets in the same order, the state filter, the page's cut
+/// and `truncated`), for partition keys with `/`, `%`, `=`, spaces and non-ASCII.
+#[test]
+fn a_partition_listing_answers_what_the_table_listing_answers_for_it() {
+    use frostline::ops::buckets::{BucketsRequest, RetentionRequest, list, retention};
+    let e = TestEngine::new(DAILY, "2024-03-20T00:00:00Z");
+    let mut input = records("2024-03-10T00:00:00Z", 12, 3);
+    for r in &mut input {
+        r.partition_key = USER_KEYS[usize::from(r.partition_key[1] - b'0')].as_bytes().to_vec();
+    }
+    e.engine.append("r", input).unwrap();
+    let report = e.pass();
+    assert!(report.archived > 0 && report.errors.is_empty(), "{report:?}");
+    for key in USER_KEYS {
+        for state in [None, Some("hot"), Some("archived")] {
+            let everything = list(
+                &e.engine,
+                BucketsRequest { table: "r".into(), state: state.map(str::to_string), partition: None, limit: 10_000 },
+            )
+            .unwrap();
+            let of_key = of_partition(&everything.buckets, key);
+            assert!(!of_key.is_empty(), "{key} {state:?}");
+            for limit in [1, 3, of_key.len(), 1_000] {
+                let page = list(
+                    &e.engine,
+                    BucketsRequest {
+                        table: "r".into(),
+                        state: state.map(str::to_string),
+                        partition: Some(key.into()),
+                        limit,
+                    },
+                )
+                .unwrap();
+                let got = of_partition(&page.buckets, key);
+                assert_eq!(got.len(), page.buckets.len(), "only the partition's");
+                assert_eq!(got, of_key[..limit.min(of_key.len())], "{key} {state:?} {limit}");
+                assert_eq!(page.truncated, of_key.len() > limit, "{key} {state:?} {limit}");
+            }
+        }
+        let everything =
+            retention(&e.engine, RetentionRequest { table: "r".into(), partition: None, limit: 10_000 }).unwrap();
+        let of_key = of_partition(&everything.buckets, key);
+        let page = retention(&e.engine, RetentionRequest { table: "r".into(), partition: Some(key.into()), limit: 5 })
+            .unwrap();
+        assert_eq!(page.buckets.len(), 5);
+        assert_eq!(of_partition(&page.buckets, key), of_key[..5], "{key}");
+        assert!(page.truncated);
+    }
+}
+
+/// The entries of a listing that name partition `key`, as JSON (as the API answers them).
+fn of_partition<T: serde::Serialize>(entries: &[T], key: &str) -> Vec<serde_json::Value> {
+    entries.iter().map(|b| serde_json::to_value(b).unwrap()).filter(|v| v["partition_key"] == key).collect()
+}

@@ -93,7 +93,17 @@ fn ordered_page(
     limit: usize,
     keep: impl Fn(&BucketMeta) -> bool,
 ) -> Result<(Vec<BucketMeta>, bool)> {
-    let mut metas = engine.store().buckets(table, partition.map(str::as_bytes))?;
+    if let Some(partition) = partition {
+        // One partition's buckets are in the index by start: read only the page (and one more,
+        // to tell whether it is the last).
+        let snapshot = engine.store().snapshot()?;
+        let mut metas =
+            snapshot.partition_buckets_by_start(table, partition.as_bytes(), limit.saturating_add(1), keep)?;
+        let truncated = metas.len() > limit;
+        metas.truncate(limit);
+        return Ok((metas, truncated));
+    }
+    let mut metas = engine.store().buckets(table, None)?;
     metas.retain(keep);
     metas.sort_by(|a, b| (a.descriptor.start, &a.id.partition_key).cmp(&(b.descriptor.start, &b.id.partition_key)));
     let truncated = metas.len() > limit;
@@ -174,13 +184,13 @@ pub fn retention(engine: &Engine, request: RetentionRequest) -> Result<Retention
     // policy's again would list each of them twice.
     let mut holds = engine.store().holds()?;
     holds.retain(|h| h.table == request.table);
-    let tombstones: HashMap<_, _> = engine
-        .store()
-        .tombstones()?
-        .into_iter()
-        .filter(|t| t.bucket.table == request.table)
-        .map(|t| (t.bucket.clone(), t))
-        .collect();
+    // The page's own tombstones, not every table's.
+    let mut tombstones = HashMap::new();
+    for meta in &metas {
+        if let Some(tombstone) = engine.store().tombstone(&meta.id)? {
+            tombstones.insert(meta.id.clone(), tombstone);
+        }
+    }
     let buckets = metas
         .into_iter()
         .map(|b| {

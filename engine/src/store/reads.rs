@@ -11,9 +11,9 @@ use crate::model::{ArchiveTarget, BucketState, Micros, Record, invariants};
 
 use super::protocol::push_published;
 use super::schema::{
-    BUCKETS, BucketId, BucketMeta, DUE, INTENTS, MANIFESTS, META, META_INSTALLATION_ID, PLAN_QUEUE, PlanClass,
-    StoredRow, TABLES, TOMBSTONES, TableState, Tombstone, UploadIntent, decode_due_key, decode_plan_queue_key,
-    decode_row_key, decode_row_ref, decode_value, row_key, rows_table, rows_table_name,
+    BUCKETS, BUCKETS_BY_TIME, BucketId, BucketMeta, DUE, INTENTS, MANIFESTS, META, META_INSTALLATION_ID, PLAN_QUEUE,
+    PlanClass, StoredRow, TABLES, TOMBSTONES, TableState, Tombstone, UploadIntent, decode_by_time_key, decode_due_key,
+    decode_plan_queue_key, decode_row_key, decode_row_ref, decode_value, row_key, rows_table, rows_table_name,
 };
 use super::{Store, encoding};
 
@@ -431,6 +431,37 @@ impl Snapshot {
         for entry in t.range(prefix.as_slice()..end.as_slice())? {
             let (_, v) = entry?;
             out.push(decode_value(v.value())?);
+        }
+        Ok(out)
+    }
+
+    /// The buckets of one partition by start (`BUCKETS_BY_TIME`) that `keep` accepts, at most
+    /// `limit`: reads the index up to the last one returned and only the rows of the buckets it
+    /// visits, however many the partition holds.
+    pub fn partition_buckets_by_start(
+        &self,
+        table: &str,
+        partition_key: &[u8],
+        limit: usize,
+        keep: impl Fn(&BucketMeta) -> bool,
+    ) -> Result<Vec<BucketMeta>> {
+        let by_time = self.txn.open_table(BUCKETS_BY_TIME)?;
+        let buckets = self.txn.open_table(BUCKETS)?;
+        let prefix = BucketId::table_prefix(table, Some(partition_key));
+        let end = encoding::prefix_end(&prefix);
+        let mut out = Vec::new();
+        for entry in by_time.range(prefix.as_slice()..end.as_slice())? {
+            if out.len() >= limit {
+                break;
+            }
+            let (id, _) = decode_by_time_key(entry?.0.value())?;
+            let row = buckets
+                .get(id.encode().as_slice())?
+                .ok_or_else(|| Error::Corruption(format!("buckets_by_time names bucket {id}, which is not stored")))?;
+            let meta: BucketMeta = decode_value(row.value())?;
+            if keep(&meta) {
+                out.push(meta);
+            }
         }
         Ok(out)
     }
