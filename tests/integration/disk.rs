@@ -335,3 +335,77 @@ fn the_writer_survives_appends_racing_passes_and_space_measures() {
     stop.store(true, Ordering::Relaxed);
     appender.join().unwrap();
 }
+
+/// Issue 34 ("give the disk back", metadata bounded): `status` and the metrics show the
+/// store's metadata in all and per bucket, measured with the free pages; an archived bucket
+/// keeps its row, its index entries and a manifest per generation, and once it expired and its
+/// tombstone was purged only its row and index entries: the measure falls.
+#[test]
+fn status_and_metrics_show_the_store_s_metadata_per_bucket_and_a_purge_lowers_it() {
+    let settings = Settings { tombstone_retention_us: 86_400_000_000, ..Default::default() };
+    let e = TestEngine::open_with_settings(
+        &crate::replan::expiring_policy("100d"),
+        "2024-03-01T00:00:00Z",
+        &[],
+        Default::default(),
+        settings,
+    )
+    .unwrap();
+    // 7 partitions × 60 days: 420 small buckets, where metadata is most of what a bucket keeps.
+    for chunk in days_of_records(60, 7).chunks(1_000) {
+        e.engine.append("r", chunk.to_vec()).unwrap();
+    }
+    let measure = |e: &TestEngine| {
+        e.engine.store().space(e.engine.clock().now()).unwrap();
+        frostline::ops::status::collect(&e.engine).unwrap().store_disk.unwrap()
+    };
+    let hot = measure(&e);
+    e.pass(); // plan
+    e.clock.set(t("2024-03-02T00:00:00Z"));
+    while e.pass().archived > 0 {}
+    let buckets = e.engine.store().buckets("r", None).unwrap();
+    assert_eq!(buckets.len(), 420);
+    assert!(buckets.iter().all(|b| b.state == BucketState::Archived { hot_deleted: true }));
+    let archived = measure(&e);
+    let per_bucket = archived.metadata_bytes_per_bucket.expect("measured");
+    assert_eq!(per_bucket, archived.metadata_bytes.unwrap() / 420);
+    // The figure this data set gives, with room for redb's page splits: a manifest copy and
+    // a bucket row of under a KiB each, in pages that are about half full.
+    assert!((1_024..=8_192).contains(&per_bucket), "{archived:?}");
+    assert!(archived.metadata_bytes.unwrap() > hot.metadata_bytes.unwrap(), "{hot:?} then {archived:?}");
+
+    let status = frostline::ops::status::collect(&e.engine).unwrap();
+    let metrics = frostline::api::metrics::Metrics::new().unwrap().render(&status).unwrap();
+    for line in [
+        format!("frostline_store_metadata_bytes {}", archived.metadata_bytes.unwrap()),
+        format!("frostline_store_metadata_bytes_per_bucket {per_bucket}"),
+    ] {
+        assert!(metrics.lines().any(|l| l == line), "{line} not in\n{metrics}");
+    }
+
+    // Every bucket expires; a day later its tombstone is purged, and its manifests with it.
+    e.clock.set(t("2024-06-15T00:00:00Z"));
+    while e.pass().expired > 0 {}
+    e.clock.set(t("2024-06-17T00:00:00Z"));
+    let mut tombstones_purged = 0;
+    loop {
+        let report = e.pass();
+        assert!(report.errors.is_empty(), "{report:?}");
+        tombstones_purged += report.tombstones_purged;
+        if report.tombstones_purged == 0 {
+            break;
+        }
+    }
+    assert_eq!(tombstones_purged, 420);
+    let purged = measure(&e);
+    assert!(
+        purged.metadata_bytes.unwrap() * 10 < archived.metadata_bytes.unwrap() * 7,
+        "the purge takes the manifests: {archived:?} then {purged:?}"
+    );
+    eprintln!(
+        "metadata per bucket: {} bytes hot, {per_bucket} archived, {} expired and purged ({} buckets)",
+        hot.metadata_bytes_per_bucket.unwrap(),
+        purged.metadata_bytes_per_bucket.unwrap(),
+        purged.buckets.unwrap_or_default()
+    );
+}

@@ -198,8 +198,7 @@ fn a_restored_copy_never_adopts_a_fork_for_the_next_generation_of_its_archive() 
     assert!(report.failures.is_empty(), "{report:?}");
     let meta = &e.engine.store().buckets("r", None).unwrap()[0];
     assert_eq!(meta.state, BucketState::Expired, "the expiry the other copy made is recorded");
-    let request = frostline::query::QueryRequest { table: "r".into(), ..Default::default() };
-    let page = runtime().block_on(frostline::query::query(&e.engine.context(), request)).unwrap();
+    let page = e.first_page("r");
     assert!(page.records.is_empty(), "{page:?}");
     assert_eq!(page.expired.len(), 1, "the range reads as expired, not as the fork's records: {page:?}");
     for key in &fork {
@@ -487,4 +486,56 @@ fn a_backfill_while_passes_run_makes_one_generation_per_bucket() {
     }
     assert_eq!(e.pass().archived, 0);
     assert_eq!(e.query_all("r").len(), 11);
+}
+
+/// What an expired bucket keeps in the store is bounded: its row (queries still say the range
+/// expired), and, until its tombstone is purged, the tombstone and its manifests. The purge
+/// takes the copies of every generation's manifest with it, so the store does not keep a
+/// manifest per generation for every bucket that ever expired.
+#[test]
+fn a_purged_tombstone_takes_the_copies_of_every_generation_s_manifest_with_it() {
+    let settings = frostline::settings::Settings { late_grace_us: 0, ..Default::default() };
+    let e = TestEngine::open_with_settings(
+        &expiring_policy("10d"),
+        "2024-03-01T12:00:00Z",
+        &[],
+        Default::default(),
+        settings,
+    )
+    .unwrap();
+    e.engine.append("r", vec![record("2024-03-01T01:00:00Z", "a", r#"{"n":1}"#)]).unwrap();
+    e.pass(); // plan
+    e.clock.set(t("2024-03-03T00:00:00Z"));
+    assert_eq!(e.pass().archived, 1);
+    // Two late records, two more generations.
+    for (n, sort_key) in ["b", "c"].iter().enumerate() {
+        e.engine.append("r", vec![record("2024-03-01T02:00:00Z", sort_key, &format!(r#"{{"late":{n}}}"#))]).unwrap();
+        assert_eq!(e.pass().archived, 1);
+    }
+    let store = e.engine.store().clone();
+    let id = store.buckets("r", None).unwrap()[0].id.clone();
+    let recorded = |id| store.snapshot().unwrap().manifests_of(id).unwrap().len();
+    assert_eq!(recorded(&id), 3, "a manifest recorded per generation");
+
+    e.clock.set(t("2024-03-20T00:00:00Z"));
+    assert_eq!(e.pass().expired, 1);
+    assert_eq!(recorded(&id), 3, "the tombstone's replay period keeps them");
+    e.clock.advance(frostline::settings::TOMBSTONE_RETENTION_SECONDS_DEFAULT as i64 * 1_000_000 + DAY_US);
+    let report = e.pass();
+    assert_eq!(report.tombstones_purged, 1, "{report:?}");
+    assert!(report.errors.is_empty(), "{report:?}");
+    assert_eq!(recorded(&id), 0, "the purge took every generation's manifest");
+    let meta = store.bucket(&id).unwrap().unwrap();
+    assert_eq!(meta.state, BucketState::Expired, "the row stays");
+
+    // Queries still say the range expired, appends for it are refused, and the next passes
+    // (their sweeps) find nothing amiss.
+    let page = e.first_page("r");
+    assert!(page.records.is_empty());
+    assert_eq!(page.expired.len(), 1);
+    let refused = e.engine.append("r", vec![record("2024-03-01T04:00:00Z", "d", "{}")]);
+    assert!(matches!(refused, Err(Error::BucketExpired { .. })), "{refused:?}");
+    let report = e.pass();
+    assert!(report.errors.is_empty(), "{report:?}");
+    assert!(e.engine.store().tally_differences().unwrap().is_empty());
 }

@@ -68,12 +68,7 @@ fn an_archive_expires_with_a_tombstone_and_queries_say_so() {
         assert!(tombstone.keys[0].contains("manifest-"), "manifest deleted first");
         assert!(tombstone.reason.contains("expire_after=30d"), "{}", tombstone.reason);
     }
-    let page = runtime()
-        .block_on(frostline::query::query(
-            &e.engine.context(),
-            frostline::query::QueryRequest { table: "r".into(), ..Default::default() },
-        ))
-        .unwrap();
+    let page = e.first_page("r");
     assert!(page.records.is_empty());
     assert_eq!(page.expired.len(), 3, "the query says the data expired, not that it is missing");
     assert!(page.expired[0].reason.contains("expire_after"));
@@ -96,12 +91,7 @@ fn an_archive_expires_with_a_tombstone_and_queries_say_so() {
     assert_eq!(report.tombstones_purged, 3, "{report:?}");
     let meta = &e.engine.store().buckets("r", None).unwrap()[0];
     assert!(e.engine.store().tombstone(&meta.id).unwrap().is_none());
-    let page = runtime()
-        .block_on(frostline::query::query(
-            &e.engine.context(),
-            frostline::query::QueryRequest { table: "r".into(), ..Default::default() },
-        ))
-        .unwrap();
+    let page = e.first_page("r");
     assert_eq!(page.expired.len(), 3);
 }
 

@@ -464,6 +464,7 @@ struct LifecycleCounts {
     reads_checked: u64,
     archived: u64,
     expired: u64,
+    tombstones_purged: u64,
     records_checked: u64,
     /// Databases lost and made anew, and the archives the new installations adopted.
     rebuilds: u64,
@@ -518,6 +519,7 @@ impl LifecycleCounts {
         self.reads_checked += other.reads_checked;
         self.archived += other.archived;
         self.expired += other.expired;
+        self.tombstones_purged += other.tombstones_purged;
         self.records_checked += other.records_checked;
         self.rebuilds += other.rebuilds;
         self.adopted += other.adopted;
@@ -595,6 +597,9 @@ fn run_lifecycle_seed(seed: u64, ops: usize) -> LifecycleCounts {
         sweep_interval_us: 1,
         plugin_cache_dir: Some(shared_plugin_cache()),
         share_erasures: share_erasures.clone(),
+        // A replay period of one to four days, so tombstones are purged (with their buckets'
+        // manifests) within a run, and holds, restores and adoption meet purged buckets.
+        tombstone_retention_us: (seed % 4 + 1) as i64 * DAY_US,
         ..Default::default()
     };
     let mut e = TestEngine::open_with_settings(&retention.policy(), "2024-01-01T00:00:00Z", &[], options, settings)
@@ -741,6 +746,7 @@ fn run_lifecycle_seed(seed: u64, ops: usize) -> LifecycleCounts {
                 counts.passes += 1;
                 counts.archived += report.archived;
                 counts.expired += report.expired;
+                counts.tombstones_purged += report.tombstones_purged;
                 counts.orphans_deleted += report.orphans_deleted;
                 counts.leases_lost += report.errors.iter().filter(|e| e.contains("lease")).count() as u64;
                 e.clock.advance(20_000_000); // past ARCHIVER_RETRY_SECONDS
@@ -1691,6 +1697,14 @@ fn check_lifecycle_reads(
     // The status tallies agree with the buckets' rows after every step that changed them.
     let differences = e.engine.store().tally_differences().unwrap();
     assert!(differences.is_empty(), "seed {seed} op {op}: the status tallies differ: {differences:#?}");
+    // An expired bucket whose tombstone is purged keeps its row and nothing of its archive.
+    let store = e.engine.store();
+    for meta in store.buckets("r", None).unwrap().iter().filter(|m| m.state == BucketState::Expired) {
+        if store.tombstone(&meta.id).unwrap().is_none() {
+            let kept = store.snapshot().unwrap().manifests_of(&meta.id).unwrap().len();
+            assert_eq!(kept, 0, "seed {seed} op {op}: {} purged, but {kept} manifests are kept for it", meta.id);
+        }
+    }
     // Each bucket counts the records a query reads of it (status, metrics and the retention
     // plans read the counts): an archive being replaced, late rows, an erasure under way.
     if tolerated == Tolerated::Nothing {

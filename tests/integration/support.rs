@@ -249,6 +249,17 @@ impl TestEngine {
     pub fn query_all(&self, table: &str) -> Vec<frostline::model::Record> {
         query_engine(&self.engine, table)
     }
+
+    /// The first page of a query of every record of `table` (the expired ranges it reports
+    /// included).
+    pub fn first_page(&self, table: &str) -> frostline::query::QueryPage {
+        runtime()
+            .block_on(frostline::query::query(
+                &self.engine.context(),
+                frostline::query::QueryRequest { table: table.into(), ..Default::default() },
+            ))
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
 }
 
 /// One archival pass of `engine` as worker `test-worker`.

@@ -288,6 +288,21 @@ fn scrape_families(status: &Status) -> Result<Registry> {
             )?
             .set(free as i64);
         }
+        if let Some(metadata) = disk.metadata_bytes {
+            gauge(
+                "frostline_store_metadata_bytes",
+                "Bytes of the hot store's pages that hold metadata (every table but the buckets' hot rows), as last \
+                 measured.",
+            )?
+            .set(metadata as i64);
+        }
+        if let Some(per_bucket) = disk.metadata_bytes_per_bucket {
+            gauge(
+                "frostline_store_metadata_bytes_per_bucket",
+                "The hot store's metadata bytes per bucket it records (hot, archived and expired), as last measured.",
+            )?
+            .set(per_bucket as i64);
+        }
         gauge("frostline_store_compactions", "Compactions of the hot store in place since the engine started.")?
             .set(disk.compactions as i64);
     }

@@ -141,6 +141,15 @@ pub struct StoreDisk {
     pub free_bytes: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub free_measured_at: Option<String>,
+    /// Bytes of the file's pages that hold metadata (every table but the buckets' hot rows),
+    /// and that per bucket recorded, as last measured with the free pages.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata_bytes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata_bytes_per_bucket: Option<u64>,
+    /// The buckets the store recorded at that measure.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub buckets: Option<u64>,
     /// Compactions in place since the engine started, and the last one.
     #[serde(default)]
     pub compactions: u64,
@@ -162,6 +171,9 @@ impl StoreDisk {
             available_bytes: fs.f_bavail.saturating_mul(fs.f_frsize),
             free_bytes: space.map(|s| s.free_bytes),
             free_measured_at: space.map(|s| format_rfc3339(s.measured_at)),
+            metadata_bytes: space.map(|s| s.metadata_bytes),
+            metadata_bytes_per_bucket: space.and_then(|s| s.metadata_bytes_per_bucket()),
+            buckets: space.map(|s| s.buckets),
             compactions,
             last_compaction,
         })

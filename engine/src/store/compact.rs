@@ -45,6 +45,21 @@ pub struct StoreSpace {
     pub free_bytes: u64,
     /// When it was measured (microseconds since the epoch, the engine's clock).
     pub measured_at: crate::model::Micros,
+    /// Bytes of the pages of every table but the buckets' hot rows: what the store remembers
+    /// of its buckets (their rows of metadata, indexes, manifests, tombstones) and its queues.
+    #[serde(default)]
+    pub metadata_bytes: u64,
+    /// The buckets the store records, in every state (the status tallies), so that
+    /// `metadata_bytes` can be read per bucket.
+    #[serde(default)]
+    pub buckets: u64,
+}
+
+impl StoreSpace {
+    /// Metadata bytes per recorded bucket (`None` in a store that records none).
+    pub fn metadata_bytes_per_bucket(&self) -> Option<u64> {
+        self.metadata_bytes.checked_div(self.buckets)
+    }
 }
 
 /// What `Store::compact_in_place` did.
@@ -99,8 +114,9 @@ fn file_bytes(path: &Path) -> Result<u64> {
 }
 
 impl Store {
-    /// Measures the file and its free pages. redb counts them by walking every table's tree,
-    /// so this reads every live page once (from the cache where it can): call it seldom.
+    /// Measures the file, its free pages and its metadata. redb counts them by walking every
+    /// table's tree, so this reads every live page once, and the metadata's pages twice (from
+    /// the cache where it can): call it seldom.
     pub fn space(&self, now: crate::model::Micros) -> Result<StoreSpace> {
         // A durable commit: one without an fsync would count as a read of the last durable
         // commit until the next one (and hold a compaction off).
@@ -108,14 +124,37 @@ impl Store {
             let stats = txn.stats()?;
             Ok((stats.allocated_pages(), stats.page_size() as u64))
         })?;
+        let (metadata_bytes, buckets) = self.metadata_bytes(page_size)?;
         let file_bytes = file_bytes(self.path())?;
         let space = StoreSpace {
             file_bytes,
             free_bytes: file_bytes.saturating_sub(allocated_pages * page_size),
             measured_at: now,
+            metadata_bytes,
+            buckets,
         };
         *self.inner.space.lock().expect("store space") = Some(space);
         Ok(space)
+    }
+
+    /// The bytes of the pages of every table but the buckets' rows tables, and the buckets
+    /// recorded, read from one snapshot.
+    fn metadata_bytes(&self, page_size: u64) -> Result<(u64, u64)> {
+        use redb::{ReadableTable, ReadableTableMetadata, TableHandle};
+        let txn = self.read()?;
+        let mut bytes = 0;
+        for table in txn.list_tables()? {
+            if table.name().starts_with(super::keys::ROWS_TABLE_PREFIX) {
+                continue;
+            }
+            let stats = txn.open_untyped_table(table)?.stats()?;
+            bytes += (stats.leaf_pages() + stats.branch_pages()) * page_size;
+        }
+        let mut buckets = 0;
+        for entry in txn.open_table(super::schema::STATE_TALLIES)?.iter()? {
+            buckets += entry?.1.value().0;
+        }
+        Ok((bytes, buckets))
     }
 
     /// Compactions in place in this process, and the last one.

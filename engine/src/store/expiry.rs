@@ -8,8 +8,10 @@ use crate::model::{ArchiveTarget, Micros};
 
 use super::holds::{call_off_expiry, park};
 use super::outbox::{expiry_events_pending, push_outbox};
-use super::schema::{BucketId, TOMBSTONES, Tombstone, encode_value};
-use super::{Store, check_lease, covering_holds, load_meta, load_tombstone, record_step, save_meta, save_tombstone};
+use super::schema::{BucketId, MANIFESTS, TOMBSTONES, Tombstone, encode_value};
+use super::{
+    Store, check_lease, covering_holds, encoding, load_meta, load_tombstone, record_step, save_meta, save_tombstone,
+};
 
 impl Store {
     /// Starts an archive's expiry under the bucket's fence. Re-checks every hold in the same
@@ -117,8 +119,9 @@ impl Store {
 
     /// Purges a completed tombstone whose replay period is over, when the bucket still says
     /// `Expired` and every sink has the events that tell of the expiry (they are still in the
-    /// outbox otherwise, and the purge waits). The bucket's metadata stays, so queries still
-    /// say the range expired.
+    /// outbox otherwise, and the purge waits). The bucket's row stays, so queries still say the
+    /// range expired; the copies of its manifests go with the tombstone, so what an expired
+    /// bucket keeps in the store does not grow with the generations it had.
     pub fn purge_tombstone(&self, id: BucketId, now: Micros) -> Result<bool> {
         self.write(move |txn| {
             let Some(tombstone) = load_tombstone(txn, &id)? else { return Ok(false) };
@@ -133,6 +136,14 @@ impl Store {
                 return Ok(false);
             }
             txn.open_table(TOMBSTONES)?.remove(id.encode().as_slice())?;
+            // Nothing reads them again: every object of the expired archive is proved absent
+            // (a Delta table's log dropped its files before the first delete), the objects of
+            // the generations it replaced were released when it was published (the sweep finds
+            // them by their released keys), and the bucket's row keeps its state and manifest
+            // key for queries and adoption.
+            let prefix = id.encode();
+            let end = encoding::prefix_end(&prefix);
+            txn.open_table(MANIFESTS)?.retain_in(prefix.as_slice()..end.as_slice(), |_, _| false)?;
             record_step(txn, &mut meta, Step::TombstonePurged, now)?;
             save_meta(txn, &meta)?;
             Ok(true)

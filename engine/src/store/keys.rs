@@ -13,8 +13,11 @@ use crate::model::{BucketState, Micros};
 /// The name of the table that holds one bucket's hot rows: `rows ` and the hex of the bucket's
 /// encoded id, so every bucket (any partition key or bucket key bytes) has its own name.
 pub fn rows_table_name(bucket: &BucketId) -> String {
-    format!("rows {}", hex::encode(bucket.encode()))
+    format!("{ROWS_TABLE_PREFIX}{}", hex::encode(bucket.encode()))
 }
+
+/// How the name of every bucket's rows table begins (no other table's does).
+pub const ROWS_TABLE_PREFIX: &str = "rows ";
 
 /// The definition of a bucket's rows table, named by `rows_table_name`.
 pub fn rows_table(name: &str) -> TableDefinition<'_, &'static [u8], &'static [u8]> {
