@@ -116,23 +116,25 @@ pub async fn query(ctx: &Arc<Context>, request: QueryRequest) -> Result<QueryPag
     let policies = ctx.policies.clone();
     let table = policies.table(&request.table)?.clone();
     let store = ctx.store.clone();
-    let (table_id, partition) = (request.table.clone(), request.partition_key.clone());
-    let (snapshot, mut buckets) = blocking(move || {
-        let snapshot = store.snapshot()?;
-        let buckets = snapshot.buckets(&table_id, partition.as_deref())?;
-        Ok((snapshot, buckets))
-    })
-    .await?;
     let lower = match (&cursor, request.from) {
         (Some(c), Some(f)) => Some(c.t.max(f)),
         (Some(c), None) => Some(c.t),
         (None, f) => f,
     };
-    buckets.retain(|b| lower.is_none_or(|l| b.descriptor.end > l) && request.to.is_none_or(|t| b.descriptor.start < t));
-    let mut expired: Vec<ExpiredRange> =
-        buckets.iter().filter(|b| b.state == BucketState::Expired).map(ExpiredRange::of).collect();
-    buckets.retain(|b| b.state != BucketState::Expired);
-    buckets.sort_by_key(|b| b.descriptor.start);
+    let snapshot = blocking(move || store.snapshot()).await?;
+    // The buckets the range reaches, read from an index a chunk at a time, until the page is
+    // full: a page costs the buckets it reads, not the table's history.
+    let mut buckets = BucketsInRange {
+        snapshot: snapshot.clone(),
+        table: request.table.clone(),
+        partition: request.partition_key.clone(),
+        range: (lower, request.to),
+        chunk: std::collections::VecDeque::new(),
+        next: None,
+        exhausted: false,
+        order: crate::store::RangeOrder::ByStart,
+    };
+    let mut expired: Vec<ExpiredRange> = Vec::new();
 
     let filter = PageFilter { from: request.from, to: request.to, cursor, tenants: request.tenants.map(Arc::new) };
     // A page needs `limit` records and one more to know that more follow. The page is kept in
@@ -145,14 +147,19 @@ pub async fn query(ctx: &Arc<Context>, request: QueryRequest) -> Result<QueryPag
     let mut collected: Vec<Record> = Vec::new();
     let mut collected_bytes = 0usize;
     let mut sorted = true;
-    for bucket in buckets {
+    while let Some(bucket) = buckets.next().await? {
         if collected.len() >= limit || collected_bytes > QUERY_PAGE_BYTES_MAX {
             collected_bytes = settle(&mut collected, &mut sorted, want);
             let full = collected.len() >= limit || collected_bytes > QUERY_PAGE_BYTES_MAX;
-            if full && bucket.descriptor.start > collected[collected.len().min(limit) - 1].event_time {
+            let later_start = buckets.order.later_buckets_start_at_or_after(&bucket);
+            if full && later_start > collected[collected.len().min(limit) - 1].event_time {
                 // Every later bucket starts after the last record a full page can hold.
                 break;
             }
+        }
+        if bucket.state == BucketState::Expired {
+            expired.push(ExpiredRange::of(&bucket));
+            continue;
         }
         // A bucket with rows waiting for its next generation (late records) reads both: the
         // published archive and the hot rows, which never share an identity.
@@ -208,6 +215,11 @@ pub async fn query(ctx: &Arc<Context>, request: QueryRequest) -> Result<QueryPag
         .map_or(collected.len().min(limit), |over| over.max(1));
     let more = collected.len() > fits;
     collected.truncate(fits);
+    if more && let Some(last) = collected.last() {
+        // The expired ranges of the part of the range this page covers; the next page reports
+        // those after it.
+        expired.retain(|e| e.start <= last.event_time);
+    }
     let next_cursor = if more || collected.len() == limit {
         collected.last().map(|r| {
             Cursor {
@@ -222,6 +234,41 @@ pub async fn query(ctx: &Arc<Context>, request: QueryRequest) -> Result<QueryPag
     };
     Ok(QueryPage { records: collected, next_cursor, expired })
 }
+
+/// The buckets a query's range reaches, read from the snapshot's index a chunk at a time
+/// (`Snapshot::buckets_in_range`).
+struct BucketsInRange {
+    snapshot: Snapshot,
+    table: String,
+    partition: Option<Vec<u8>>,
+    range: (Option<Micros>, Option<Micros>),
+    chunk: std::collections::VecDeque<BucketMeta>,
+    next: Option<Vec<u8>>,
+    exhausted: bool,
+    /// The order of the last chunk read (the same for every chunk of one range).
+    order: crate::store::RangeOrder,
+}
+
+impl BucketsInRange {
+    async fn next(&mut self) -> Result<Option<BucketMeta>> {
+        while self.chunk.is_empty() && !self.exhausted {
+            let (snapshot, table, partition, range, after) =
+                (self.snapshot.clone(), self.table.clone(), self.partition.clone(), self.range, self.next.take());
+            let chunk = blocking(move || {
+                snapshot.buckets_in_range(&table, partition.as_deref(), range, after.as_deref(), QUERY_BUCKETS_PER_READ)
+            })
+            .await?;
+            self.exhausted = chunk.next.is_none();
+            self.next = chunk.next;
+            self.order = chunk.order;
+            self.chunk.extend(chunk.buckets);
+        }
+        Ok(self.chunk.pop_front())
+    }
+}
+
+/// Buckets a query reads from the index at a time: a page that needs few reads few.
+const QUERY_BUCKETS_PER_READ: usize = 256;
 
 /// Puts the page in order and drops what cannot be on it: records past `want`, and past the
 /// first record that takes the page over its byte bound (kept, to say more follow). Returns

@@ -13,7 +13,10 @@
 //! as a figure of its own, and the timed passes run with the sweep not due, as most passes of
 //! a running engine do. The incremental sweep (hourly by default) reads only the keys released
 //! since, and the status summary the store's tallies: each is timed on both stores, the large
-//! against the small.
+//! against the small. So are two queries as users make them, of each store's last regular
+//! day: one partition (one bucket in either store, which a query should find without reading
+//! the partition's other 999 days in the large one), and every partition, a page of 100 records
+//! (the same buckets in both: the regular buckets left over by the 1,000 partitions).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -83,9 +86,45 @@ pub fn scale(bench: &mut Bench) -> Result<()> {
     // only what was released (nothing here): its cost should not grow with the store.
     let mut incremental_sweeps = Vec::new();
     let mut statuses = Vec::new();
+    let mut partition_days = Vec::new();
+    let mut table_days = Vec::new();
     let mut full_sweep_ms = 0.0;
     for store in [&small, &large] {
         let engine = store.open(store.clock_for_pass(passes))?;
+        // The last regular day of the store: both stores have partition sensor-042 on it.
+        let regular = store.buckets - old_buckets(passes);
+        let day = REGULAR_START_MICROS + ((regular - 1) / REGULAR_PARTITIONS) as Micros * MICROS_PER_DAY;
+        let day_buckets = (regular - 1) % REGULAR_PARTITIONS + 1;
+        let query = |partition: Option<&str>, limit: usize| {
+            let request = frostline::query::QueryRequest {
+                table: SCALE_TABLE.into(),
+                partition_key: partition.map(|p| p.as_bytes().to_vec()),
+                from: Some(day),
+                to: Some(day + MICROS_PER_DAY),
+                limit,
+                ..Default::default()
+            };
+            let page = runtime.block_on(frostline::query::query(&engine.context(), request))?;
+            ensure!(!page.records.is_empty(), "the query of day {day} found no record");
+            Ok(page.records.len())
+        };
+        partition_days.push(bench.time_each(
+            format!("query of one partition and one day (frostline query) over {} buckets", store.buckets),
+            Unit::Millis,
+            bench.options.repeats,
+            || Ok(()),
+            |()| query(Some("sensor-042"), 1_000),
+        )?);
+        table_days.push(bench.time_each(
+            format!(
+                "query of one day of every partition ({day_buckets} buckets), a page of 100, over {} buckets",
+                store.buckets
+            ),
+            Unit::Millis,
+            bench.options.repeats,
+            || Ok(()),
+            |()| query(None, 100),
+        )?);
         statuses.push(bench.time_each(
             format!("status summary (frostline status) over {} buckets", store.buckets),
             Unit::Millis,
@@ -110,29 +149,44 @@ pub fn scale(bench: &mut Bench) -> Result<()> {
             |()| Ok(runtime.block_on(archive::sweep::sweep_released(&engine.context()))?),
         )?);
     }
-    let large_sweep = incremental_sweeps.pop().expect("the large store's");
-    let small_sweep = incremental_sweeps.pop().expect("the small store's");
-    let large_sweep = large_sweep.against(&small_sweep).with_target(
-        SCALE_RATIO_MIN,
-        "an incremental sweep over 1,000,000 buckets takes at most 2x one over 1,000 (nothing released)",
-    );
     // Where a slow one goes: with nothing released no folder is listed.
-    let large_sweep = large_sweep.with_note(format!(
+    let sweep_note = format!(
         "With nothing released no folder is listed: what is left is reading the sweep's rows of `meta` and the \
          released keys after the cursor in the larger store (cold pages), and listing the scratch prefixes. It \
-         replaces, between daily full sweeps, the full sweep over the same store ({:.0} ms here).",
-        full_sweep_ms
-    ));
-    bench.push(small_sweep);
-    bench.push(large_sweep);
-    let large_status = statuses.pop().expect("the large store's");
-    let small_status = statuses.pop().expect("the small store's");
-    let large_status = large_status.against(&small_status).with_target(
-        SCALE_RATIO_MIN,
-        "a status over 1,000,000 buckets takes at most 2x one over 1,000 (the store's tallies, not a visit)",
+         replaces, between daily full sweeps, the full sweep over the same store ({full_sweep_ms:.0} ms here)."
     );
-    bench.push(small_status);
-    bench.push(large_status);
+    for (mut pair, target, note) in [
+        (
+            incremental_sweeps,
+            "an incremental sweep over 1,000,000 buckets takes at most 2x one over 1,000 (nothing released)",
+            Some(sweep_note),
+        ),
+        (
+            statuses,
+            "a status over 1,000,000 buckets takes at most 2x one over 1,000 (the store's tallies, not a visit)",
+            None,
+        ),
+        (
+            partition_days,
+            "a query of one partition and day over 1,000,000 buckets takes at most 2x one over 1,000 (one bucket read)",
+            None,
+        ),
+        (
+            table_days,
+            "a query of one day of every partition over 1,000,000 buckets takes at most 2x the same over 1,000 (the \
+             day's buckets read)",
+            None,
+        ),
+    ] {
+        let large = pair.pop().expect("the large store's");
+        let small = pair.pop().expect("the small store's");
+        let mut large = large.against(&small).with_target(SCALE_RATIO_MIN, target);
+        if let Some(note) = note {
+            large = large.with_note(note);
+        }
+        bench.push(small);
+        bench.push(large);
+    }
     drop((large, small));
     Ok(())
 }
@@ -145,7 +199,7 @@ struct ScaleStore {
 
 impl ScaleStore {
     fn build(runtime: &tokio::runtime::Runtime, buckets: usize, passes: usize) -> Result<ScaleStore> {
-        let old = passes * DUE_PER_PASS;
+        let old = old_buckets(passes);
         ensure!(buckets > old, "{buckets} buckets cannot hold {passes} passes of {DUE_PER_PASS} due buckets");
         let dirs = Dirs::new(&format!(
             "[[table]]\nid = \"{SCALE_TABLE}\"\nstrategy = {{ plugin = \"builtin:calendar-day-utc\" }}\n\
@@ -222,6 +276,11 @@ impl ScaleStore {
         );
         Ok(ms)
     }
+}
+
+/// The old buckets (due one day after another, one day per timed pass) of a store.
+fn old_buckets(passes: usize) -> usize {
+    passes * DUE_PER_PASS
 }
 
 fn dir_bytes(dir: &std::path::Path) -> Result<u64> {

@@ -47,7 +47,7 @@ pub use self::holds::{HoldPlacement, PolicyHoldSync};
 pub use self::ownership::BucketReferences;
 pub use self::protocol::{CleanupSlice, PlanOutcome, Publication};
 pub use self::publications::BucketManifests;
-pub use self::reads::{DueWork, Snapshot};
+pub use self::reads::{BucketChunk, DueWork, RangeOrder, Snapshot};
 pub use self::recovery::{RECOVERY_PROBE_BYTES, RECOVERY_WAIT_MS_MAX};
 use self::schema::{
     BUCKETS, BUCKETS_BY_END, BUCKETS_BY_TIME, BucketId, BucketMeta, DELIVERIES, DUE, EPOCHS, ERASURES, HOLDS, INTENTS,

@@ -11,9 +11,10 @@ use crate::model::{ArchiveTarget, BucketState, Micros, Record, invariants};
 
 use super::protocol::push_published;
 use super::schema::{
-    BUCKETS, BUCKETS_BY_TIME, BucketId, BucketMeta, DUE, INTENTS, MANIFESTS, META, META_INSTALLATION_ID, PLAN_QUEUE,
-    PlanClass, StoredRow, TABLES, TOMBSTONES, TableState, Tombstone, UploadIntent, decode_by_time_key, decode_due_key,
-    decode_plan_queue_key, decode_row_key, decode_row_ref, decode_value, row_key, rows_table, rows_table_name,
+    BUCKETS, BUCKETS_BY_END, BUCKETS_BY_TIME, BucketId, BucketMeta, DUE, INTENTS, MANIFESTS, META,
+    META_INSTALLATION_ID, PLAN_QUEUE, PlanClass, StoredRow, TABLES, TOMBSTONES, TableState, Tombstone, UploadIntent,
+    decode_by_end_key, decode_by_time_key, decode_due_key, decode_plan_queue_key, decode_row_key, decode_row_ref,
+    decode_value, row_key, rows_table, rows_table_name,
 };
 use super::{Store, encoding};
 
@@ -406,6 +407,34 @@ pub(super) fn bucket_row(id: &BucketId, key: &[u8], value: &[u8]) -> Result<Reco
     })
 }
 
+/// The order `Snapshot::buckets_in_range` returns buckets in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RangeOrder {
+    /// By start: no later bucket starts before the last one returned.
+    ByStart,
+    /// By end: no later bucket starts more than `longest` before the last one's end.
+    ByEnd { longest: Micros },
+}
+
+impl RangeOrder {
+    /// The earliest time a bucket after `bucket` (in this order) can start at.
+    pub fn later_buckets_start_at_or_after(&self, bucket: &BucketMeta) -> Micros {
+        match self {
+            RangeOrder::ByStart => bucket.descriptor.start,
+            RangeOrder::ByEnd { longest } => bucket.descriptor.end.saturating_sub(*longest),
+        }
+    }
+}
+
+/// A chunk of the buckets a time range reaches (`Snapshot::buckets_in_range`).
+#[derive(Debug)]
+pub struct BucketChunk {
+    pub buckets: Vec<BucketMeta>,
+    /// Where the next chunk goes on from (`None`: the range is exhausted).
+    pub next: Option<Vec<u8>>,
+    pub order: RangeOrder,
+}
+
 /// One read transaction, shared by clones: everything read through it is from one instant.
 #[derive(Clone)]
 pub struct Snapshot {
@@ -420,6 +449,84 @@ impl Snapshot {
     pub fn bucket(&self, id: &BucketId) -> Result<Option<BucketMeta>> {
         let t = self.txn.open_table(BUCKETS)?;
         t.get(id.encode().as_slice())?.map(|v| decode_value(v.value())).transpose()
+    }
+
+    /// The next at most `limit` buckets of `table` (of one partition, or of all) that can hold
+    /// records at or after `lower` and before `upper`, read from an index, so a query reads
+    /// the buckets its range reaches and not the table's history:
+    ///
+    /// - one partition's from `buckets_by_time`, in order of start, seeking to the table's
+    ///   longest bucket before `lower` (no bucket that ends after `lower` starts earlier);
+    /// - a whole table's from `buckets_by_end`, in order of end, from the first that ends after
+    ///   `lower` to the first whose end is the longest bucket past `upper` (every later one
+    ///   starts at or after `upper`).
+    ///
+    /// `after` goes on from where the previous chunk ended (`BucketChunk::next`), in the same
+    /// snapshot.
+    pub fn buckets_in_range(
+        &self,
+        table: &str,
+        partition_key: Option<&[u8]>,
+        (lower, upper): (Option<Micros>, Option<Micros>),
+        after: Option<&[u8]>,
+        limit: usize,
+    ) -> Result<BucketChunk> {
+        use std::ops::Bound;
+        let Some(longest) = super::tally::longest_bucket(&self.txn, table)? else {
+            return Ok(BucketChunk { buckets: Vec::new(), next: None, order: RangeOrder::ByStart });
+        };
+        let prefix = BucketId::table_prefix(table, partition_key);
+        let at = |time: Micros| {
+            let mut key = prefix.clone();
+            encoding::put_i64(&mut key, time);
+            key
+        };
+        let (order, index, first, end) = match partition_key {
+            Some(_) => (
+                RangeOrder::ByStart,
+                BUCKETS_BY_TIME,
+                lower.map(|l| at(l.saturating_sub(longest))),
+                upper.map_or_else(|| encoding::prefix_end(&prefix), |u| at(u.saturating_add(longest))),
+            ),
+            None => (
+                RangeOrder::ByEnd { longest },
+                BUCKETS_BY_END,
+                lower.map(|l| at(l.saturating_add(1))),
+                upper.map_or_else(|| encoding::prefix_end(&prefix), |u| at(u.saturating_add(longest))),
+            ),
+        };
+        let start = match (after, &first) {
+            (Some(after), _) => Bound::Excluded(after),
+            (None, Some(first)) => Bound::Included(first.as_slice()),
+            (None, None) => Bound::Included(prefix.as_slice()),
+        };
+        let entries = self.txn.open_table(index)?;
+        let buckets = self.txn.open_table(BUCKETS)?;
+        let mut chunk = BucketChunk { buckets: Vec::new(), next: None, order };
+        let mut visited: Option<Vec<u8>> = None;
+        for entry in entries.range::<&[u8]>((start, Bound::Excluded(end.as_slice())))? {
+            let key = entry?.0;
+            if chunk.buckets.len() == limit {
+                // More follow: the next chunk goes on after the last entry this one visited.
+                chunk.next = visited;
+                break;
+            }
+            visited = Some(key.value().to_vec());
+            let id = match order {
+                RangeOrder::ByStart => decode_by_time_key(key.value())?.0,
+                RangeOrder::ByEnd { .. } => decode_by_end_key(key.value())?,
+            };
+            let row = buckets
+                .get(id.encode().as_slice())?
+                .ok_or_else(|| Error::Corruption(format!("a bucket index names bucket {id}, which is not stored")))?;
+            let meta: BucketMeta = decode_value(row.value())?;
+            let reaches =
+                lower.is_none_or(|l| meta.descriptor.end > l) && upper.is_none_or(|u| meta.descriptor.start < u);
+            if reaches {
+                chunk.buckets.push(meta);
+            }
+        }
+        Ok(chunk)
     }
 
     /// Every bucket of a table (or of one partition), in key order.

@@ -25,13 +25,16 @@
 //! | `buckets_by_state`| table ‖ state ‖ state_since ‖ bucket id         | ()             |
 //! | `held_tallies`   | table                                            | buckets        |
 //! | `deferred_buckets`, `leased_buckets` | bucket id                    | ()             |
+//! | `longest_buckets`| table                                            | microseconds   |
 //!
 //! Each bucket's hot rows live in a table of their own (`rows_table`), so a cleanup drops a
 //! small bucket's rows with the table instead of deleting them key by key (schema 2; schema 1
 //! kept every row in one `records` table keyed by bucket id ‖ event_time ‖ sort_key, and
 //! `Store::open` moves them, see `upgrade`). BENCHMARKS.md has the figures the layout was
 //! chosen by. Schema 3 keeps the plan queue by bucket end (schema 2 kept it by bucket id as
-//! `unplanned`) and adds `buckets_by_end`. Schema 4 adds the status tallies (`tally`).
+//! `unplanned`) and adds `buckets_by_end`. Schema 4 adds the status tallies (`tally`), and
+//! schema 5 the length of each table's longest bucket beside them, which lets a query seek
+//! the first bucket a time range can reach (`reads`).
 
 use redb::TableDefinition;
 use serde::{Deserialize, Serialize};
@@ -49,7 +52,7 @@ use crate::model::{BucketDescriptor, BucketFacts, BucketState, Micros, Retention
 
 /// Bumped on any incompatible change of a table or value; `Store::open` refuses a newer one
 /// and upgrades an older one.
-pub const SCHEMA_VERSION: u32 = 4;
+pub const SCHEMA_VERSION: u32 = 5;
 
 pub const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
 pub const TABLES: TableDefinition<&str, &[u8]> = TableDefinition::new("tables");
@@ -109,7 +112,11 @@ pub const BUCKETS_BY_STATE: TableDefinition<&[u8], ()> = TableDefinition::new("b
 pub const HELD_TALLIES: TableDefinition<&str, u64> = TableDefinition::new("held_tallies");
 pub const DEFERRED_BUCKETS: TableDefinition<&[u8], ()> = TableDefinition::new("deferred_buckets");
 pub const LEASED_BUCKETS: TableDefinition<&[u8], ()> = TableDefinition::new("leased_buckets");
-/// Present while the tallies are being built from every bucket (the upgrade to schema 4): the
+/// Per table, the length (end - start, in microseconds) of the longest bucket it ever had
+/// (schema 5, kept with the tallies): no bucket that ends after a time starts more than this
+/// before it, so a query seeks its first bucket instead of reading every earlier one.
+pub const LONGEST_BUCKETS: TableDefinition<&str, i64> = TableDefinition::new("longest_buckets");
+/// Present while the tallies are being built from every bucket (the upgrade to schema 5): the
 /// last bucket tallied (empty: none yet), so a restart goes on from it.
 pub const META_TALLY_CURSOR: &str = "tally_cursor";
 /// The sequence of the last entry written to `PUBLICATION_CHANGES`.

@@ -1,4 +1,4 @@
-//! The status tallies (schema 4): what `status` shows of the buckets, kept in the transaction
+//! The status tallies (schema 4, and 5 for the longest bucket): what `status` shows of the buckets, kept in the transaction
 //! of every change of a bucket's row, so a status costs the same on 1,000 buckets and on
 //! 1,000,000 instead of reading every bucket.
 //!
@@ -7,7 +7,9 @@
 //!   the longest-standing bucket of a state is the first key of its range;
 //! - `HELD_TALLIES`: per table, the archived buckets whose expiry a hold parks;
 //! - `DEFERRED_BUCKETS` and `LEASED_BUCKETS`: the buckets a status lists one by one (those
-//!   whose step failed or was refused, and those under a lease), few on a healthy store.
+//!   whose step failed or was refused, and those under a lease), few on a healthy store;
+//! - `LONGEST_BUCKETS` (schema 5): per table, the length of its longest bucket, which queries
+//!   seek by (`Snapshot::buckets_in_range`).
 //!
 //! Every write of a bucket's row goes through `save_meta` or the append's batch, and both
 //! call `Tallies::account` with the row before and after; `Store::check_tallies` recomputes
@@ -19,13 +21,13 @@ use redb::{ReadableTable, ReadableTableMetadata, Table, WriteTransaction};
 
 use super::encoding;
 use super::schema::{
-    BUCKETS, BUCKETS_BY_STATE, BucketId, BucketMeta, DEFERRED_BUCKETS, HELD_TALLIES, LEASED_BUCKETS, META,
-    META_SCHEMA_VERSION, META_TALLY_CURSOR, STATE_TALLIES, decode_value,
+    BUCKETS, BUCKETS_BY_STATE, BucketId, BucketMeta, DEFERRED_BUCKETS, HELD_TALLIES, LEASED_BUCKETS, LONGEST_BUCKETS,
+    META, META_SCHEMA_VERSION, META_TALLY_CURSOR, STATE_TALLIES, decode_value,
 };
 use crate::error::{Error, Result};
 use crate::model::Micros;
 
-/// Buckets tallied per transaction by the upgrade to schema 4.
+/// Buckets tallied per transaction by the upgrades to schemas 4 and 5.
 pub const TALLY_BUCKETS_PER_TRANSACTION: usize = 50_000;
 
 /// What the tallies count of one bucket's row.
@@ -37,6 +39,8 @@ pub(super) struct Tally {
     held: bool,
     deferred: bool,
     leased: bool,
+    /// The bucket's length (end - start).
+    span: Micros,
 }
 
 impl Tally {
@@ -50,6 +54,7 @@ impl Tally {
             // plan that could not be made.
             deferred: meta.attempts > 0 || (meta.plan.is_none() && meta.last_error.is_some()),
             leased: meta.lease_owner.is_some(),
+            span: meta.descriptor.end.saturating_sub(meta.descriptor.start),
         }
     }
 }
@@ -61,6 +66,7 @@ pub(super) struct Tallies<'txn> {
     held: Table<'txn, &'static str, u64>,
     deferred: Table<'txn, &'static [u8], ()>,
     leased: Table<'txn, &'static [u8], ()>,
+    longest: Table<'txn, &'static str, i64>,
 }
 
 impl<'txn> Tallies<'txn> {
@@ -71,6 +77,7 @@ impl<'txn> Tallies<'txn> {
             held: txn.open_table(HELD_TALLIES)?,
             deferred: txn.open_table(DEFERRED_BUCKETS)?,
             leased: txn.open_table(LEASED_BUCKETS)?,
+            longest: txn.open_table(LONGEST_BUCKETS)?,
         })
     }
 
@@ -107,6 +114,12 @@ impl<'txn> Tallies<'txn> {
         }
         set_member(&mut self.deferred, &encoded, before.is_some_and(|b| b.deferred), after.deferred)?;
         set_member(&mut self.leased, &encoded, before.is_some_and(|b| b.leased), after.leased)?;
+        // Only ever lengthened: a shorter bucket, or one gone, leaves a bound that still holds.
+        if before.map(|b| b.span) != Some(after.span)
+            && self.longest.get(table)?.is_none_or(|longest| longest.value() < after.span)
+        {
+            self.longest.insert(table, after.span)?;
+        }
         Ok(())
     }
 
@@ -227,7 +240,7 @@ pub(super) fn members(txn: &redb::ReadTransaction, leased: bool) -> Result<Vec<B
     Ok(out)
 }
 
-/// Tallies every stored bucket (the upgrade to schema 4, and a rebuild): resumes after the
+/// Tallies every stored bucket (the upgrades to schemas 4 and 5, and a rebuild): resumes after the
 /// bucket `META_TALLY_CURSOR` names, in transactions of `TALLY_BUCKETS_PER_TRANSACTION`, each
 /// moving the cursor with what it tallied, so a crash leaves no bucket counted twice or not
 /// at all. Removes the cursor when done.
@@ -298,6 +311,8 @@ pub(super) fn begin_tally(db: &redb::Database, version: u32) -> Result<()> {
     txn.open_table(STATE_TALLIES)?;
     txn.delete_table(HELD_TALLIES)?;
     txn.open_table(HELD_TALLIES)?;
+    txn.delete_table(LONGEST_BUCKETS)?;
+    txn.open_table(LONGEST_BUCKETS)?;
     {
         let mut meta = txn.open_table(META)?;
         meta.insert(META_TALLY_CURSOR, [].as_slice())?;
@@ -313,10 +328,13 @@ pub(super) fn differences(txn: &redb::ReadTransaction) -> Result<Vec<String>> {
     let mut tables: BTreeMap<String, TableTally> = BTreeMap::new();
     let mut deferred = std::collections::BTreeSet::new();
     let mut leased = std::collections::BTreeSet::new();
+    let mut longest: BTreeMap<String, Micros> = BTreeMap::new();
     for entry in txn.open_table(BUCKETS)?.iter()? {
         let (key, value) = entry?;
         let bucket: BucketMeta = decode_value(value.value())?;
         let tally = Tally::of(&bucket);
+        let table_longest = longest.entry(bucket.id.table.clone()).or_insert(0);
+        *table_longest = (*table_longest).max(tally.span);
         let table = tables.entry(bucket.id.table.clone()).or_default();
         let state = table.states.entry(tally.state.to_string()).or_insert(StateTally {
             buckets: 0,
@@ -366,7 +384,20 @@ pub(super) fn differences(txn: &redb::ReadTransaction) -> Result<Vec<String>> {
             out.push(format!("{name}: {} tallied, {} in the rows", stored.len(), expected.len()));
         }
     }
+    let stored_longest = txn.open_table(LONGEST_BUCKETS)?;
+    for (table, span) in longest {
+        let stored = stored_longest.get(table.as_str())?.map(|v| v.value());
+        // At least the longest bucket stored (a bucket gone may have been longer).
+        if stored.is_none_or(|stored| stored < span) {
+            out.push(format!("table {table:?}: longest bucket tallied {stored:?}, the rows have one of {span}"));
+        }
+    }
     Ok(out)
+}
+
+/// The length of the longest bucket `table` ever had, in a read transaction.
+pub(super) fn longest_bucket(txn: &redb::ReadTransaction, table: &str) -> Result<Option<Micros>> {
+    Ok(txn.open_table(LONGEST_BUCKETS)?.get(table)?.map(|v| v.value()))
 }
 
 /// What a status reads of the tallies, from one read transaction.
@@ -391,6 +422,11 @@ impl super::Store {
         out.deferred = members(&txn, false)?;
         out.leased = members(&txn, true)?;
         Ok(out)
+    }
+
+    /// The length of the longest bucket `table` ever had (`None`: it has had none).
+    pub fn longest_bucket(&self, table: &str) -> Result<Option<Micros>> {
+        longest_bucket(&self.read()?, table)
     }
 
     /// Where the stored tallies differ from the same recomputed from every bucket's row (empty

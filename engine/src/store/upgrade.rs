@@ -17,9 +17,10 @@
 //! moves the plan queue, restarts any reconciliation under way (its position was a bucket
 //! key) and records version 3.
 //!
-//! Schema 4 adds the status tallies (`tally`): the upgrade records version 4 with an empty
-//! cursor, then tallies every bucket in transactions that each move the cursor, and removes
-//! the cursor last; an open that finds the cursor goes on from it.
+//! Schema 4 adds the status tallies (`tally`), and schema 5 each table's longest bucket beside
+//! them: the upgrade to either records the new version with an empty cursor, then tallies
+//! every bucket anew in transactions that each move the cursor, and removes the cursor last;
+//! an open that finds the cursor goes on from it.
 
 use redb::{Database, ReadableDatabase, ReadableTable};
 
@@ -49,13 +50,13 @@ pub(super) fn upgrade(db: &Database, stored_version: u32) -> Result<()> {
     if stored_version < 3 {
         index_buckets_by_end(db)?;
     }
-    if stored_version < 4 {
-        super::tally::begin_tally(db, 4)?;
+    if stored_version < 5 {
+        super::tally::begin_tally(db, 5)?;
     }
     let started = std::time::Instant::now();
     let tallied = super::tally::tally_all(db)?;
     if tallied > 0 {
-        tracing::info!(tallied, elapsed_ms = started.elapsed().as_millis() as u64, "upgraded the store to schema 4");
+        tracing::info!(tallied, elapsed_ms = started.elapsed().as_millis() as u64, "upgraded the store to schema 5");
     }
     Ok(())
 }
