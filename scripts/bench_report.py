@@ -264,7 +264,7 @@ def render(doc):
             w("")
             for f in rows:
                 if f.get("note"):
-                    w(f"What limits {f['name']}: {f['note']}.")
+                    w(f"What limits {f['name']}: {f['note'].rstrip('.')}.")
                     w("")
         for skipped in doc["skipped"]:
             if skipped["scenario"] == name:
