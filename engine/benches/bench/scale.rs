@@ -16,7 +16,8 @@
 //! against the small. So are two queries as users make them, of each store's last regular
 //! day: one partition (one bucket in either store, which a query should find without reading
 //! the partition's other 999 days in the large one), and every partition, a page of 100 records
-//! (the same buckets in both: the regular buckets left over by the 1,000 partitions).
+//! (the same buckets in both: the regular buckets left over by the 1,000 partitions). And the
+//! first page of 1,000 of the table's bucket listing, which should read about the page.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -88,6 +89,7 @@ pub fn scale(bench: &mut Bench) -> Result<()> {
     let mut statuses = Vec::new();
     let mut partition_days = Vec::new();
     let mut table_days = Vec::new();
+    let mut listings = Vec::new();
     let mut full_sweep_ms = 0.0;
     for store in [&small, &large] {
         let engine = store.open(store.clock_for_pass(passes))?;
@@ -124,6 +126,23 @@ pub fn scale(bench: &mut Bench) -> Result<()> {
             bench.options.repeats,
             || Ok(()),
             |()| query(None, 100),
+        )?);
+        listings.push(bench.time_each(
+            format!("first page of 1,000 of a table's bucket listing (GET .../buckets) over {} buckets", store.buckets),
+            Unit::Millis,
+            bench.options.repeats,
+            || Ok(()),
+            |()| {
+                let request = frostline::ops::buckets::BucketsRequest {
+                    table: SCALE_TABLE.into(),
+                    state: None,
+                    partition: None,
+                    limit: 1_000,
+                };
+                let page = frostline::ops::buckets::list(&engine, request)?;
+                ensure!(page.buckets.len() == 1_000.min(store.buckets), "a listing of {}", page.buckets.len());
+                Ok(page.truncated)
+            },
         )?);
         statuses.push(bench.time_each(
             format!("status summary (frostline status) over {} buckets", store.buckets),
@@ -169,6 +188,12 @@ pub fn scale(bench: &mut Bench) -> Result<()> {
         (
             partition_days,
             "a query of one partition and day over 1,000,000 buckets takes at most 2x one over 1,000 (one bucket read)",
+            None,
+        ),
+        (
+            listings,
+            "the first page of a bucket listing over 1,000,000 buckets takes at most 2x the same over 1,000 (the \
+             page's buckets read)",
             None,
         ),
         (

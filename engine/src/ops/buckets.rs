@@ -84,28 +84,41 @@ fn parse_state(name: &str) -> Result<BucketState> {
     })
 }
 
-/// A table's (or one partition's) buckets that `keep` accepts, by start then partition, cut to
-/// `limit`; whether more matched.
+/// A table's (or one partition's) buckets in `state` (any when `None`), by start then
+/// partition, cut to `limit`; whether more matched.
+///
+/// Each way reads about what it returns: one partition's page from the index by start (and one
+/// more, to tell whether it is the last); one state's buckets from the tallies' index by
+/// state; and otherwise the table's from the index by end, until no later bucket can start
+/// before the page's last.
 fn ordered_page(
     engine: &Engine,
     table: &str,
     partition: Option<&str>,
+    state: Option<BucketState>,
     limit: usize,
-    keep: impl Fn(&BucketMeta) -> bool,
 ) -> Result<(Vec<BucketMeta>, bool)> {
+    let snapshot = engine.store().snapshot()?;
+    let in_state = |b: &BucketMeta| state.is_none_or(|s| b.state == s);
     if let Some(partition) = partition {
-        // One partition's buckets are in the index by start: read only the page (and one more,
-        // to tell whether it is the last).
-        let snapshot = engine.store().snapshot()?;
         let mut metas =
-            snapshot.partition_buckets_by_start(table, partition.as_bytes(), limit.saturating_add(1), keep)?;
+            snapshot.partition_buckets_by_start(table, partition.as_bytes(), limit.saturating_add(1), in_state)?;
         let truncated = metas.len() > limit;
         metas.truncate(limit);
         return Ok((metas, truncated));
     }
-    let mut metas = engine.store().buckets(table, None)?;
-    metas.retain(keep);
-    metas.sort_by(|a, b| (a.descriptor.start, &a.id.partition_key).cmp(&(b.descriptor.start, &b.id.partition_key)));
+    let Some(state) = state else {
+        return snapshot.table_buckets_by_start(table, limit);
+    };
+    let mut metas = snapshot.buckets_in_state(table, state)?;
+    metas.retain(in_state);
+    metas.sort_by(|a, b| {
+        (a.descriptor.start, &a.id.partition_key, &a.id.bucket_key).cmp(&(
+            b.descriptor.start,
+            &b.id.partition_key,
+            &b.id.bucket_key,
+        ))
+    });
     let truncated = metas.len() > limit;
     metas.truncate(limit);
     Ok((metas, truncated))
@@ -114,9 +127,7 @@ fn ordered_page(
 /// Lists a table's buckets (reads the store: call it on a blocking thread).
 pub fn list(engine: &Engine, request: BucketsRequest) -> Result<BucketsPage> {
     let wanted = request.state.as_deref().map(parse_state).transpose()?;
-    let (metas, truncated) = ordered_page(engine, &request.table, request.partition.as_deref(), request.limit, |b| {
-        wanted.is_none_or(|s| b.state == s)
-    })?;
+    let (metas, truncated) = ordered_page(engine, &request.table, request.partition.as_deref(), wanted, request.limit)?;
     let buckets = metas
         .into_iter()
         .map(|b| BucketView {
@@ -178,8 +189,7 @@ pub struct RetentionPage {
 
 /// The retention report of a table (reads the store: call it on a blocking thread).
 pub fn retention(engine: &Engine, request: RetentionRequest) -> Result<RetentionPage> {
-    let (metas, truncated) =
-        ordered_page(engine, &request.table, request.partition.as_deref(), request.limit, |_| true)?;
+    let (metas, truncated) = ordered_page(engine, &request.table, request.partition.as_deref(), None, request.limit)?;
     // The stored holds include the policy directory's (synced at every reload): adding the
     // policy's again would list each of them twice.
     let mut holds = engine.store().holds()?;

@@ -407,6 +407,35 @@ pub(super) fn bucket_row(id: &BucketId, key: &[u8], value: &[u8]) -> Result<Reco
     })
 }
 
+/// A bucket ordered by its start, then its partition key (a listing's order), then its key.
+struct ByStart((Micros, Vec<u8>, String), BucketMeta);
+
+impl PartialEq for ByStart {
+    fn eq(&self, other: &Self) -> bool {
+        self.0 == other.0
+    }
+}
+impl Eq for ByStart {}
+impl PartialOrd for ByStart {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for ByStart {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.0.cmp(&other.0)
+    }
+}
+
+/// The page a heap of at most `limit + 1` buckets makes: the first `limit` in order, and
+/// whether one more was found.
+fn sorted_page(page: std::collections::BinaryHeap<ByStart>, limit: usize) -> (Vec<BucketMeta>, bool) {
+    let mut metas: Vec<BucketMeta> = page.into_sorted_vec().into_iter().map(|b| b.1).collect();
+    let more = metas.len() > limit;
+    metas.truncate(limit);
+    (metas, more)
+}
+
 /// The order `Snapshot::buckets_in_range` returns buckets in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RangeOrder {
@@ -540,6 +569,42 @@ impl Snapshot {
             out.push(decode_value(v.value())?);
         }
         Ok(out)
+    }
+
+    /// The buckets of `table` in `state`, from the status tallies' index by state (in no
+    /// particular order): the cost follows the buckets in that state.
+    pub fn buckets_in_state(&self, table: &str, state: BucketState) -> Result<Vec<BucketMeta>> {
+        super::tally::buckets_in_state(&self.txn, table, state.name())
+    }
+
+    /// The first `limit` buckets of `table` by start then partition key, and whether more
+    /// follow: walks `buckets_by_end` and stops once every later bucket starts after the last
+    /// of the page (its end less the table's longest bucket), so a page reads about as many
+    /// buckets as it holds.
+    pub fn table_buckets_by_start(&self, table: &str, limit: usize) -> Result<(Vec<BucketMeta>, bool)> {
+        let order = |b: &BucketMeta| (b.descriptor.start, b.id.partition_key.clone(), b.id.bucket_key.clone());
+        // The smallest `limit + 1` by order seen so far (the largest on top, to drop).
+        let mut page: std::collections::BinaryHeap<ByStart> = std::collections::BinaryHeap::new();
+        let mut after: Option<Vec<u8>> = None;
+        loop {
+            let chunk = self.buckets_in_range(table, None, (None, None), after.as_deref(), 1_024)?;
+            let RangeOrder::ByEnd { longest } = chunk.order else { break };
+            for meta in chunk.buckets {
+                let later_start = meta.descriptor.end.saturating_sub(longest);
+                if page.len() > limit && page.peek().is_some_and(|top| later_start > top.0.0) {
+                    return Ok(sorted_page(page, limit));
+                }
+                page.push(ByStart(order(&meta), meta));
+                if page.len() > limit + 1 {
+                    page.pop();
+                }
+            }
+            match chunk.next {
+                Some(next) => after = Some(next),
+                None => break,
+            }
+        }
+        Ok(sorted_page(page, limit))
     }
 
     /// The buckets of one partition by start (`BUCKETS_BY_TIME`) that `keep` accepts, at most
@@ -702,5 +767,94 @@ impl Snapshot {
             out.push(decode_value(entry?.1.value())?);
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::append::bucket_for_tests;
+    use super::super::{index_new_bucket, save_meta};
+    use super::*;
+    use crate::model::BucketDescriptor;
+
+    /// Buckets of any lengths, overlapping within and across partitions (what a strategy
+    /// plugin may make): the walks by index answer exactly what sorting and filtering every
+    /// bucket answers, for ranges and pages of every size.
+    #[test]
+    fn the_walks_by_index_answer_what_every_bucket_sorted_answers_for_buckets_of_any_lengths() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("hot.redb")).unwrap();
+        let mut state = 0x5eed_u64;
+        let mut next = move |below: u64| {
+            // splitmix64: the same buckets every run.
+            state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut z = state;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            (z ^ (z >> 31)) % below
+        };
+        let table = "t/a %=é";
+        let mut every = Vec::new();
+        for i in 0..400 {
+            let id = BucketId {
+                table: table.into(),
+                partition_key: format!("site {}/é%=", next(12)).into_bytes(),
+                bucket_key: format!("k{i}"),
+            };
+            let start = next(10_000) as Micros - 2_000;
+            // Mostly short, a few very long.
+            let length = if next(20) == 0 { 1 + next(3_000) } else { 1 + next(200) } as Micros;
+            let descriptor = BucketDescriptor { key: id.bucket_key.clone(), start, end: start + length };
+            let meta = bucket_for_tests(id, &descriptor);
+            every.push(meta.clone());
+            store.write(move |txn| index_new_bucket(txn, &meta).and_then(|()| save_meta(txn, &meta))).unwrap();
+        }
+        let snapshot = store.snapshot().unwrap();
+        let order = |b: &BucketMeta| (b.descriptor.start, b.id.partition_key.clone(), b.id.bucket_key.clone());
+        every.sort_by_key(order);
+        let names = |metas: &[BucketMeta]| metas.iter().map(|b| b.id.bucket_key.clone()).collect::<Vec<_>>();
+
+        for limit in [1, 2, 7, 50, 399, 400, 1_000] {
+            let (page, more) = snapshot.table_buckets_by_start(table, limit).unwrap();
+            assert_eq!(names(&page), names(&every[..limit.min(every.len())]), "page of {limit}");
+            assert_eq!(more, every.len() > limit, "page of {limit}");
+        }
+
+        let partitions: Vec<Vec<u8>> = (0..12).map(|p| format!("site {p}/é%=").into_bytes()).collect();
+        for _ in 0..60 {
+            let lower = (next(3) > 0).then(|| next(14_000) as Micros - 3_000);
+            let upper = (next(3) > 0).then(|| lower.unwrap_or(-3_000) + next(4_000) as Micros);
+            for partition in [None, Some(&partitions[next(12) as usize])] {
+                let mut want: Vec<BucketMeta> = every
+                    .iter()
+                    .filter(|b| partition.is_none_or(|p| &b.id.partition_key == p))
+                    .filter(|b| {
+                        lower.is_none_or(|l| b.descriptor.end > l) && upper.is_none_or(|u| b.descriptor.start < u)
+                    })
+                    .cloned()
+                    .collect();
+                let mut got = Vec::new();
+                let mut after: Option<Vec<u8>> = None;
+                loop {
+                    let chunk = snapshot
+                        .buckets_in_range(table, partition.map(Vec::as_slice), (lower, upper), after.as_deref(), 5)
+                        .unwrap();
+                    assert!(chunk.buckets.len() <= 5);
+                    // Within the order the chunk says: the query's early stop relies on it.
+                    for pair in chunk.buckets.windows(2) {
+                        let bound = chunk.order.later_buckets_start_at_or_after(&pair[0]);
+                        assert!(pair[1].descriptor.start >= bound, "{:?} then {:?}", pair[0], pair[1]);
+                    }
+                    got.extend(chunk.buckets);
+                    match chunk.next {
+                        Some(next) => after = Some(next),
+                        None => break,
+                    }
+                }
+                got.sort_by_key(order);
+                want.sort_by_key(order);
+                assert_eq!(names(&got), names(&want), "{partition:?} {lower:?}..{upper:?}");
+            }
+        }
     }
 }

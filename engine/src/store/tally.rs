@@ -225,6 +225,27 @@ pub(super) fn read_table(txn: &redb::ReadTransaction, table: &str) -> Result<Tab
     Ok(out)
 }
 
+/// The buckets of `table` in state `state` (its name), from `BUCKETS_BY_STATE`: the cost
+/// follows the buckets in that state, not the table.
+pub(super) fn buckets_in_state(txn: &redb::ReadTransaction, table: &str, state: &str) -> Result<Vec<BucketMeta>> {
+    let by_state = txn.open_table(BUCKETS_BY_STATE)?;
+    let buckets = txn.open_table(BUCKETS)?;
+    let prefix = state_prefix(table, state);
+    let end = encoding::prefix_end(&prefix);
+    let mut out = Vec::new();
+    for entry in by_state.range(prefix.as_slice()..end.as_slice())? {
+        let (key, _) = entry?;
+        let mut reader = encoding::Reader::new(&key.value()[prefix.len()..]);
+        reader.i64()?;
+        let id = BucketId::decode(&mut reader)?;
+        let row = buckets
+            .get(id.encode().as_slice())?
+            .ok_or_else(|| Error::Corruption(format!("buckets_by_state names bucket {id}, which is not stored")))?;
+        out.push(decode_value(row.value())?);
+    }
+    Ok(out)
+}
+
 /// The ids of the buckets in `DEFERRED_BUCKETS` or `LEASED_BUCKETS`, with their rows.
 pub(super) fn members(txn: &redb::ReadTransaction, leased: bool) -> Result<Vec<BucketMeta>> {
     let set = txn.open_table(if leased { LEASED_BUCKETS } else { DEFERRED_BUCKETS })?;
