@@ -427,13 +427,9 @@ impl Ord for ByStart {
     }
 }
 
-/// The page a heap of at most `limit + 1` buckets makes: the first `limit` in order, and
-/// whether one more was found.
-fn sorted_page(page: std::collections::BinaryHeap<ByStart>, limit: usize) -> (Vec<BucketMeta>, bool) {
-    let mut metas: Vec<BucketMeta> = page.into_sorted_vec().into_iter().map(|b| b.1).collect();
-    let more = metas.len() > limit;
-    metas.truncate(limit);
-    (metas, more)
+/// The buckets of a page's heap, in order.
+fn sorted_page(page: std::collections::BinaryHeap<ByStart>) -> Vec<BucketMeta> {
+    page.into_sorted_vec().into_iter().map(|b| b.1).collect()
 }
 
 /// The order `Snapshot::buckets_in_range` returns buckets in.
@@ -583,19 +579,23 @@ impl Snapshot {
     /// buckets as it holds.
     pub fn table_buckets_by_start(&self, table: &str, limit: usize) -> Result<(Vec<BucketMeta>, bool)> {
         let order = |b: &BucketMeta| (b.descriptor.start, b.id.partition_key.clone(), b.id.bucket_key.clone());
-        // The smallest `limit + 1` by order seen so far (the largest on top, to drop).
+        // The smallest `limit` by order seen so far (the largest on top, to drop), and how many
+        // were seen: more than `limit` means the page is cut.
         let mut page: std::collections::BinaryHeap<ByStart> = std::collections::BinaryHeap::new();
+        let mut seen = 0usize;
         let mut after: Option<Vec<u8>> = None;
         loop {
             let chunk = self.buckets_in_range(table, None, (None, None), after.as_deref(), 1_024)?;
             let RangeOrder::ByEnd { longest } = chunk.order else { break };
             for meta in chunk.buckets {
                 let later_start = meta.descriptor.end.saturating_sub(longest);
-                if page.len() > limit && page.peek().is_some_and(|top| later_start > top.0.0) {
-                    return Ok(sorted_page(page, limit));
+                if page.len() == limit && page.peek().is_none_or(|last| later_start > last.0.0) {
+                    // This bucket and every later one come after the page.
+                    return Ok((sorted_page(page), true));
                 }
+                seen += 1;
                 page.push(ByStart(order(&meta), meta));
-                if page.len() > limit + 1 {
+                if page.len() > limit {
                     page.pop();
                 }
             }
@@ -604,7 +604,7 @@ impl Snapshot {
                 None => break,
             }
         }
-        Ok(sorted_page(page, limit))
+        Ok((sorted_page(page), seen > limit))
     }
 
     /// The buckets of one partition by start (`BUCKETS_BY_TIME`) that `keep` accepts, at most
