@@ -1604,3 +1604,74 @@ retention = { plugin = "builtin:eligible-before", config = { archive_after = "1d
         }
     }
 }
+
+/// `verify` checks every archived bucket of the store or of one table, or a random sample of
+/// them: chosen from the tallies' index by state, so a sample reads about itself (the scale
+/// benchmark times a sample over 1,000,000 buckets against one over 1,000).
+#[test]
+fn a_verification_checks_every_archived_bucket_or_a_random_sample_of_them() {
+    use frostline::archive::verify::verify;
+    use std::collections::BTreeSet;
+    let policy = r#"
+[[table]]
+id = "a"
+strategy = { plugin = "builtin:calendar-day-utc" }
+retention = { plugin = "builtin:eligible-before", config = { archive_after = "1d" } }
+
+[[table]]
+id = "b"
+strategy = { plugin = "builtin:calendar-day-utc" }
+retention = { plugin = "builtin:eligible-before", config = { archive_after = "1d" } }
+"#;
+    let e = TestEngine::new(policy, "2024-01-12T00:00:00Z");
+    // Ten days of each partition: the first nine archive, the last stays hot.
+    let input: Vec<Record> = (0..10)
+        .flat_map(|day| {
+            USER_KEYS.iter().map(move |key| Record {
+                partition_key: key.as_bytes().to_vec(),
+                event_time: t("2024-01-02T12:00:00Z") + day * 86_400_000_000,
+                sort_key: format!("s{day}").into_bytes(),
+                tenant: None,
+                kind: None,
+                body: format!("{{\"day\":{day}}}"),
+            })
+        })
+        .collect();
+    for table in ["a", "b"] {
+        e.engine.append(table, input.clone()).unwrap();
+    }
+    while e.pass().made_progress() {}
+    let archived = |table: &str| -> BTreeSet<String> {
+        let buckets = e.engine.store().buckets(table, None).unwrap();
+        assert!(buckets.iter().any(|b| b.state == BucketState::Hot), "{table} keeps hot buckets");
+        buckets.iter().filter(|b| matches!(b.state, BucketState::Archived { .. })).map(|b| b.id.display()).collect()
+    };
+    let (in_a, in_b) = (archived("a"), archived("b"));
+    assert_eq!((in_a.len(), in_b.len()), (27, 27));
+    let checked = |table: Option<&str>, sample: Option<usize>| -> Vec<String> {
+        let verdicts =
+            runtime().block_on(verify(&e.engine.context(), table.map(str::to_string), sample, |_| {})).unwrap();
+        assert!(verdicts.iter().all(|v| v.ok && v.rows == 1), "{verdicts:?}");
+        let total = frostline::ops::archives::verify_total(&e.engine, table, sample).unwrap();
+        assert_eq!(total, verdicts.len(), "the progress bar's length");
+        verdicts.into_iter().map(|v| v.bucket).collect()
+    };
+    let every: BTreeSet<String> = checked(None, None).into_iter().collect();
+    assert_eq!(every, in_a.union(&in_b).cloned().collect());
+    assert_eq!(checked(Some("a"), None).into_iter().collect::<BTreeSet<_>>(), in_a);
+    assert!(checked(Some("nope"), None).is_empty());
+    for sample in [0, 1, 5, 27, 30] {
+        for table in [Some("a"), None] {
+            let chosen = checked(table, Some(sample));
+            let distinct: BTreeSet<String> = chosen.iter().cloned().collect();
+            let of = if table.is_some() { &in_a } else { &every };
+            assert_eq!(chosen.len(), sample.min(of.len()), "{table:?} {sample}");
+            assert_eq!(distinct.len(), chosen.len(), "a sample checks each bucket once: {chosen:?}");
+            assert!(distinct.is_subset(of), "{table:?} {sample}: {chosen:?}");
+        }
+    }
+    // Each sample is drawn afresh, from every archived bucket alike.
+    let drawn: BTreeSet<String> = (0..40).flat_map(|_| checked(None, Some(1))).collect();
+    assert!(drawn.len() > 10, "40 samples of one drew only {drawn:?}");
+    assert!(drawn.iter().any(|b| in_b.contains(b)) && drawn.iter().any(|b| in_a.contains(b)), "{drawn:?}");
+}

@@ -1,15 +1,26 @@
 //! `frostline verify`, the scrub: re-reads every published manifest and segment (of one
 //! table, or a random sample), checks every hash, count and row checksum, and reports per
-//! bucket.
+//! bucket. The buckets to check are chosen from the tallies' index by state (keys only), and
+//! their rows read a few hundred at a time from fresh snapshots: a verification of a sample
+//! reads about the sample, and none holds the store open while it reads the archives.
 
 use std::sync::Arc;
 
-use rand::seq::SliceRandom;
+use rand::SeedableRng;
 
 use super::{blocking, read_manifest, verify_segment};
 use crate::engine::Context;
 use crate::error::Result;
 use crate::model::BucketState;
+use crate::store::Store;
+use crate::store::schema::BucketId;
+
+/// The states of a published bucket, whose archive a verification reads.
+const VERIFIED_STATES: [BucketState; 2] =
+    [BucketState::Archived { hot_deleted: true }, BucketState::Archived { hot_deleted: false }];
+
+/// Buckets whose rows are read per snapshot while verifying.
+const VERIFY_CHUNK_BUCKETS: usize = 256;
 
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct BucketVerdict {
@@ -21,70 +32,140 @@ pub struct BucketVerdict {
     pub error: Option<String>,
 }
 
-/// Verifies archived buckets; `on_bucket` is called after each (progress).
+/// How many archived buckets `table` (every table: `None`) holds, from the tallies.
+pub fn archived_count(store: &Store, table: Option<&str>) -> Result<u64> {
+    let snapshot = store.snapshot()?;
+    let tables = match table {
+        Some(table) => vec![table.to_string()],
+        None => snapshot.tallied_tables()?,
+    };
+    let mut total = 0;
+    for table in &tables {
+        for state in VERIFIED_STATES {
+            total += snapshot.count_in_state(table, state)?;
+        }
+    }
+    Ok(total)
+}
+
+/// The archived buckets a verification checks: every one of `table` (every table: `None`),
+/// or `sample` of them chosen at random (positions drawn from the tallies' count, then picked
+/// on one walk of the index by state). Keys only; it holds the chosen ids, nothing more.
+pub fn chosen(store: &Store, table: Option<&str>, sample: Option<usize>, seed: u64) -> Result<Vec<BucketId>> {
+    let snapshot = store.snapshot()?;
+    let tables = match table {
+        Some(table) => vec![table.to_string()],
+        None => snapshot.tallied_tables()?,
+    };
+    let mut total = 0usize;
+    for table in &tables {
+        for state in VERIFIED_STATES {
+            total += snapshot.count_in_state(table, state)? as usize;
+        }
+    }
+    let positions = sample.map(|n| {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let mut positions = rand::seq::index::sample(&mut rng, total, n.min(total)).into_vec();
+        positions.sort_unstable();
+        positions
+    });
+    let mut ids = Vec::with_capacity(positions.as_ref().map_or(total, Vec::len));
+    let (mut position, mut next) = (0usize, 0usize);
+    for table in &tables {
+        for state in VERIFIED_STATES {
+            snapshot.visit_ids_in_state(table, state, |id| {
+                match &positions {
+                    None => ids.push(id),
+                    Some(positions) if positions.get(next) == Some(&position) => {
+                        ids.push(id);
+                        next += 1;
+                    }
+                    Some(_) => {}
+                }
+                position += 1;
+                Ok(())
+            })?;
+        }
+    }
+    Ok(ids)
+}
+
+/// Verifies archived buckets; `on_bucket` is called after each (progress). A bucket that
+/// stopped being archived between its choice and its check (expired, erased, or taking a
+/// next generation) is passed over.
 pub async fn verify(
     ctx: &Arc<Context>,
     table: Option<String>,
     sample: Option<usize>,
     on_bucket: impl Fn(usize),
 ) -> Result<Vec<BucketVerdict>> {
-    let store = ctx.store.clone();
-    let mut buckets = blocking(move || store.all_buckets()).await?;
-    buckets
-        .retain(|b| matches!(b.state, BucketState::Archived { .. }) && table.as_ref().is_none_or(|t| &b.id.table == t));
-    if let Some(n) = sample {
-        buckets.shuffle(&mut <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(ctx.random_u64()));
-        buckets.truncate(n);
-    }
-    let total = buckets.len();
+    let (store, seed) = (ctx.store.clone(), ctx.random_u64());
+    let ids = blocking(move || chosen(&store, table.as_deref(), sample, seed)).await?;
+    let total = ids.len();
     let policies = ctx.policies.clone();
     let mut verdicts = Vec::with_capacity(total);
-    for (i, meta) in buckets.into_iter().enumerate() {
-        let key = meta.manifest_key.clone().unwrap_or_default();
-        let mut verdict = BucketVerdict {
-            bucket: meta.id.display(),
-            manifest_key: key.clone(),
-            rows: 0,
-            segments: 0,
-            ok: false,
-            error: None,
-        };
-        let outcome: Result<()> = async {
-            let table = policies.table(&meta.id.table)?;
-            let backend = super::recorded_backend(ctx, &policies, table, &meta.id).await?;
-            let manifest = read_manifest(backend.as_ref(), &key).await?;
-            verdict.segments = manifest.segments.len();
-            // Segment by segment, each checked against its entry and summed on the way: one
-            // segment in memory, whatever the size of the bucket.
-            let mut summer = crate::model::rows::RowSummer::default();
-            for segment in &manifest.segments {
-                let bytes = backend.get(&segment.key).await?.ok_or_else(|| {
-                    crate::Error::Corruption(format!("segment `{}` named by `{key}` is missing", segment.key))
-                })?;
-                for row in verify_segment(manifest.format, segment, &bytes)? {
-                    summer.push(&row);
-                    verdict.rows += 1;
+    let mut done = 0;
+    for chunk in ids.chunks(VERIFY_CHUNK_BUCKETS) {
+        let (store, chunk) = (ctx.store.clone(), chunk.to_vec());
+        let metas = blocking(move || {
+            let snapshot = store.snapshot()?;
+            chunk.iter().map(|id| snapshot.bucket(id)).collect::<Result<Vec<_>>>()
+        })
+        .await?;
+        for meta in metas {
+            done += 1;
+            let Some(meta) = meta.filter(|m| matches!(m.state, BucketState::Archived { .. })) else {
+                on_bucket(done);
+                continue;
+            };
+            let key = meta.manifest_key.clone().unwrap_or_default();
+            let mut verdict = BucketVerdict {
+                bucket: meta.id.display(),
+                manifest_key: key.clone(),
+                rows: 0,
+                segments: 0,
+                ok: false,
+                error: None,
+            };
+            let outcome: Result<()> = async {
+                let table = policies.table(&meta.id.table)?;
+                let backend = super::recorded_backend(ctx, &policies, table, &meta.id).await?;
+                let manifest = read_manifest(backend.as_ref(), &key).await?;
+                verdict.segments = manifest.segments.len();
+                // Segment by segment, each checked against its entry and summed on the way: one
+                // segment in memory, whatever the size of the bucket.
+                let mut summer = crate::model::rows::RowSummer::default();
+                for segment in &manifest.segments {
+                    let bytes = backend.get(&segment.key).await?.ok_or_else(|| {
+                        crate::Error::Corruption(format!("segment `{}` named by `{key}` is missing", segment.key))
+                    })?;
+                    for row in verify_segment(manifest.format, segment, &bytes)? {
+                        summer.push(&row);
+                        verdict.rows += 1;
+                    }
                 }
+                if verdict.rows != meta.row_count || manifest.summary.rows != meta.row_count {
+                    return Err(crate::Error::Corruption(format!(
+                        "the bucket records {} rows, the manifest {} and the segments hold {}",
+                        meta.row_count, manifest.summary.rows, verdict.rows
+                    )));
+                }
+                let summary = summer.finish();
+                if summary != manifest.summary {
+                    return Err(crate::Error::Corruption(
+                        "row checksum of the segments differs from the manifest".into(),
+                    ));
+                }
+                Ok(())
             }
-            if verdict.rows != meta.row_count || manifest.summary.rows != meta.row_count {
-                return Err(crate::Error::Corruption(format!(
-                    "the bucket records {} rows, the manifest {} and the segments hold {}",
-                    meta.row_count, manifest.summary.rows, verdict.rows
-                )));
+            .await;
+            match outcome {
+                Ok(()) => verdict.ok = true,
+                Err(e) => verdict.error = Some(e.to_string()),
             }
-            let summary = summer.finish();
-            if summary != manifest.summary {
-                return Err(crate::Error::Corruption("row checksum of the segments differs from the manifest".into()));
-            }
-            Ok(())
+            verdicts.push(verdict);
+            on_bucket(done);
         }
-        .await;
-        match outcome {
-            Ok(()) => verdict.ok = true,
-            Err(e) => verdict.error = Some(e.to_string()),
-        }
-        verdicts.push(verdict);
-        on_bucket(i + 1);
     }
     Ok(verdicts)
 }

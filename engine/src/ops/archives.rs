@@ -7,7 +7,6 @@ use serde::{Deserialize, Serialize};
 
 use crate::engine::Engine;
 use crate::error::Result;
-use crate::model::BucketState;
 
 pub use crate::archive::adopt::AdoptReport;
 pub use crate::archive::sweep::SweepReport;
@@ -23,13 +22,7 @@ pub struct VerifyReport {
 /// How many buckets a verification of `table` (every table: `None`) would check, `sample`
 /// limiting it: the length of a progress bar.
 pub fn verify_total(engine: &Engine, table: Option<&str>, sample: Option<usize>) -> Result<usize> {
-    let total = engine
-        .store()
-        .all_buckets()?
-        .iter()
-        .filter(|b| matches!(b.state, BucketState::Archived { .. }))
-        .filter(|b| table.is_none_or(|t| b.id.table == t))
-        .count();
+    let total = crate::archive::verify::archived_count(engine.store(), table)? as usize;
     Ok(sample.map_or(total, |n| n.min(total)))
 }
 

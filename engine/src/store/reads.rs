@@ -573,6 +573,27 @@ impl Snapshot {
         super::tally::buckets_in_state(&self.txn, table, state.name())
     }
 
+    /// Visits the ids of `table`'s buckets in `state` from the tallies' index by state (keys
+    /// only: no bucket's row is read), longest in the state first.
+    pub fn visit_ids_in_state(
+        &self,
+        table: &str,
+        state: BucketState,
+        visit: impl FnMut(BucketId) -> Result<()>,
+    ) -> Result<()> {
+        super::tally::visit_ids_in_state(&self.txn, table, state.name(), visit)
+    }
+
+    /// How many of `table`'s buckets are in `state`, from the tallies.
+    pub fn count_in_state(&self, table: &str, state: BucketState) -> Result<u64> {
+        Ok(super::tally::read_table(&self.txn, table)?.states.get(state.name()).map_or(0, |s| s.buckets))
+    }
+
+    /// The tables the store holds buckets of (a removed table's too), in name order.
+    pub fn tallied_tables(&self) -> Result<Vec<String>> {
+        super::tally::tallied_tables(&self.txn)
+    }
+
     /// The first `limit` buckets of `table` by start then partition key, and whether more
     /// follow: walks `buckets_by_end` and stops once every later bucket starts after the last
     /// of the page (its end less the table's longest bucket), so a page reads about as many

@@ -228,22 +228,50 @@ pub(super) fn read_table(txn: &redb::ReadTransaction, table: &str) -> Result<Tab
 /// The buckets of `table` in state `state` (its name), from `BUCKETS_BY_STATE`: the cost
 /// follows the buckets in that state, not the table.
 pub(super) fn buckets_in_state(txn: &redb::ReadTransaction, table: &str, state: &str) -> Result<Vec<BucketMeta>> {
-    let by_state = txn.open_table(BUCKETS_BY_STATE)?;
     let buckets = txn.open_table(BUCKETS)?;
-    let prefix = state_prefix(table, state);
-    let end = encoding::prefix_end(&prefix);
     let mut out = Vec::new();
-    for entry in by_state.range(prefix.as_slice()..end.as_slice())? {
-        let (key, _) = entry?;
-        let mut reader = encoding::Reader::new(&key.value()[prefix.len()..]);
-        reader.i64()?;
-        let id = BucketId::decode(&mut reader)?;
+    visit_ids_in_state(txn, table, state, |id| {
         let row = buckets
             .get(id.encode().as_slice())?
             .ok_or_else(|| Error::Corruption(format!("buckets_by_state names bucket {id}, which is not stored")))?;
         out.push(decode_value(row.value())?);
-    }
+        Ok(())
+    })?;
     Ok(out)
+}
+
+/// Visits the ids of `table`'s buckets in state `state` (its name) from `BUCKETS_BY_STATE`,
+/// longest in the state first: keys only, no bucket's row is read.
+pub(super) fn visit_ids_in_state(
+    txn: &redb::ReadTransaction,
+    table: &str,
+    state: &str,
+    mut visit: impl FnMut(BucketId) -> Result<()>,
+) -> Result<()> {
+    let by_state = txn.open_table(BUCKETS_BY_STATE)?;
+    let prefix = state_prefix(table, state);
+    let end = encoding::prefix_end(&prefix);
+    for entry in by_state.range(prefix.as_slice()..end.as_slice())? {
+        let (key, _) = entry?;
+        let mut reader = encoding::Reader::new(&key.value()[prefix.len()..]);
+        reader.i64()?;
+        visit(BucketId::decode(&mut reader)?)?;
+    }
+    Ok(())
+}
+
+/// The tables the tallies count buckets of, a removed table's included, in name order.
+pub(super) fn tallied_tables(txn: &redb::ReadTransaction) -> Result<Vec<String>> {
+    let states = txn.open_table(STATE_TALLIES)?;
+    let mut tables: Vec<String> = Vec::new();
+    for entry in states.iter()? {
+        let (key, _) = entry?;
+        let (table, _) = key.value();
+        if tables.last().is_none_or(|last| last != table) {
+            tables.push(table.to_string());
+        }
+    }
+    Ok(tables)
 }
 
 /// The ids of the buckets in `DEFERRED_BUCKETS` or `LEASED_BUCKETS`, with their rows.
