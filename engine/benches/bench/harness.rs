@@ -423,3 +423,21 @@ pub fn push_phases(bench: &mut Bench, prefix: &str, runs: &[Phases], floor_like:
     }
     note
 }
+
+/// Runs `work` and returns what it returns with the peak resident set of this process
+/// while it ran, in MiB: freed heap is given back and the peak reset to the resident set
+/// first (glibc's `malloc_trim`, Linux's `clear_refs`), so the figure is the height `work`
+/// reached from what the process holds anyway, not a peak left by earlier work.
+pub fn with_peak_memory<T>(work: impl FnOnce() -> Result<T>) -> Result<(T, f64)> {
+    // SAFETY: malloc_trim only returns free heap pages to the system.
+    unsafe { libc::malloc_trim(0) };
+    std::fs::write("/proc/self/clear_refs", "5").context("cannot reset the peak resident set")?;
+    let output = work()?;
+    let status = std::fs::read_to_string("/proc/self/status").context("cannot read /proc/self/status")?;
+    let kib = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
+        .context("no VmHWM in /proc/self/status")?;
+    Ok((output, kib / 1024.0))
+}
