@@ -12,8 +12,8 @@ use super::{blocking, read_manifest, verify_segment};
 use crate::engine::Context;
 use crate::error::Result;
 use crate::model::BucketState;
-use crate::store::Store;
 use crate::store::schema::BucketId;
+use crate::store::{Snapshot, Store};
 
 /// The states of a published bucket, whose archive a verification reads.
 const VERIFIED_STATES: [BucketState; 2] =
@@ -34,7 +34,12 @@ pub struct BucketVerdict {
 
 /// How many archived buckets `table` (every table: `None`) holds, from the tallies.
 pub fn archived_count(store: &Store, table: Option<&str>) -> Result<u64> {
-    let snapshot = store.snapshot()?;
+    Ok(archived_tables(&store.snapshot()?, table)?.1 as u64)
+}
+
+/// The tables a verification of `table` (every table: `None`) reads, and how many archived
+/// buckets they hold, from the tallies.
+fn archived_tables(snapshot: &Snapshot, table: Option<&str>) -> Result<(Vec<String>, usize)> {
     let tables = match table {
         Some(table) => vec![table.to_string()],
         None => snapshot.tallied_tables()?,
@@ -42,10 +47,10 @@ pub fn archived_count(store: &Store, table: Option<&str>) -> Result<u64> {
     let mut total = 0;
     for table in &tables {
         for state in VERIFIED_STATES {
-            total += snapshot.count_in_state(table, state)?;
+            total += snapshot.count_in_state(table, state)? as usize;
         }
     }
-    Ok(total)
+    Ok((tables, total))
 }
 
 /// The archived buckets a verification checks: every one of `table` (every table: `None`),
@@ -53,16 +58,7 @@ pub fn archived_count(store: &Store, table: Option<&str>) -> Result<u64> {
 /// on one walk of the index by state). Keys only; it holds the chosen ids, nothing more.
 pub fn chosen(store: &Store, table: Option<&str>, sample: Option<usize>, seed: u64) -> Result<Vec<BucketId>> {
     let snapshot = store.snapshot()?;
-    let tables = match table {
-        Some(table) => vec![table.to_string()],
-        None => snapshot.tallied_tables()?,
-    };
-    let mut total = 0usize;
-    for table in &tables {
-        for state in VERIFIED_STATES {
-            total += snapshot.count_in_state(table, state)? as usize;
-        }
-    }
+    let (tables, total) = archived_tables(&snapshot, table)?;
     let positions = sample.map(|n| {
         let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
         let mut positions = rand::seq::index::sample(&mut rng, total, n.min(total)).into_vec();

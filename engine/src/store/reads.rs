@@ -805,15 +805,9 @@ mod tests {
     fn the_walks_by_index_answer_what_every_bucket_sorted_answers_for_buckets_of_any_lengths() {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(&dir.path().join("hot.redb")).unwrap();
-        let mut state = 0x5eed_u64;
-        let mut next = move |below: u64| {
-            // splitmix64: the same buckets every run.
-            state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-            let mut z = state;
-            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-            (z ^ (z >> 31)) % below
-        };
+        // Seeded: the same buckets every run.
+        let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(0x5eed);
+        let mut next = move |below: u64| rand::Rng::random_range(&mut rng, 0..below);
         let table = "t/a %=é";
         let mut every = Vec::new();
         for i in 0..400 {
