@@ -180,7 +180,7 @@ pub(crate) struct Planning {
 }
 
 /// How long the previous pass of this life spent on due work (claims, archival, cleanups,
-/// expiries), on the engine's clock.
+/// expiries), on the engine's clock, and whether it left a backlog.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum PreviousWork {
     /// No pass has run in this life yet.
@@ -188,8 +188,9 @@ pub(crate) enum PreviousWork {
     NoPassYet,
     /// The previous pass found nothing due.
     NothingDue,
-    /// The previous pass spent this long on due work.
-    Took(crate::model::Micros),
+    /// The previous pass spent `micros` on due work; `backlog` when it took as many due
+    /// buckets as its scan limit allows, so more may wait and the next pass follows at once.
+    Took { micros: crate::model::Micros, backlog: bool },
 }
 
 /// File in the data directory where a running engine publishes its status (read by

@@ -654,7 +654,7 @@ async fn recorded_manifest_keys(ctx: &Arc<Context>) -> Result<(HashSet<String>, 
         let snapshot = store.snapshot()?;
         let (mut keys, mut replaced) = (HashSet::new(), HashSet::new());
         let mut ids = Vec::new();
-        snapshot.visit_buckets(|meta| {
+        snapshot.visit_claimed_buckets(|meta| {
             if meta.manifest_key.is_some() {
                 ids.push(meta.id.clone());
             }

@@ -47,9 +47,17 @@ use crate::store::schema::{BucketId, BucketMeta};
 
 /// Buckets planned per pass at most, so a pass after a large ingest still reaches due work.
 pub const PLAN_BUCKETS_PER_PASS_MAX: usize = 10_000;
-/// The least time a pass may spend reconciling and planning while buckets are due (one
-/// reconciliation step and one plan batch are always made, however long they take).
+/// The least time a pass may spend reconciling and planning after a pass that left no backlog
+/// (the engine then waits its interval anyway, so planning takes nothing from archival). One
+/// reconciliation step and one plan batch are always made, however long they take.
 pub const PLAN_TIME_FLOOR_US: Micros = 500_000;
+/// What the first pass of a life may spend reconciling and planning before it archives: a
+/// start archives before it re-plans a large store, and a life killed within a second of its
+/// start still archives something.
+pub const PLAN_TIME_FIRST_PASS_US: Micros = 100_000;
+/// While a backlog drains, a pass plans for at most this share of the due work before it
+/// (numerator, denominator): archival keeps at least two thirds of the time.
+pub const PLAN_SHARE_OF_BACKLOG: (Micros, Micros) = (1, 2);
 /// Buckets planned per retention-policy call and store transaction.
 pub const PLAN_BATCH_BUCKETS_MAX: usize = crate::plugin::retention::RETENTION_BATCH_BUCKETS_MAX;
 
@@ -99,11 +107,12 @@ pub async fn run_pass(ctx: &Arc<Context>, owner: &str) -> Result<PassReport> {
     // Pending cleanups first: a failing discovery or upload must not starve them.
     metas.sort_by_key(|m| !matches!(m.state, BucketState::Archived { hot_deleted: false }));
     let due_work = !metas.is_empty();
+    let backlog = metas.len() >= limit;
     report.seconds.add(Phase::Discover, lap.lap());
     let awaiting_log = work_on_all(ctx, owner, metas, &mut report).await?;
     *ctx.memory().planning.lock().expect("planning lock") = crate::engine::Planning {
         previous_work: if due_work {
-            PreviousWork::Took(ctx.clock.now() - work_started)
+            PreviousWork::Took { micros: ctx.clock.now() - work_started, backlog }
         } else {
             PreviousWork::NothingDue
         },
@@ -291,16 +300,22 @@ pub const RECONCILE_BUCKETS_PER_PASS_MAX: usize = 10_000;
 /// at most one such batch.
 pub const RECONCILE_BATCH_BUCKETS_MAX: usize = 1_000;
 
-/// How long a pass may reconcile and plan, given what the previous pass did: no longer than
-/// the previous pass spent on due work (so a pass after a policy change archives at least
-/// half of what it would without one), `PLAN_TIME_FLOOR_US` at least; the first pass of a
-/// life only the floor (a start archives before it re-plans a large store); and unbounded
-/// (up to the bucket caps) when nothing was due, as then planning is all there is to do.
+/// How long a pass may reconcile and plan, given what the previous pass of its life did.
+/// While a backlog drains (the previous pass took its whole scan limit, and passes run back to
+/// back), at most `PLAN_SHARE_OF_BACKLOG` of the due work it did: so after a policy change a
+/// pass still archives at least two thirds as fast as it would without one. After a pass that
+/// left no backlog, as long as its due work took, `PLAN_TIME_FLOOR_US` at least (the engine
+/// then waits its interval anyway). The first pass of a life, `PLAN_TIME_FIRST_PASS_US` (a
+/// start archives before it re-plans a large store). After a pass that found nothing due, up
+/// to the caps only, as planning is then all there is to do. One reconciliation step and one
+/// plan batch are made whatever the budget.
 pub(crate) fn plan_budget(previous: PreviousWork) -> Option<Micros> {
+    let (share, of) = PLAN_SHARE_OF_BACKLOG;
     match previous {
-        PreviousWork::NoPassYet => Some(PLAN_TIME_FLOOR_US),
+        PreviousWork::NoPassYet => Some(PLAN_TIME_FIRST_PASS_US),
         PreviousWork::NothingDue => None,
-        PreviousWork::Took(us) => Some(us.max(PLAN_TIME_FLOOR_US)),
+        PreviousWork::Took { micros, backlog: true } => Some(micros * share / of),
+        PreviousWork::Took { micros, backlog: false } => Some(micros.max(PLAN_TIME_FLOOR_US)),
     }
 }
 
@@ -405,12 +420,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn planning_never_takes_longer_than_the_due_work_before_it() {
-        // A start archives before it re-plans a large store: the floor only.
-        assert_eq!(plan_budget(PreviousWork::NoPassYet), Some(PLAN_TIME_FLOOR_US));
-        // Short due work: the floor; long due work: as long as it took, no longer.
-        assert_eq!(plan_budget(PreviousWork::Took(1_000)), Some(PLAN_TIME_FLOOR_US));
-        assert_eq!(plan_budget(PreviousWork::Took(7_000_000)), Some(7_000_000));
+    fn planning_takes_at_most_half_the_due_work_while_a_backlog_drains() {
+        // A start archives before it re-plans a large store: a tenth of a second, not the floor.
+        assert_eq!(plan_budget(PreviousWork::NoPassYet), Some(PLAN_TIME_FIRST_PASS_US));
+        const { assert!(PLAN_TIME_FIRST_PASS_US < PLAN_TIME_FLOOR_US) };
+        // Passes back to back through a backlog: half the due work before, however short it
+        // was (the floor would make a pass of 300 ms of archival plan for 500).
+        assert_eq!(plan_budget(PreviousWork::Took { micros: 300_000, backlog: true }), Some(150_000));
+        assert_eq!(plan_budget(PreviousWork::Took { micros: 7_000_000, backlog: true }), Some(3_500_000));
+        // No backlog: the engine waits its interval anyway; the floor, or as long as it took.
+        assert_eq!(plan_budget(PreviousWork::Took { micros: 1_000, backlog: false }), Some(PLAN_TIME_FLOOR_US));
+        assert_eq!(plan_budget(PreviousWork::Took { micros: 7_000_000, backlog: false }), Some(7_000_000));
         // Nothing was due: planning is all there is to do (bounded by the bucket caps).
         assert_eq!(plan_budget(PreviousWork::NothingDue), None);
     }

@@ -671,6 +671,26 @@ impl Snapshot {
         Ok(())
     }
 
+    /// Calls `visit` with every bucket ever claimed for archival (in any state but hot), table
+    /// by table and state by state, from the tallies' index by state. No state leads back to
+    /// hot, so a hot bucket never had a key written for it nor a manifest: what looks for the
+    /// archives' keys and generations reads these alone, at a cost that follows the archive,
+    /// not the hot store (the full orphan sweep read 1,000,000 hot rows for 640 archives).
+    pub fn visit_claimed_buckets(&self, mut visit: impl FnMut(BucketMeta) -> Result<()>) -> Result<()> {
+        let buckets = self.txn.open_table(BUCKETS)?;
+        for table in self.tallied_tables()? {
+            for state in BucketState::ALL.into_iter().filter(|state| *state != BucketState::Hot) {
+                self.visit_ids_in_state(&table, state, |id| {
+                    let row = buckets.get(id.encode().as_slice())?.ok_or_else(|| {
+                        Error::Corruption(format!("buckets_by_state names bucket {id}, which is not stored"))
+                    })?;
+                    visit(decode_value(row.value())?)
+                })?;
+            }
+        }
+        Ok(())
+    }
+
     /// Calls `visit` with every bucket of every table in key order, one at a time.
     pub fn visit_buckets(&self, mut visit: impl FnMut(BucketMeta) -> Result<()>) -> Result<()> {
         let t = self.txn.open_table(BUCKETS)?;
@@ -729,7 +749,7 @@ impl Snapshot {
         let mut archived = Vec::new();
         let open_expiries: std::collections::HashSet<BucketId> =
             self.tombstones()?.into_iter().filter(|t| t.completed_at.is_none()).map(|t| t.bucket).collect();
-        self.visit_buckets(|meta| {
+        self.visit_claimed_buckets(|meta| {
             if meta.has_published_archive() || open_expiries.contains(&meta.id) {
                 archived.push(meta.id);
             }
@@ -871,5 +891,60 @@ mod tests {
                 assert_eq!(names(&got), names(&want), "{partition:?} {lower:?}..{upper:?}");
             }
         }
+    }
+
+    /// The full orphan sweep, adoption and the reload's target check read the claimed buckets
+    /// through the index by state: every bucket in every state but hot, each once, and no hot
+    /// one, whatever the tables' names.
+    #[test]
+    fn the_claimed_buckets_are_every_bucket_but_the_hot_ones_each_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("hot.redb")).unwrap();
+        for (t, table) in ["t/a %=é", "t b"].into_iter().enumerate() {
+            for i in 0..60 {
+                let id = BucketId {
+                    table: table.into(),
+                    partition_key: format!("site {}/é%=", i % 7).into_bytes(),
+                    bucket_key: format!("k{i}"),
+                };
+                let descriptor = BucketDescriptor { key: id.bucket_key.clone(), start: i * 10, end: i * 10 + 10 };
+                let mut meta = bucket_for_tests(id, &descriptor);
+                let created = meta.clone();
+                store
+                    .write(move |txn| index_new_bucket(txn, &created).and_then(|()| save_meta(txn, &created)))
+                    .unwrap();
+                // Every state, the hot ones most often, as a store has them.
+                meta.state = match (i as usize + t) % 9 {
+                    n @ 0..=5 => BucketState::ALL[n],
+                    _ => BucketState::Hot,
+                };
+                if meta.state != BucketState::Hot {
+                    meta.generation = 1 + (i as u64 % 3);
+                    meta.manifest_key = Some(format!("{table}/k{i}/manifest"));
+                }
+                store.write(move |txn| save_meta(txn, &meta)).unwrap();
+            }
+        }
+        let snapshot = store.snapshot().unwrap();
+        let mut claimed = Vec::new();
+        snapshot
+            .visit_claimed_buckets(|meta| {
+                claimed.push((meta.id.display(), meta.state.name()));
+                Ok(())
+            })
+            .unwrap();
+        let mut want = Vec::new();
+        snapshot
+            .visit_buckets(|meta| {
+                if meta.state != BucketState::Hot {
+                    want.push((meta.id.display(), meta.state.name()));
+                }
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(want.len(), 70, "five claimed states of nine, 60 buckets in each of two tables");
+        claimed.sort();
+        want.sort();
+        assert_eq!(claimed, want);
     }
 }
