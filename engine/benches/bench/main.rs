@@ -82,7 +82,7 @@ const SCENARIOS: &[Scenario] = &[
     },
     Scenario {
         name: "delta-sync",
-        about: "a running engine's Delta sync after one new publication on a table of 5,000 archived buckets against one of 200, and against the first sync of a process (which reads every manifest)",
+        about: "a running engine's Delta sync after one new publication on a table of 100,000 archived buckets (files in its log) against one of 200, and against the first sync of a process (which reads every manifest)",
         run: delta_sync::delta_sync,
     },
     Scenario {
