@@ -221,9 +221,7 @@ async fn pass_loop(engine: Arc<Engine>, passes: Arc<Passes>, mut stopping: tokio
         let mut backlog = false;
         match passes.run_once(&engine).await {
             Ok(report) if report.made_progress() || report.deferred > 0 => {
-                backlog = report.errors.is_empty()
-                    && report.made_progress()
-                    && report.buckets_worked() >= engine.settings().scan_limit as u64;
+                backlog = report.leaves_backlog(engine.settings().scan_limit);
                 tracing::info!(
                     planned = report.planned,
                     reconciled = report.reconciled,

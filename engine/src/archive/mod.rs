@@ -107,17 +107,9 @@ pub async fn run_pass(ctx: &Arc<Context>, owner: &str) -> Result<PassReport> {
     // Pending cleanups first: a failing discovery or upload must not starve them.
     metas.sort_by_key(|m| !matches!(m.state, BucketState::Archived { hot_deleted: false }));
     let due_work = !metas.is_empty();
-    let backlog = metas.len() >= limit;
     report.seconds.add(Phase::Discover, lap.lap());
     let awaiting_log = work_on_all(ctx, owner, metas, &mut report).await?;
-    *ctx.memory().planning.lock().expect("planning lock") = crate::engine::Planning {
-        previous_work: if due_work {
-            PreviousWork::Took { micros: ctx.clock.now() - work_started, backlog }
-        } else {
-            PreviousWork::NothingDue
-        },
-        planned: report.planned,
-    };
+    let work_micros = ctx.clock.now() - work_started;
     // The catalogs are derived from the manifests; refresh them when archives changed.
     if report.archived + report.expired + awaiting_log.len() as u64 > 0 {
         lap.lap();
@@ -185,6 +177,16 @@ pub async fn run_pass(ctx: &Arc<Context>, owner: &str) -> Result<PassReport> {
     }
     report.seconds.add(Phase::Sweep, lap.lap());
     report.wall_seconds = started.elapsed().as_secs_f64();
+    // What paces the next pass's planning: whether this one leaves a backlog is decided as the
+    // daemon decides whether the next pass follows at once (`PassReport::leaves_backlog`).
+    *ctx.memory().planning.lock().expect("planning lock") = crate::engine::Planning {
+        previous_work: if due_work {
+            PreviousWork::Took { micros: work_micros, backlog: report.leaves_backlog(limit) }
+        } else {
+            PreviousWork::NothingDue
+        },
+        planned: report.planned,
+    };
     Ok(report)
 }
 
@@ -301,9 +303,10 @@ pub const RECONCILE_BUCKETS_PER_PASS_MAX: usize = 10_000;
 pub const RECONCILE_BATCH_BUCKETS_MAX: usize = 1_000;
 
 /// How long a pass may reconcile and plan, given what the previous pass of its life did.
-/// While a backlog drains (the previous pass took its whole scan limit, and passes run back to
-/// back), at most `PLAN_SHARE_OF_BACKLOG` of the due work it did: so after a policy change a
-/// pass still archives at least two thirds as fast as it would without one. After a pass that
+/// While a backlog drains (the previous pass left one, `PassReport::leaves_backlog`, and the
+/// next follows at once), at most `PLAN_SHARE_OF_BACKLOG` of the due work it did: so after a
+/// policy change a pass still archives at least two thirds as fast as it would without one
+/// (less the one step and batch always made, which matter only when the due work is tiny). After a pass that
 /// left no backlog, as long as its due work took, `PLAN_TIME_FLOOR_US` at least (the engine
 /// then waits its interval anyway). The first pass of a life, `PLAN_TIME_FIRST_PASS_US` (a
 /// start archives before it re-plans a large store). After a pass that found nothing due, up
@@ -433,5 +436,17 @@ mod tests {
         assert_eq!(plan_budget(PreviousWork::Took { micros: 7_000_000, backlog: false }), Some(7_000_000));
         // Nothing was due: planning is all there is to do (bounded by the bucket caps).
         assert_eq!(plan_budget(PreviousWork::NothingDue), None);
+    }
+
+    #[test]
+    fn a_pass_leaves_a_backlog_only_when_it_took_its_scan_limit_without_an_error() {
+        let full = PassReport { archived: 64, cleaned: 64, ..PassReport::default() };
+        assert!(full.leaves_backlog(64));
+        assert!(!full.leaves_backlog(65));
+        // A target down defers every bucket quickly: the daemon waits its interval, so the
+        // next pass plans as after no backlog (the floor), not for half a few milliseconds.
+        let mut failing = PassReport { deferred: 64, planned: 1, ..PassReport::default() };
+        failing.error(PassErrorKind::Bucket, "target unreachable".into());
+        assert!(!failing.leaves_backlog(64));
     }
 }

@@ -340,6 +340,14 @@ impl PassReport {
         self.cleaned + self.expired + self.tombstones_purged + self.deferred + self.held + self.expiries_awaiting_log
     }
 
+    /// Whether the pass leaves a backlog, so the next pass follows at once: it took as many due
+    /// buckets as `scan_limit` allows, made progress and met no error. A pass with an error (a
+    /// target down defers every bucket it tries) does not, so failures are not retried at
+    /// speed, and the next pass plans as after a pass without a backlog (`archive::plan_budget`).
+    pub fn leaves_backlog(&self, scan_limit: usize) -> bool {
+        self.errors.is_empty() && self.made_progress() && self.buckets_worked() >= scan_limit as u64
+    }
+
     /// Whether the pass changed any bucket's state (another pass may find more to do).
     pub fn made_progress(&self) -> bool {
         self.planned + self.archived + self.cleaned + self.expired + self.tombstones_purged > 0
