@@ -188,8 +188,8 @@ pub(crate) enum PreviousWork {
     NoPassYet,
     /// The previous pass found nothing due.
     NothingDue,
-    /// The previous pass spent `micros` on due work; `backlog` when it took as many due
-    /// buckets as its scan limit allows, so more may wait and the next pass follows at once.
+    /// The previous pass spent `micros` on due work; `backlog` when it left one
+    /// (`PassReport::leaves_backlog`: the next pass follows at once).
     Took { micros: crate::model::Micros, backlog: bool },
 }
 

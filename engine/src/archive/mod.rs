@@ -306,9 +306,9 @@ pub const RECONCILE_BATCH_BUCKETS_MAX: usize = 1_000;
 /// While a backlog drains (the previous pass left one, `PassReport::leaves_backlog`, and the
 /// next follows at once), at most `PLAN_SHARE_OF_BACKLOG` of the due work it did: so after a
 /// policy change a pass still archives at least two thirds as fast as it would without one
-/// (less the one step and batch always made, which matter only when the due work is tiny). After a pass that
-/// left no backlog, as long as its due work took, `PLAN_TIME_FLOOR_US` at least (the engine
-/// then waits its interval anyway). The first pass of a life, `PLAN_TIME_FIRST_PASS_US` (a
+/// (less the one step and batch always made, which matter only when the due work is tiny).
+/// After a pass that left no backlog, as long as its due work took, `PLAN_TIME_FLOOR_US` at
+/// least (the engine then waits its interval anyway). The first pass of a life, `PLAN_TIME_FIRST_PASS_US` (a
 /// start archives before it re-plans a large store). After a pass that found nothing due, up
 /// to the caps only, as planning is then all there is to do. One reconciliation step and one
 /// plan batch are made whatever the budget.
