@@ -274,31 +274,36 @@ fn three_passes(te: &TestEngine) -> frostline::archive::PassReport {
         sum.archived += report.archived;
         sum.expired += report.expired;
         sum.delta_buckets_read += report.delta_buckets_read;
+        sum.delta_files_compared += report.delta_files_compared;
     }
     sum
 }
 
 #[test]
-fn a_running_engines_delta_sync_reads_only_the_buckets_whose_publication_changed() {
+fn a_running_engines_delta_sync_reads_and_compares_only_the_buckets_whose_publication_changed() {
     let dir = tempfile::tempdir().unwrap();
     let target = format!("[[target]]\nname = \"cold\"\nurl = \"file://{}\"\n", dir.path().display());
     let te = TestEngine::new(&policy(&target), "2024-01-15T00:00:00Z");
     // Three passes (plan, archive, clean up): the buckets they archived and the Delta syncs read.
+    // Its plans compare the log's entries and the published files only where either changed:
+    // each bucket here has one file.
     let passes = || {
         let sum = three_passes(&te);
-        (sum.archived, sum.delta_buckets_read)
+        (sum.archived, sum.delta_buckets_read, sum.delta_files_compared)
     };
     te.engine.append("events", records("2024-01-01T00:00:00Z", 10, 6)).unwrap();
-    assert_eq!(passes(), (30, 30), "the first sync of a process reads every bucket");
-    // One more day: its three buckets are all the next sync reads.
+    assert_eq!(passes(), (30, 30, 30), "the first sync of a process reads every bucket");
+    // One more day: its three buckets are all the next sync reads and compares (a plan over
+    // every file would compare the log's 30 entries and the 33 published files).
     te.engine.append("events", records("2024-01-12T00:00:00Z", 1, 6)).unwrap();
-    assert_eq!(passes(), (3, 3), "only the day's three new buckets are read");
-    // A late record replaces one bucket's generation: that bucket is read again, no other.
+    assert_eq!(passes(), (3, 3, 3), "only the day's three new buckets are read and compared");
+    // A late record replaces one bucket's generation: that bucket is read again, no other, and
+    // the plan compares its old file (listed) and its new one (published).
     let mut late = records("2024-01-03T00:00:00Z", 1, 1);
     late[0].sort_key = b"late".to_vec();
     te.engine.append("events", late).unwrap();
     te.clock.advance(3_600_000_000); // past the late grace
-    assert_eq!(passes(), (1, 1), "only the bucket that took the late record is read");
+    assert_eq!(passes(), (1, 1, 2), "only the bucket that took the late record is read and compared");
     assert_eq!(te.engine.store().buckets("events", None).unwrap().len(), 33);
 }
 

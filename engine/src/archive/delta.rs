@@ -8,7 +8,8 @@
 //! between syncs (`FileIndex`: made whole from every manifest by a process's first sync, then
 //! updated from the buckets whose publication changed, so a sync reads what changed, not the
 //! table's history), compares them with the files the log's newest version holds that this
-//! installation answers for, then commits remove actions for what is no longer published and
+//! installation answers for (on a running engine only at the paths that changed on either
+//! side since its last sync, `plan`), then commits remove actions for what is no longer published and
 //! add actions (with partition values and statistics) for what is. Other installations' files are never touched (except those of
 //! archives it adopted from a lost installation, which it now answers for), so several engines
 //! can share one table: their commits race through the store's conditional create, and a
@@ -77,6 +78,11 @@ pub struct DeltaSync {
     /// archived when it made its index whole, else only those whose publication changed since
     /// the last sync (`FileIndex`).
     pub buckets_read: usize,
+    /// Log entries and published files the sync's plan compared: those of the buckets and log
+    /// entries that changed since the last sync of this process, or every one when it read
+    /// the index or the log whole (`plan`).
+    #[serde(default)]
+    pub files_compared: usize,
     /// The log's version after the sync.
     pub version: u64,
     /// Whether this sync wrote the table's first version.
@@ -296,17 +302,19 @@ impl LogView {
         Ok((state.version(), LogView { files, app_version }))
     }
 
-    /// Applies one commit's actions; `false` when the commit changes what this view does not
-    /// follow (the table's metadata or protocol) or cannot be read as actions: then the log is
-    /// read whole.
-    fn apply(&mut self, commit: &[u8], app_id: &str) -> bool {
+    /// Applies one commit's actions, putting the paths they add or remove in `touched`; `false`
+    /// when the commit changes what this view does not follow (the table's metadata or
+    /// protocol) or cannot be read as actions: then the log is read whole.
+    fn apply(&mut self, commit: &[u8], app_id: &str, touched: &mut BTreeSet<String>) -> bool {
         for line in commit.split(|b| *b == b'\n').filter(|line| !line.iter().all(u8::is_ascii_whitespace)) {
             match serde_json::from_slice::<Action>(line) {
                 Ok(Action::Add(add)) => {
+                    touched.insert(add.path.clone());
                     self.files.insert(add.path, add.size);
                 }
                 Ok(Action::Remove(remove)) => {
                     self.files.remove(&remove.path);
+                    touched.insert(remove.path);
                 }
                 Ok(Action::Txn(txn)) if txn.app_id == app_id => self.app_version = txn.version,
                 Ok(Action::Metadata(_) | Action::Protocol(_)) | Err(_) => return false,
@@ -317,11 +325,17 @@ impl LogView {
     }
 }
 
-/// Brings `log` up to the log's newest version by reading the commits since its own; `false`
-/// when one of them needs the log read whole (`LogView::apply`).
-async fn catch_up(log_store: &LogStoreRef, log: &mut KeptLog, app_id: &str) -> deltalake::DeltaResult<bool> {
+/// Brings `log` up to the log's newest version by reading the commits since its own, putting
+/// the paths they add or remove in `touched`; `false` when one of them needs the log read
+/// whole (`LogView::apply`).
+async fn catch_up(
+    log_store: &LogStoreRef,
+    log: &mut KeptLog,
+    app_id: &str,
+    touched: &mut BTreeSet<String>,
+) -> deltalake::DeltaResult<bool> {
     while let Some(commit) = log_store.read_commit_entry(log.version + 1).await? {
-        if !log.view.apply(&commit, app_id) {
+        if !log.view.apply(&commit, app_id, touched) {
             return Ok(false);
         }
         log.version += 1;
@@ -362,6 +376,11 @@ async fn sync_serialized(
         }
         _ => None,
     };
+    // The paths where the log and the index can differ: after a sync that left them agreeing,
+    // only those of the buckets whose publication changed since (`FileIndex::touched`) and
+    // those the log's commits since touched (another writer's, a reader's VACUUM). Every path
+    // (`None`) when either is read whole.
+    let mut scope = kept.as_ref().and(index.touched.clone());
     let created = match kept {
         Some(_) => false,
         None => create_if_absent(&log_store, &table.id, ctx.clock.now()).await?,
@@ -379,11 +398,34 @@ async fn sync_serialized(
     };
     loop {
         attempt += 1;
-        if !catch_up(&log_store, &mut log, &app_id).await.map_err(read_log)? {
+        let mut touched = BTreeSet::new();
+        if catch_up(&log_store, &mut log, &app_id, &mut touched).await.map_err(read_log)? {
+            if let Some(scope) = &mut scope {
+                scope.extend(touched);
+            }
+        } else {
             log = load_log(&log_store, &location, &app_id).await.map_err(read_log)?;
+            scope = None;
         }
         let now_ms = ctx.clock.now().div_euclid(1_000);
-        let Planned { repairs, removes, rewrites, adds } = plan(&log.view, index, now_ms);
+        let planned = plan(&log.view, index, scope.as_ref(), now_ms);
+        report.files_compared += planned.compared;
+        if cfg!(debug_assertions) && scope.is_some() {
+            // A debug build checks the plan over what changed against one over every file, so
+            // every test and long run with a Delta table checks the scope.
+            let whole = plan(&log.view, index, None, now_ms);
+            if planned.actions() != whole.actions() {
+                return Err(Error::Internal(format!(
+                    "table `{}`: the Delta sync's plan over {} changed paths differs from one over every file: {:?} \
+                     against {:?}",
+                    table.id,
+                    scope.as_ref().map_or(0, BTreeSet::len),
+                    planned.actions(),
+                    whole.actions()
+                )));
+            }
+        }
+        let Planned { repairs, removes, rewrites, adds, .. } = planned;
         if repairs.is_empty() && removes.is_empty() && adds.is_empty() && rewrites.is_empty() {
             report.version = log.version;
             check_view(&log_store, &log, &app_id, &table.id).await?;
@@ -428,7 +470,7 @@ async fn sync_serialized(
                 .await;
             match written {
                 Ok(()) => {
-                    if !log.view.apply(&commit, &app_id) {
+                    if !log.view.apply(&commit, &app_id, &mut BTreeSet::new()) {
                         return Err(Error::Internal(format!(
                             "table `{}`: a Delta commit of its own unreadable",
                             table.id
@@ -482,19 +524,56 @@ struct Planned {
     rewrites: Vec<Action>,
     /// Files of archives newly published.
     adds: Vec<Action>,
+    /// Log entries and published files compared to make it (`DeltaSync::files_compared`).
+    compared: usize,
+}
+
+impl Planned {
+    /// The commits' actions as JSON values (whose objects compare whatever their keys' order,
+    /// unlike the partition values' hash maps), to compare two plans.
+    fn actions(&self) -> Vec<serde_json::Value> {
+        [&self.repairs, &self.removes, &self.rewrites, &self.adds]
+            .iter()
+            .flat_map(|actions| actions.iter())
+            .map(|action| serde_json::to_value(action).unwrap_or_default())
+            .collect()
+    }
 }
 
 /// The difference between this installation's published files (`index`) and the files the log
-/// lists of those this database recorded (`view`), as commits. Both lists are walked once, in
-/// the order of their paths (a merge of two sorted maps): a sync after one publication on a
-/// table of thousands of files compares them without a lookup per file.
-fn plan(view: &LogView, index: &FileIndex, now_ms: i64) -> Planned {
-    let (wanted, known) = (&index.wanted, &index.known);
+/// lists of those this database recorded (`view`), as commits, over the paths in `scope` (and
+/// their spellings by earlier builds, `doubly_encoded`) or over every file when it is `None`.
+/// A sync after one publication on a table of 100,000 files compares that publication's files,
+/// not the table's.
+fn plan(view: &LogView, index: &FileIndex, scope: Option<&BTreeSet<String>>, now_ms: i64) -> Planned {
+    let Some(scope) = scope else { return compare(&view.files, &index.wanted, &index.known, index, now_ms) };
+    let paths: BTreeSet<String> =
+        scope.iter().flat_map(|path| [path.clone(), doubly_encoded(path), path.replace("%25", "%")]).collect();
+    let files = paths.iter().filter_map(|p| view.files.get_key_value(p)).map(|(p, size)| (p.clone(), *size)).collect();
+    let wanted =
+        paths.iter().filter_map(|p| index.wanted.get_key_value(p)).map(|(p, f)| (p.clone(), f.clone())).collect();
+    let known =
+        paths.iter().filter_map(|p| index.known.get_key_value(p)).map(|(p, k)| (p.clone(), k.clone())).collect();
+    compare(&files, &wanted, &known, index, now_ms)
+}
+
+/// The difference between the published files `wanted` and the log's files `listed` that are
+/// `known` (recorded by this database), as commits; `index` says which buckets are published.
+/// The lists are walked once, in the order of their paths (a merge of sorted maps), without a
+/// lookup per file.
+fn compare(
+    listed: &BTreeMap<String, i64>,
+    wanted: &BTreeMap<String, PublishedFile>,
+    known: &KnownFiles,
+    index: &FileIndex,
+    now_ms: i64,
+) -> Planned {
+    let compared = listed.len() + wanted.len();
     // The files the log lists that this database recorded: another installation's, or another
     // copy's of this one, are never its to remove, whatever folder they lie in.
     let mut present: Vec<(&str, i64)> = Vec::new();
     let mut known_paths = known.keys().peekable();
-    for (path, size) in &view.files {
+    for (path, size) in listed {
         while known_paths.next_if(|k| k.as_str() < path.as_str()).is_some() {}
         if known_paths.peek().is_some_and(|k| *k == path) || misencoded_known(known, path) {
             present.push((path, *size));
@@ -529,22 +608,17 @@ fn plan(view: &LogView, index: &FileIndex, now_ms: i64) -> Planned {
     }
     // A file of a generation that a newer one replaced is removed in the commit that adds the
     // newer one's files (a reader sees the bucket's rows before or after, never without them);
-    // the files of expired archives in a delete of their own. The buckets that have a published
-    // file are gathered only when something is removed.
+    // the files of expired archives in a delete of their own.
     let (mut rewrites, mut removes) = (Vec::new(), Vec::new());
     let mut rewritten_buckets: BTreeSet<(&str, &str)> = BTreeSet::new();
-    if !listed_only.is_empty() {
-        let published_buckets: BTreeSet<(&str, &str)> =
-            wanted.values().map(|f| (f.partition_key.as_str(), f.bucket_key.as_str())).collect();
-        for (path, size) in listed_only {
-            let action = Action::Remove(remove_action(path, size, now_ms, true));
-            match known.get(path) {
-                Some((partition, bucket)) if published_buckets.contains(&(partition.as_str(), bucket.as_str())) => {
-                    rewritten_buckets.insert((partition.as_str(), bucket.as_str()));
-                    rewrites.push(action);
-                }
-                _ => removes.push(action),
+    for (path, size) in listed_only {
+        let action = Action::Remove(remove_action(path, size, now_ms, true));
+        match known.get(path) {
+            Some((partition, bucket)) if index.publishes(partition, bucket) => {
+                rewritten_buckets.insert((partition.as_str(), bucket.as_str()));
+                rewrites.push(action);
             }
+            _ => removes.push(action),
         }
     }
     let mut adds = Vec::new();
@@ -556,7 +630,7 @@ fn plan(view: &LogView, index: &FileIndex, now_ms: i64) -> Planned {
             adds.push(action);
         }
     }
-    Planned { repairs, removes, rewrites, adds }
+    Planned { repairs, removes, rewrites, adds, compared }
 }
 
 /// Whether `path`, which this database did not record, is one of its files as an earlier
@@ -643,6 +717,11 @@ struct FileIndex {
     known: KnownFiles,
     /// The paths each bucket put in `wanted` and `known`, so an update can take them out.
     by_bucket: HashMap<BucketId, (Vec<String>, Vec<String>)>,
+    /// Files in `wanted` of each (partition key, bucket key): the buckets that are published.
+    published: HashMap<(String, String), usize>,
+    /// The paths the last update put in or took out (`None` when the index was made whole):
+    /// where the index can differ from the log after a sync that left them agreeing.
+    touched: Option<BTreeSet<String>>,
     /// The last publication change taken in.
     changes_read: u64,
     /// Syncs since the index was made whole.
@@ -662,6 +741,8 @@ impl FileIndex {
             wanted: BTreeMap::new(),
             known: BTreeMap::new(),
             by_bucket: HashMap::new(),
+            published: HashMap::new(),
+            touched: None,
             changes_read,
             updates: 0,
             buckets_read: 0,
@@ -672,16 +753,28 @@ impl FileIndex {
     fn set_bucket(&mut self, root: &str, id: &BucketId, manifests: &[Manifest], published: Option<&Manifest>) {
         if let Some((wanted, known)) = self.by_bucket.remove(id) {
             for path in wanted {
-                self.wanted.remove(&path);
+                if let Some(file) = self.wanted.remove(&path) {
+                    let published = (file.partition_key, file.bucket_key);
+                    if let Some(files) = self.published.get_mut(&published) {
+                        *files -= 1;
+                        if *files == 0 {
+                            self.published.remove(&published);
+                        }
+                    }
+                }
+                self.touch(path);
             }
             for path in known {
                 self.known.remove(&path);
+                self.touch(path);
             }
         }
         let (mut wanted, mut known) = (Vec::new(), Vec::new());
-        for manifest in manifests.iter().filter(|m| m.target == self.target) {
+        let target = self.target.clone();
+        for manifest in manifests.iter().filter(|m| m.target == target) {
             for path in manifest.segments.iter().filter_map(|s| s.key.strip_prefix(root)) {
                 self.known.insert(path.to_string(), (manifest.partition_key.clone(), manifest.bucket.key.clone()));
+                self.touch(path.to_string());
                 known.push(path.to_string());
             }
         }
@@ -692,6 +785,8 @@ impl FileIndex {
                 let Some(writer) = relative.strip_prefix("installation=").and_then(|r| r.split('/').next()) else {
                     continue;
                 };
+                *self.published.entry((manifest.partition_key.clone(), id.bucket_key.clone())).or_default() += 1;
+                self.touch(relative.to_string());
                 self.wanted.insert(
                     relative.to_string(),
                     PublishedFile {
@@ -710,6 +805,17 @@ impl FileIndex {
             self.by_bucket.insert(id.clone(), (wanted, known));
         }
     }
+
+    fn touch(&mut self, path: String) {
+        if let Some(touched) = &mut self.touched {
+            touched.insert(path);
+        }
+    }
+
+    /// Whether the bucket (partition key, bucket key) has a published file in the index.
+    fn publishes(&self, partition: &str, bucket: &str) -> bool {
+        self.published.contains_key(&(partition.to_string(), bucket.to_string()))
+    }
 }
 
 /// The table's `FileIndex`: `kept` brought up to date, or a whole one when there is none (or it
@@ -721,6 +827,7 @@ async fn file_index(ctx: &Arc<Context>, table: &Arc<TablePolicy>, kept: Option<F
         let kept = kept.filter(|index| index.target == target && index.updates < FULL_INDEX_EVERY);
         let Some(mut index) = kept else { return whole_index(&store, &id, &target, &root) };
         let (changed, through) = store.publication_changes(&id, index.changes_read)?;
+        index.touched = Some(BTreeSet::new());
         for (bucket, recorded) in &changed {
             index.set_bucket(&root, bucket, &recorded.manifests, recorded.published());
         }
@@ -732,7 +839,7 @@ async fn file_index(ctx: &Arc<Context>, table: &Arc<TablePolicy>, kept: Option<F
             // Compared only when no publication changed between the two readings (a hold
             // calling an expiry off, an adoption through the API): the update saw the store
             // as it was before.
-            if whole.changes_read == through && (&whole.wanted, &whole.known) != (&index.wanted, &index.known) {
+            if whole.changes_read == through && (&whole.wanted, &whole.known, &whole.published) != (&index.wanted, &index.known, &index.published) {
                 return Err(Error::Internal(format!(
                     "table `{id}`: the Delta sync's index, kept up to date from {} changed buckets, differs from one                      made from every manifest: {} and {} wanted files, {} and {} known",
                     changed.len(),

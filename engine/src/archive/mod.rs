@@ -134,6 +134,7 @@ pub async fn run_pass(ctx: &Arc<Context>, owner: &str) -> Result<PassReport> {
             match delta::sync_if_needed(ctx, table, changed).await {
                 Some(Ok(sync)) => {
                     report.delta_buckets_read += sync.buckets_read as u64;
+                    report.delta_files_compared += sync.files_compared as u64;
                     report.delta_commit_retries += sync.retried_commits as u64;
                 }
                 Some(Err(e)) => report.error(PassErrorKind::DeltaLog, format!("Delta log of `{}`: {e}", table.id)),

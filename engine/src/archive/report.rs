@@ -33,6 +33,10 @@ pub struct PassReport {
     /// those whose publication changed, or every one a table ever archived when a sync made
     /// its index whole.
     pub delta_buckets_read: u64,
+    /// Paths the pass's Delta syncs compared between the log and this installation's files
+    /// (`delta::DeltaSync::files_compared`): those of the buckets and log entries that changed
+    /// since the last sync, or every file when a sync compared them all.
+    pub delta_files_compared: u64,
     /// Delta commits that lost a race with another writer of the log (or failed) and were
     /// made again after reading it (`delta::DeltaSync::retried_commits`).
     pub delta_commit_retries: u64,
@@ -301,7 +305,10 @@ impl PassReport {
         for (reason, count) in other.deferrals_by_reason {
             *self.deferrals_by_reason.entry(reason).or_default() += count;
         }
+        self.delta_buckets_read += other.delta_buckets_read;
+        self.delta_files_compared += other.delta_files_compared;
         self.delta_commit_retries += other.delta_commit_retries;
+        self.erasure_buckets_done += other.erasure_buckets_done;
         self.rows_archived += other.rows_archived;
         self.bytes_archived += other.bytes_archived;
         self.expired += other.expired;
