@@ -1272,6 +1272,14 @@ fn a_data_directory_written_by_schema_4_is_upgraded_in_place() {
     upgraded_in_place_with_its_tallies(4);
 }
 
+/// The same for a data directory written by schema 5 (made by 2da8f67: the tallies
+/// without the index of each state's buckets by start, which the upgrade to schema 6 builds
+/// and a listing of one state pages through).
+#[test]
+fn a_data_directory_written_by_schema_5_is_upgraded_in_place() {
+    upgraded_in_place_with_its_tallies(5);
+}
+
 fn upgraded_in_place_with_its_tallies(schema: u32) {
     let (_dir, data, policies) = schema_fixture(schema);
     assert_eq!(schema_of(&data).0, schema);
@@ -1284,6 +1292,30 @@ fn upgraded_in_place_with_its_tallies(schema: u32) {
     };
     let engine = open_fixture_archiving_to_a_fresh_target(&data, &policies);
     assert_eq!(counts(&engine), [("archived".to_string(), 12, 24), ("hot".to_string(), 3, 6)]);
+    // One state's buckets page by start, then partition (schema 6's index, built by the upgrade).
+    let page = |state: &str, limit| {
+        let request = frostline::ops::buckets::BucketsRequest {
+            table: "r".into(),
+            state: Some(state.into()),
+            partition: None,
+            limit,
+        };
+        let page = frostline::ops::buckets::list(&engine, request).unwrap();
+        let places = page.buckets.iter().map(|b| (b.place.start.clone(), b.place.partition_key.clone()));
+        (places.collect::<Vec<_>>(), page.truncated)
+    };
+    let (archived, more) = page("archived", 4);
+    assert!(more, "12 archived buckets, a page of 4");
+    let days_and_partitions: Vec<(&str, String)> = ["p0", "p1", "p2", "p0"]
+        .iter()
+        .enumerate()
+        .map(|(i, p)| (if i < 3 { "2024-03-01" } else { "2024-03-02" }, format!("site a/{p}%=é")))
+        .collect();
+    assert_eq!(
+        archived.iter().map(|(start, partition)| (&start[..10], partition.clone())).collect::<Vec<_>>(),
+        days_and_partitions
+    );
+    assert_eq!(page("hot", 10).0.len(), 3);
     let report = run_pass(&engine);
     assert!(report.errors.is_empty(), "{report:?}");
     assert_eq!((report.archived, report.cleaned), (3, 3), "{report:?}");

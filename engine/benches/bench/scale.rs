@@ -21,7 +21,8 @@
 //! day: one partition (one bucket in either store, which a query should find without reading
 //! the partition's other 999 days in the large one), and every partition, a page of 100 records
 //! (the same buckets in both: the regular buckets left over by the 1,000 partitions). And the
-//! first page of 1,000 of the table's bucket listing, which should read about the page, and a
+//! first page of 1,000 of the table's bucket listing and of 100 of its hot buckets' listing,
+//! which should each read about the page, and a
 //! verification of a random sample of 10 archived buckets, which should read about the sample.
 
 use std::sync::Arc;
@@ -141,6 +142,7 @@ pub fn scale(bench: &mut Bench) -> Result<()> {
     let mut partition_days = Vec::new();
     let mut table_days = Vec::new();
     let mut listings = Vec::new();
+    let mut state_listings = Vec::new();
     let mut verifications = Vec::new();
     let mut full_sweeps = Vec::new();
     let mut full_sweep_ms = 0.0;
@@ -199,6 +201,24 @@ pub fn scale(bench: &mut Bench) -> Result<()> {
                 };
                 let page = frostline::ops::buckets::list(&engine, request)?;
                 ensure!(page.buckets.len() == 1_000.min(buckets), "a listing of {}", page.buckets.len());
+                Ok(())
+            },
+        )?);
+        state_listings.push(timed(
+            "the first page of one state's bucket listing",
+            format!(
+                "first page of 100 of one state's bucket listing (GET .../buckets?state=hot) over {buckets} buckets"
+            ),
+            repeats,
+            &mut || {
+                let request = frostline::ops::buckets::BucketsRequest {
+                    table: SCALE_TABLE.into(),
+                    state: Some("hot".into()),
+                    partition: None,
+                    limit: 100,
+                };
+                let page = frostline::ops::buckets::list(&engine, request)?;
+                ensure!(page.buckets.len() == 100 && page.truncated, "a listing of {}", page.buckets.len());
                 Ok(())
             },
         )?);
@@ -271,6 +291,12 @@ pub fn scale(bench: &mut Bench) -> Result<()> {
             listings,
             "the first page of a bucket listing over 1,000,000 buckets takes at most 2x the same over 1,000 (the \
              page's buckets read)",
+            None,
+        ),
+        (
+            state_listings,
+            "the first page of one state's bucket listing over 1,000,000 buckets takes at most 2x the same over \
+             1,000 (the page's buckets read, not every bucket in the state)",
             None,
         ),
         (

@@ -88,8 +88,8 @@ fn parse_state(name: &str) -> Result<BucketState> {
 /// partition, cut to `limit`; whether more matched.
 ///
 /// Each way reads about what it returns: one partition's page from the index by start (and one
-/// more, to tell whether it is the last); one state's buckets from the tallies' index by
-/// state; and otherwise the table's from the index by end, until no later bucket can start
+/// more, to tell whether it is the last); one state's page from the tallies' index by state
+/// and start; and otherwise the table's from the index by end, until no later bucket can start
 /// before the page's last.
 fn ordered_page(
     engine: &Engine,
@@ -110,18 +110,7 @@ fn ordered_page(
     let Some(state) = state else {
         return snapshot.table_buckets_by_start(table, limit);
     };
-    let mut metas = snapshot.buckets_in_state(table, state)?;
-    metas.retain(in_state);
-    metas.sort_by(|a, b| {
-        (a.descriptor.start, &a.id.partition_key, &a.id.bucket_key).cmp(&(
-            b.descriptor.start,
-            &b.id.partition_key,
-            &b.id.bucket_key,
-        ))
-    });
-    let truncated = metas.len() > limit;
-    metas.truncate(limit);
-    Ok((metas, truncated))
+    snapshot.buckets_in_state_by_start(table, state, limit)
 }
 
 /// Lists a table's buckets (reads the store: call it on a blocking thread).

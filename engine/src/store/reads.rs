@@ -567,10 +567,16 @@ impl Snapshot {
         Ok(out)
     }
 
-    /// The buckets of `table` in `state`, from the status tallies' index by state (in no
-    /// particular order): the cost follows the buckets in that state.
-    pub fn buckets_in_state(&self, table: &str, state: BucketState) -> Result<Vec<BucketMeta>> {
-        super::tally::buckets_in_state(&self.txn, table, state.name())
+    /// Up to `limit` buckets of `table` in `state`, by start, then partition and bucket key,
+    /// from the tallies' index by state and start (schema 6); whether more are in the state.
+    /// Reads the page's buckets and no other.
+    pub fn buckets_in_state_by_start(
+        &self,
+        table: &str,
+        state: BucketState,
+        limit: usize,
+    ) -> Result<(Vec<BucketMeta>, bool)> {
+        super::tally::buckets_in_state_by_start(&self.txn, table, state.name(), limit)
     }
 
     /// Visits the ids of `table`'s buckets in `state` from the tallies' index by state (keys
@@ -890,6 +896,55 @@ mod tests {
                 want.sort_by_key(order);
                 assert_eq!(names(&got), names(&want), "{partition:?} {lower:?}..{upper:?}");
             }
+        }
+    }
+
+    /// A listing of one state's buckets pages through the index by state and start (schema 6):
+    /// each page is what sorting every bucket of the state by start, partition and bucket key
+    /// answers, through states entered, left and entered again, whatever the names.
+    #[test]
+    fn a_states_page_by_start_is_what_every_bucket_of_the_state_sorted_answers() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("hot.redb")).unwrap();
+        let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(0x57a7e);
+        let mut next = move |below: u64| rand::Rng::random_range(&mut rng, 0..below);
+        let table = "t/a %=é";
+        let mut every = Vec::new();
+        for i in 0..300 {
+            let id = BucketId {
+                table: table.into(),
+                partition_key: format!("site {}/é%=", next(5)).into_bytes(),
+                bucket_key: format!("k{i}"),
+            };
+            // Starts repeat, so the partition and the bucket key order the ties.
+            let start = next(40) as Micros * 1_000 - 10_000;
+            let descriptor = BucketDescriptor { key: id.bucket_key.clone(), start, end: start + 1_000 };
+            let created = bucket_for_tests(id, &descriptor);
+            let mut meta = created.clone();
+            store.write(move |txn| index_new_bucket(txn, &created).and_then(|()| save_meta(txn, &created))).unwrap();
+            // Two moves: into a state, then (for some) into another, as a lifecycle goes.
+            for _ in 0..1 + next(2) {
+                meta.state = BucketState::ALL[next(BucketState::ALL.len() as u64) as usize];
+                meta.state_since += 1;
+                let saved = meta.clone();
+                store.write(move |txn| save_meta(txn, &saved)).unwrap();
+            }
+            every.push(meta);
+        }
+        assert_eq!(store.tally_differences().unwrap(), Vec::<String>::new());
+        let order = |b: &BucketMeta| (b.descriptor.start, b.id.partition_key.clone(), b.id.bucket_key.clone());
+        every.sort_by_key(order);
+        let names = |metas: &[BucketMeta]| metas.iter().map(|b| b.id.bucket_key.clone()).collect::<Vec<_>>();
+        let snapshot = store.snapshot().unwrap();
+        for state in BucketState::ALL {
+            let want: Vec<BucketMeta> = every.iter().filter(|b| b.state == state).cloned().collect();
+            for limit in [0, 1, 7, want.len().saturating_sub(1), want.len(), want.len() + 1] {
+                let (page, more) = snapshot.buckets_in_state_by_start(table, state, limit).unwrap();
+                assert_eq!(names(&page), names(&want[..limit.min(want.len())]), "{state:?}, page of {limit}");
+                assert_eq!(more, want.len() > limit, "{state:?}, page of {limit}");
+            }
+            let (other, _) = snapshot.buckets_in_state_by_start("t", state, 1_000).unwrap();
+            assert!(other.is_empty(), "a table whose name begins the other's lists none of its buckets");
         }
     }
 

@@ -23,6 +23,7 @@
 //! | `released`       | target ‖ object key                              | `ReleasedKey`  |
 //! | `state_tallies`  | (table, state)                                   | (buckets, rows)|
 //! | `buckets_by_state`| table ‖ state ‖ state_since ‖ bucket id         | ()             |
+//! | `buckets_by_state_and_start` | table ‖ state ‖ start ‖ bucket id    | ()             |
 //! | `held_tallies`   | table                                            | buckets        |
 //! | `deferred_buckets`, `leased_buckets` | bucket id                    | ()             |
 //! | `longest_buckets`| table                                            | microseconds   |
@@ -34,7 +35,8 @@
 //! chosen by. Schema 3 keeps the plan queue by bucket end (schema 2 kept it by bucket id as
 //! `unplanned`) and adds `buckets_by_end`. Schema 4 adds the status tallies (`tally`), and
 //! schema 5 the length of each table's longest bucket beside them, which lets a query seek
-//! the first bucket a time range can reach (`reads`).
+//! the first bucket a time range can reach (`reads`); schema 6 indexes each state's buckets by
+//! start, the order a listing of one state pages in.
 
 use redb::TableDefinition;
 use serde::{Deserialize, Serialize};
@@ -52,7 +54,7 @@ use crate::model::{BucketDescriptor, BucketFacts, BucketState, Micros, Retention
 
 /// Bumped on any incompatible change of a table or value; `Store::open` refuses a newer one
 /// and upgrades an older one.
-pub const SCHEMA_VERSION: u32 = 5;
+pub const SCHEMA_VERSION: u32 = 6;
 
 pub const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
 pub const TABLES: TableDefinition<&str, &[u8]> = TableDefinition::new("tables");
@@ -116,7 +118,10 @@ pub const LEASED_BUCKETS: TableDefinition<&[u8], ()> = TableDefinition::new("lea
 /// (schema 5, kept with the tallies): no bucket that ends after a time starts more than this
 /// before it, so a query seeks its first bucket instead of reading every earlier one.
 pub const LONGEST_BUCKETS: TableDefinition<&str, i64> = TableDefinition::new("longest_buckets");
-/// Present while the tallies are being built from every bucket (the upgrade to schema 5): the
+/// Each bucket by table, state, start, then id (schema 6, kept with the tallies): a listing of
+/// one state's buckets (`/buckets?state=`) reads its page and no other bucket.
+pub const BUCKETS_BY_STATE_AND_START: TableDefinition<&[u8], ()> = TableDefinition::new("buckets_by_state_and_start");
+/// Present while the tallies are being built from every bucket (the upgrades to schemas 4 to 6): the
 /// last bucket tallied (empty: none yet), so a restart goes on from it.
 pub const META_TALLY_CURSOR: &str = "tally_cursor";
 /// The sequence of the last entry written to `PUBLICATION_CHANGES`.

@@ -9,7 +9,9 @@
 //! - `DEFERRED_BUCKETS` and `LEASED_BUCKETS`: the buckets a status lists one by one (those
 //!   whose step failed or was refused, and those under a lease), few on a healthy store;
 //! - `LONGEST_BUCKETS` (schema 5): per table, the length of its longest bucket, which queries
-//!   seek by (`Snapshot::buckets_in_range`).
+//!   seek by (`Snapshot::buckets_in_range`);
+//! - `BUCKETS_BY_STATE_AND_START` (schema 6): each bucket by table, state and start, the
+//!   order a listing of one state's buckets pages in (`buckets_in_state_by_start`).
 //!
 //! Every write of a bucket's row goes through `save_meta` or the append's batch, and both
 //! call `Tallies::account` with the row before and after; `Store::check_tallies` recomputes
@@ -21,13 +23,13 @@ use redb::{ReadableTable, ReadableTableMetadata, Table, WriteTransaction};
 
 use super::encoding;
 use super::schema::{
-    BUCKETS, BUCKETS_BY_STATE, BucketId, BucketMeta, DEFERRED_BUCKETS, HELD_TALLIES, LEASED_BUCKETS, LONGEST_BUCKETS,
-    META, META_SCHEMA_VERSION, META_TALLY_CURSOR, STATE_TALLIES, decode_value,
+    BUCKETS, BUCKETS_BY_STATE, BUCKETS_BY_STATE_AND_START, BucketId, BucketMeta, DEFERRED_BUCKETS, HELD_TALLIES,
+    LEASED_BUCKETS, LONGEST_BUCKETS, META, META_SCHEMA_VERSION, META_TALLY_CURSOR, STATE_TALLIES, decode_value,
 };
 use crate::error::{Error, Result};
 use crate::model::Micros;
 
-/// Buckets tallied per transaction by the upgrades to schemas 4 and 5.
+/// Buckets tallied per transaction by the upgrades to schemas 4, 5 and 6.
 pub const TALLY_BUCKETS_PER_TRANSACTION: usize = 50_000;
 
 /// What the tallies count of one bucket's row.
@@ -41,6 +43,7 @@ pub(super) struct Tally {
     leased: bool,
     /// The bucket's length (end - start).
     span: Micros,
+    start: Micros,
 }
 
 impl Tally {
@@ -55,6 +58,7 @@ impl Tally {
             deferred: meta.attempts > 0 || (meta.plan.is_none() && meta.last_error.is_some()),
             leased: meta.lease_owner.is_some(),
             span: meta.descriptor.end.saturating_sub(meta.descriptor.start),
+            start: meta.descriptor.start,
         }
     }
 }
@@ -63,6 +67,7 @@ impl Tally {
 pub(super) struct Tallies<'txn> {
     states: Table<'txn, (&'static str, &'static str), (u64, u64)>,
     by_state: Table<'txn, &'static [u8], ()>,
+    by_state_and_start: Table<'txn, &'static [u8], ()>,
     held: Table<'txn, &'static str, u64>,
     deferred: Table<'txn, &'static [u8], ()>,
     leased: Table<'txn, &'static [u8], ()>,
@@ -74,6 +79,7 @@ impl<'txn> Tallies<'txn> {
         Ok(Tallies {
             states: txn.open_table(STATE_TALLIES)?,
             by_state: txn.open_table(BUCKETS_BY_STATE)?,
+            by_state_and_start: txn.open_table(BUCKETS_BY_STATE_AND_START)?,
             held: txn.open_table(HELD_TALLIES)?,
             deferred: txn.open_table(DEFERRED_BUCKETS)?,
             leased: txn.open_table(LEASED_BUCKETS)?,
@@ -105,6 +111,12 @@ impl<'txn> Tallies<'txn> {
                 self.by_state.remove(by_state_key(table, b.state, b.since, &encoded).as_slice())?;
             }
             self.by_state.insert(by_state_key(table, after.state, after.since, &encoded).as_slice(), ())?;
+        }
+        if before.map(|b| (b.state, b.start)) != Some((after.state, after.start)) {
+            if let Some(b) = before {
+                self.by_state_and_start.remove(by_state_key(table, b.state, b.start, &encoded).as_slice())?;
+            }
+            self.by_state_and_start.insert(by_state_key(table, after.state, after.start, &encoded).as_slice(), ())?;
         }
         let held_before = before.is_some_and(|b| b.held);
         if held_before != after.held {
@@ -160,11 +172,12 @@ fn signed_add(count: u64, delta: i128, table: &str, tally: &str) -> u64 {
     })
 }
 
-/// A bucket's key in `BUCKETS_BY_STATE`: its table, its state, when it entered it, then its
+/// A bucket's key in `BUCKETS_BY_STATE` (`time`: when it entered its state) and in
+/// `BUCKETS_BY_STATE_AND_START` (`time`: its start): its table, its state, the time, then its
 /// encoded id.
-fn by_state_key(table: &str, state: &str, since: Micros, encoded_id: &[u8]) -> Vec<u8> {
+fn by_state_key(table: &str, state: &str, time: Micros, encoded_id: &[u8]) -> Vec<u8> {
     let mut out = state_prefix(table, state);
-    encoding::put_i64(&mut out, since);
+    encoding::put_i64(&mut out, time);
     out.extend_from_slice(encoded_id);
     out
 }
@@ -225,19 +238,34 @@ pub(super) fn read_table(txn: &redb::ReadTransaction, table: &str) -> Result<Tab
     Ok(out)
 }
 
-/// The buckets of `table` in state `state` (its name), from `BUCKETS_BY_STATE`: the cost
-/// follows the buckets in that state, not the table.
-pub(super) fn buckets_in_state(txn: &redb::ReadTransaction, table: &str, state: &str) -> Result<Vec<BucketMeta>> {
-    let buckets = txn.open_table(BUCKETS)?;
+/// Up to `limit` buckets of `table` in state `state` (its name), by start, then partition and
+/// bucket key, from `BUCKETS_BY_STATE_AND_START`; whether more are in the state. Reads the
+/// page's rows and one key more.
+pub(super) fn buckets_in_state_by_start(
+    txn: &redb::ReadTransaction,
+    table: &str,
+    state: &str,
+    limit: usize,
+) -> Result<(Vec<BucketMeta>, bool)> {
+    let (by_start, buckets) = (txn.open_table(BUCKETS_BY_STATE_AND_START)?, txn.open_table(BUCKETS)?);
+    let prefix = state_prefix(table, state);
+    let end = encoding::prefix_end(&prefix);
     let mut out = Vec::new();
-    visit_ids_in_state(txn, table, state, |id| {
-        let row = buckets
-            .get(id.encode().as_slice())?
-            .ok_or_else(|| Error::Corruption(format!("buckets_by_state names bucket {id}, which is not stored")))?;
+    for entry in by_start.range(prefix.as_slice()..end.as_slice())? {
+        if out.len() == limit {
+            return Ok((out, true));
+        }
+        let (key, _) = entry?;
+        let encoded = &key.value()[prefix.len() + 8..];
+        let row = buckets.get(encoded)?.ok_or_else(|| {
+            Error::Corruption(format!(
+                "buckets_by_state_and_start names bucket {}, which is not stored",
+                hex::encode(encoded)
+            ))
+        })?;
         out.push(decode_value(row.value())?);
-        Ok(())
-    })?;
-    Ok(out)
+    }
+    Ok((out, false))
 }
 
 /// Visits the ids of `table`'s buckets in state `state` (its name) from `BUCKETS_BY_STATE`,
@@ -289,7 +317,7 @@ pub(super) fn members(txn: &redb::ReadTransaction, leased: bool) -> Result<Vec<B
     Ok(out)
 }
 
-/// Tallies every stored bucket (the upgrades to schemas 4 and 5, and a rebuild): resumes after the
+/// Tallies every stored bucket (the upgrades to schemas 4 to 6, and a rebuild): resumes after the
 /// bucket `META_TALLY_CURSOR` names, in transactions of `TALLY_BUCKETS_PER_TRANSACTION`, each
 /// moving the cursor with what it tallied, so a crash leaves no bucket counted twice or not
 /// at all. Removes the cursor when done.
@@ -352,7 +380,7 @@ fn tally_from_cursor(db: &redb::Database, per_transaction: usize, transactions_m
 /// writing rows the tallies would miss.
 pub(super) fn begin_tally(db: &redb::Database, version: u32) -> Result<()> {
     let txn = db.begin_write()?;
-    for table in [BUCKETS_BY_STATE, DEFERRED_BUCKETS, LEASED_BUCKETS] {
+    for table in [BUCKETS_BY_STATE, BUCKETS_BY_STATE_AND_START, DEFERRED_BUCKETS, LEASED_BUCKETS] {
         txn.delete_table(table)?;
         txn.open_table(table)?;
     }
@@ -419,10 +447,14 @@ pub(super) fn differences(txn: &redb::ReadTransaction) -> Result<Vec<String>> {
             out.push(format!("table {table:?}: tallied {stored:?}, the rows say {expected:?}"));
         }
     }
-    let by_state_len = txn.open_table(BUCKETS_BY_STATE)?.len()?;
     let bucket_count = txn.open_table(BUCKETS)?.len()?;
-    if by_state_len != bucket_count {
-        out.push(format!("buckets_by_state holds {by_state_len} entries for {bucket_count} buckets"));
+    for (name, index) in
+        [("buckets_by_state", BUCKETS_BY_STATE), ("buckets_by_state_and_start", BUCKETS_BY_STATE_AND_START)]
+    {
+        let len = txn.open_table(index)?.len()?;
+        if len != bucket_count {
+            out.push(format!("{name} holds {len} entries for {bucket_count} buckets"));
+        }
     }
     for (name, set, expected) in [("deferred", DEFERRED_BUCKETS, &deferred), ("leased", LEASED_BUCKETS, &leased)] {
         let mut stored = std::collections::BTreeSet::new();

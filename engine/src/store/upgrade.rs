@@ -17,8 +17,8 @@
 //! moves the plan queue, restarts any reconciliation under way (its position was a bucket
 //! key) and records version 3.
 //!
-//! Schema 4 adds the status tallies (`tally`), and schema 5 each table's longest bucket beside
-//! them: the upgrade to either records the new version with an empty cursor, then tallies
+//! Schema 4 adds the status tallies (`tally`), schema 5 each table's longest bucket beside
+//! them, and schema 6 each state's buckets by start: the upgrade to any of them records the new version with an empty cursor, then tallies
 //! every bucket anew in transactions that each move the cursor, and removes the cursor last;
 //! an open that finds the cursor goes on from it.
 
@@ -29,8 +29,8 @@ use crate::error::{Error, Result};
 use super::encoding;
 use super::schema::{
     BUCKETS, BUCKETS_BY_END, BucketId, BucketMeta, META, META_SCHEMA_VERSION, PLAN_QUEUE, PlanClass, RowsTable,
-    SCHEMA_1_RECORDS, SCHEMA_2_UNPLANNED, TABLES, TableState, by_end_key, decode_value, encode_value, plan_queue_key,
-    rows_table, rows_table_name,
+    SCHEMA_1_RECORDS, SCHEMA_2_UNPLANNED, SCHEMA_VERSION, TABLES, TableState, by_end_key, decode_value, encode_value,
+    plan_queue_key, rows_table, rows_table_name,
 };
 
 /// Rows moved per transaction: bounds the transaction's size on a database of any size.
@@ -50,13 +50,17 @@ pub(super) fn upgrade(db: &Database, stored_version: u32) -> Result<()> {
     if stored_version < 3 {
         index_buckets_by_end(db)?;
     }
-    if stored_version < 5 {
-        super::tally::begin_tally(db, 5)?;
+    if stored_version < SCHEMA_VERSION {
+        super::tally::begin_tally(db, SCHEMA_VERSION)?;
     }
     let started = std::time::Instant::now();
     let tallied = super::tally::tally_all(db)?;
     if tallied > 0 {
-        tracing::info!(tallied, elapsed_ms = started.elapsed().as_millis() as u64, "upgraded the store to schema 5");
+        tracing::info!(
+            tallied,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "upgraded the store's tallies to schema {SCHEMA_VERSION}"
+        );
     }
     Ok(())
 }
