@@ -95,28 +95,22 @@ async fn references(ctx: &Arc<Context>) -> Result<References> {
         let mut generations = HashMap::new();
         // A generation that a newer recorded one replaced (late records) references nothing:
         // its objects were released when the newer one's hot rows were deleted, and only
-        // released objects are ever deleted.
-        let mut recorded: Vec<crate::format::manifest::Manifest> = Vec::new();
-        let mut replaced: HashSet<(String, String, String, u64)> = HashSet::new();
+        // released objects are ever deleted. The store keeps a bucket's manifests together,
+        // oldest first, so one bucket's are held at a time, not every manifest of the store.
+        let mut bucket: Vec<crate::format::manifest::Manifest> = Vec::new();
         snapshot.visit_manifests(|manifest| {
             targets.insert((manifest.table.clone(), manifest.archive_target()));
-            if let Some(amends) = &manifest.amends {
-                replaced.insert((
-                    manifest.table.clone(),
-                    manifest.partition_key.clone(),
-                    manifest.bucket.key.clone(),
-                    amends.generation,
-                ));
+            let same_bucket = |m: &crate::format::manifest::Manifest| {
+                (&m.table, &m.partition_key, &m.bucket.key)
+                    == (&manifest.table, &manifest.partition_key, &manifest.bucket.key)
+            };
+            if bucket.last().is_some_and(|last| !same_bucket(last)) {
+                reference_unreplaced(&mut bucket, &mut keys);
             }
-            recorded.push(manifest);
+            bucket.push(manifest);
             Ok(())
         })?;
-        for manifest in recorded {
-            let identity = (manifest.table, manifest.partition_key, manifest.bucket.key, manifest.generation);
-            if !replaced.contains(&identity) {
-                keys.extend(manifest.segments.into_iter().map(|s| s.key));
-            }
-        }
+        reference_unreplaced(&mut bucket, &mut keys);
         // Claimed buckets only: a bucket never claimed (hot, generation 0) had no key written
         // for it (the generations of keys start at 1), so an object in its folder is evidence
         // whether the folder is known with 0 or not at all. Reading the hot rows too cost a
@@ -151,6 +145,18 @@ async fn references(ctx: &Arc<Context>) -> Result<References> {
         Ok(References { keys, targets, generations, epochs: snapshot.epochs()?, released })
     })
     .await
+}
+
+/// Puts in `keys` the segments of `bucket`'s manifests (one bucket's) that no other of them
+/// amends, and empties it. Manifests of one bucket met apart (partition keys that are not
+/// UTF-8 and read alike) only keep more keys referenced, which deletes nothing.
+fn reference_unreplaced(bucket: &mut Vec<crate::format::manifest::Manifest>, keys: &mut HashSet<String>) {
+    let replaced: HashSet<u64> = bucket.iter().filter_map(|m| m.amends.as_ref().map(|a| a.generation)).collect();
+    for manifest in bucket.drain(..) {
+        if !replaced.contains(&manifest.generation) {
+            keys.extend(manifest.segments.into_iter().map(|s| s.key));
+        }
+    }
 }
 
 /// The first object of this installation that another copy of its data directory wrote: a
