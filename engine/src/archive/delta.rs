@@ -78,9 +78,9 @@ pub struct DeltaSync {
     /// archived when it made its index whole, else only those whose publication changed since
     /// the last sync (`FileIndex`).
     pub buckets_read: usize,
-    /// Log entries and published files the sync's plan compared: those of the buckets and log
-    /// entries that changed since the last sync of this process, or every one when it read
-    /// the index or the log whole (`plan`).
+    /// Log entries and published files the sync's plans compared (summed over its attempts):
+    /// those of the buckets and log entries that changed since the last successful sync of
+    /// this process, or every one when it read the index or the log whole (`plan`).
     #[serde(default)]
     pub files_compared: usize,
     /// The log's version after the sync.
@@ -378,7 +378,7 @@ async fn sync_serialized(
     };
     // The paths where the log and the index can differ: after a sync that left them agreeing,
     // only those of the buckets whose publication changed since (`FileIndex::touched`) and
-    // those the log's commits since touched (another writer's, a reader's VACUUM). Every path
+    // those the log's commits since touched (another writer's, a reader's DELETE or OPTIMIZE). Every path
     // (`None`) when either is read whole.
     let mut scope = kept.as_ref().and(index.touched.clone());
     let created = match kept {
@@ -754,13 +754,7 @@ impl FileIndex {
         if let Some((wanted, known)) = self.by_bucket.remove(id) {
             for path in wanted {
                 if let Some(file) = self.wanted.remove(&path) {
-                    let published = (file.partition_key, file.bucket_key);
-                    if let Some(files) = self.published.get_mut(&published) {
-                        *files -= 1;
-                        if *files == 0 {
-                            self.published.remove(&published);
-                        }
-                    }
+                    self.uncount(file);
                 }
                 self.touch(path);
             }
@@ -785,9 +779,8 @@ impl FileIndex {
                 let Some(writer) = relative.strip_prefix("installation=").and_then(|r| r.split('/').next()) else {
                     continue;
                 };
-                *self.published.entry((manifest.partition_key.clone(), id.bucket_key.clone())).or_default() += 1;
                 self.touch(relative.to_string());
-                self.wanted.insert(
+                let replaced = self.wanted.insert(
                     relative.to_string(),
                     PublishedFile {
                         // Installation ids are hex digits: their folder names are the ids.
@@ -798,11 +791,27 @@ impl FileIndex {
                         segment: segment.clone(),
                     },
                 );
+                // A path listed twice is counted once, as taking the bucket out uncounts it once.
+                if let Some(earlier) = replaced {
+                    self.uncount(earlier);
+                }
+                *self.published.entry((manifest.partition_key.clone(), id.bucket_key.clone())).or_default() += 1;
                 wanted.push(relative.to_string());
             }
         }
         if !wanted.is_empty() || !known.is_empty() {
             self.by_bucket.insert(id.clone(), (wanted, known));
+        }
+    }
+
+    /// Takes `file` out of the count of its bucket's published files.
+    fn uncount(&mut self, file: PublishedFile) {
+        let published = (file.partition_key, file.bucket_key);
+        if let Some(files) = self.published.get_mut(&published) {
+            *files -= 1;
+            if *files == 0 {
+                self.published.remove(&published);
+            }
         }
     }
 

@@ -147,9 +147,10 @@ async fn references(ctx: &Arc<Context>) -> Result<References> {
     .await
 }
 
-/// Puts in `keys` the segments of `bucket`'s manifests (one bucket's) that no other of them
-/// amends, and empties it. Manifests of one bucket met apart (partition keys that are not
-/// UTF-8 and read alike) only keep more keys referenced, which deletes nothing.
+/// Puts in `keys` the segments of the manifests in `bucket` (a run of one table, partition
+/// key as text and bucket key) that no other of them amends, and empties it. Two buckets
+/// whose partition keys are not UTF-8 and read alike may share a run, as they shared an
+/// identity before: only released keys are ever deleted, so nothing depends on it.
 fn reference_unreplaced(bucket: &mut Vec<crate::format::manifest::Manifest>, keys: &mut HashSet<String>) {
     let replaced: HashSet<u64> = bucket.iter().filter_map(|m| m.amends.as_ref().map(|a| a.generation)).collect();
     for manifest in bucket.drain(..) {

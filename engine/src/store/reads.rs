@@ -769,7 +769,8 @@ impl Snapshot {
         Ok(out)
     }
 
-    /// Calls `visit` with every recorded manifest.
+    /// Calls `visit` with every recorded manifest, bucket by bucket (in the order of their
+    /// ids) and oldest generation first.
     pub fn visit_manifests(
         &self,
         mut visit: impl FnMut(crate::format::manifest::Manifest) -> Result<()>,
