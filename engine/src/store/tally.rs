@@ -406,10 +406,22 @@ pub(super) fn differences(txn: &redb::ReadTransaction) -> Result<Vec<String>> {
     let mut deferred = std::collections::BTreeSet::new();
     let mut leased = std::collections::BTreeSet::new();
     let mut longest: BTreeMap<String, Micros> = BTreeMap::new();
+    // Buckets whose entry in an index by state is not where their row says (with the lengths
+    // checked below, each index then holds exactly the rows' entries).
+    let (by_state, by_state_and_start) =
+        (txn.open_table(BUCKETS_BY_STATE)?, txn.open_table(BUCKETS_BY_STATE_AND_START)?);
+    let (mut misplaced_by_state, mut misplaced_by_start) = (0u64, 0u64);
     for entry in txn.open_table(BUCKETS)?.iter()? {
         let (key, value) = entry?;
         let bucket: BucketMeta = decode_value(value.value())?;
         let tally = Tally::of(&bucket);
+        let table_id = bucket.id.table.as_str();
+        if by_state.get(by_state_key(table_id, tally.state, tally.since, key.value()).as_slice())?.is_none() {
+            misplaced_by_state += 1;
+        }
+        if by_state_and_start.get(by_state_key(table_id, tally.state, tally.start, key.value()).as_slice())?.is_none() {
+            misplaced_by_start += 1;
+        }
         let table_longest = longest.entry(bucket.id.table.clone()).or_insert(0);
         *table_longest = (*table_longest).max(tally.span);
         let table = tables.entry(bucket.id.table.clone()).or_default();
@@ -447,23 +459,12 @@ pub(super) fn differences(txn: &redb::ReadTransaction) -> Result<Vec<String>> {
             out.push(format!("table {table:?}: tallied {stored:?}, the rows say {expected:?}"));
         }
     }
-    // Every bucket's entry by state and start is where its row says (with the counts below,
-    // the index holds exactly those).
-    let by_state_and_start = txn.open_table(BUCKETS_BY_STATE_AND_START)?;
-    let mut misplaced = 0u64;
-    for entry in txn.open_table(BUCKETS)?.iter()? {
-        let (key, value) = entry?;
-        let bucket: BucketMeta = decode_value(value.value())?;
-        let tally = Tally::of(&bucket);
-        if by_state_and_start
-            .get(by_state_key(&bucket.id.table, tally.state, tally.start, key.value()).as_slice())?
-            .is_none()
-        {
-            misplaced += 1;
+    for (name, misplaced) in
+        [("buckets_by_state", misplaced_by_state), ("buckets_by_state_and_start", misplaced_by_start)]
+    {
+        if misplaced > 0 {
+            out.push(format!("{name} lacks the entry of {misplaced} buckets where their rows put it"));
         }
-    }
-    if misplaced > 0 {
-        out.push(format!("buckets_by_state_and_start lacks the entry of {misplaced} buckets by their state and start"));
     }
     let bucket_count = txn.open_table(BUCKETS)?.len()?;
     for (name, index) in
