@@ -397,6 +397,11 @@ impl Fleet {
     }
 
     fn open(&self, now: &str) -> TestEngine {
+        self.open_with_retention(now, r#"archive_after = "1d", expire_after = "3650d""#)
+    }
+
+    /// `open` with the table's retention configured by `retention` (the plugin's config).
+    fn open_with_retention(&self, now: &str, retention: &str) -> TestEngine {
         let policy = format!(
             r#"[[target]]
 name = "shared"
@@ -406,7 +411,7 @@ url = "file://{}"
 id = "r"
 target = "shared"
 strategy = {{ plugin = "builtin:calendar-day-utc" }}
-retention = {{ plugin = "builtin:eligible-before", config = {{ archive_after = "1d", expire_after = "3650d" }} }}
+retention = {{ plugin = "builtin:eligible-before", config = {{ {retention} }} }}
 "#,
             self.shared.path().display()
         );
@@ -576,6 +581,70 @@ fn a_host_that_adopts_a_lost_installations_archives_erases_what_a_shared_request
     let by_lost = progress[0].finished.iter().find(|r| r.installation == lost_id).expect("a receipt for `lost`");
     assert_eq!(by_lost.left_by.as_deref(), Some(rebuilt.engine.installation_id()), "{by_lost:?}");
     assert_eq!(by_lost.archived_rows_erased, 1, "{by_lost:?}");
+}
+
+/// Regression (the lifecycle simulation, seed 12589289491793546748): a copy restored from a
+/// backup archived a bucket itself and left the other copy's archive of it on the target as a
+/// conflict (it holds a record the restored copy never had); retention then expired the
+/// restored copy's archive, and a shared request erasing the tenant finished there with a
+/// receipt, though the other copy's archive still held the tenant's records. When that data
+/// directory was lost in turn, the host rebuilt from nothing adopted the other copy's archive
+/// (the only one left in the folder) and took the receipt as proof that the installation had
+/// answered for every archive of its own: the erased records read back. A receipt now answers
+/// only for the archives its writer wrote after it finished the request (their manifests no
+/// longer name it); an earlier one speaks for itself, and what the request names in it is owed.
+#[test]
+fn a_receipt_does_not_answer_for_another_copys_archive_that_its_writer_never_erased() {
+    let fleet = Fleet::new();
+    let backups = tempfile::tempdir().unwrap();
+    let backup = backups.path().join("backup");
+    // `debug` records expire after 5 days, the others after ten years.
+    let retention = r#"archive_after = "1d", expire_after = "3650d", kinds = { debug = { expire_after = "5d" } }"#;
+    let mut e = fleet.open_with_retention("2024-03-01T12:00:00Z", retention);
+    let with_kind = |sort_key: &str, kind: Option<&str>| Record {
+        kind: kind.map(str::to_string),
+        ..record(&format!("2024-03-01T0{}:00:00Z", sort_key.len()), sort_key, "acme")
+    };
+    e.engine.append("r", vec![with_kind("x", Some("debug"))]).unwrap();
+    e = e.backup(&backup).unwrap();
+
+    // The copy that goes on takes `yy` (kept for ten years) and archives the bucket.
+    e.engine.append("r", vec![with_kind("yy", None)]).unwrap();
+    Fleet::settle(&e, "2024-03-03T00:00:00Z");
+    let fork = e.engine.store().buckets("r", None).unwrap()[0].manifest_key.clone().unwrap();
+
+    // Restored, the copy archives the bucket itself (only `x`, `debug`), names the other copy's
+    // archive a conflict and leaves it on the target, then expires its own archive.
+    e = e.restore(&backup).unwrap();
+    for _ in 0..4 {
+        // Its sweep stops, naming the other copy, until the adoption below.
+        let report = e.pass();
+        assert!(report.errors.iter().all(|e| e.contains("another copy of this data directory")), "{report:?}");
+    }
+    let report = runtime().block_on(frostline::archive::adopt::adopt(&e.engine.context(), false, &[])).unwrap();
+    assert!(report.conflicts.iter().any(|c| c.contains(&fork)), "{report:?}");
+    Fleet::settle(&e, "2024-03-09T00:00:00Z");
+    assert_eq!(e.engine.store().buckets("r", None).unwrap()[0].state, BucketState::Expired);
+    assert!(!files_holding(fleet.shared.path(), "acme-yy").is_empty(), "the conflict stays on the target");
+
+    // The tenant's records are erased here; the request finishes, with a receipt.
+    let selector = ErasureSelector { tenant: Some("acme".into()), ..Default::default() };
+    let placed = e.engine.store().place_erasure(request(selector), e.clock.now()).unwrap();
+    passes_until_finished(&e, &placed.id);
+    Fleet::settle(&e, "2024-03-09T01:00:00Z");
+
+    // The data directory is lost; the host rebuilt adopts its archives, the fork among them.
+    let lost = e.engine.installation_id().to_string();
+    let rebuilt = e.rebuild().unwrap();
+    let context = rebuilt.engine.context();
+    let report =
+        runtime().block_on(frostline::archive::adopt::adopt(&context, false, std::slice::from_ref(&lost))).unwrap();
+    assert_eq!(report.adopted, 1, "{report:?}");
+    assert_eq!(report.erasures_owed.len(), 1, "the fork still owes the request: {report:?}");
+    Fleet::settle(&rebuilt, "2024-03-09T02:00:00Z");
+    assert_eq!(rebuilt.query_all("r"), Vec::<Record>::new(), "no erased record reads back");
+    let left = files_holding(fleet.shared.path(), "acme-yy");
+    assert!(left.is_empty(), "no object on the target holds an erased record: {left:?}");
 }
 
 /// Erases the records of `PARTITION` at these (time, sort key) identities, and waits for it.

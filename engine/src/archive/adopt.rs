@@ -25,9 +25,10 @@
 //! archives (two that claim at once both see the other's claim, withdraw their own and stop).
 //!
 //! A lost installation's archives also owe the fleet's erasure requests it had not carried
-//! out: for each shared request on the targets that it left no receipt for, began before, and
-//! whose manifest does not name among those its generation answers for
-//! (`format::manifest::ErasuresAnswered`), the records the request names in the archive are
+//! out: for each shared request on the targets that it began before, whose receipt does not
+//! answer for the archive (it answers only for archives written after the request finished:
+//! `receipt_answers_for`), and whose manifest does not name among those its generation answers
+//! for (`format::manifest::ErasuresAnswered`), the records the request names in the archive are
 //! erased here, by a request for exactly their identities (`place_owed`).
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
@@ -36,6 +37,7 @@ use std::sync::Arc;
 use super::{blocking, fleet_erase, read_archive, read_manifest};
 use crate::engine::Context;
 use crate::error::{Error, Result};
+use crate::format::manifest::Manifest;
 use crate::model::BucketState;
 use crate::storage::{ArchiveBackend, keys};
 use crate::store::erasure::{AnswersFor, ERASURE_IDENTITIES_MAX, ErasureRequest, ErasureSelector, RecordIdentity};
@@ -296,7 +298,7 @@ async fn shared_requests(
         if !seen.insert(backend.target().to_string()) {
             continue;
         }
-        let requests = fleet_erase::requests_on(backend.as_ref()).await?;
+        let requests = fleet_erase::requests_on(backend.as_ref(), from_installations).await?;
         if !requests.is_empty() && ctx.fleet_key().is_none() {
             return Err(Error::InvalidInput(format!(
                 "target {} holds {} shared erasure request(s), which the archives of {} may still owe; adopting \
@@ -309,7 +311,7 @@ async fn shared_requests(
         }
         for found in requests {
             match by_id.get_mut(&found.request.id) {
-                Some(known) => known.receipts.extend(found.receipts),
+                Some(known) => known.merge(found),
                 None => {
                     by_id.insert(found.request.id.clone(), found);
                 }
@@ -320,8 +322,8 @@ async fn shared_requests(
 }
 
 /// The records of `archive`, written by the lost installation `writer`, that a shared request
-/// names and that the writer had not erased: it left no receipt, began before the request was
-/// placed, and its manifest does not name the request among those it answers for
+/// names and that the writer had not erased: its receipt does not answer for the archive
+/// (`receipt_answers_for`), it began before the request was placed, and its manifest does not name the request among those it answers for
 /// (`format::manifest::ErasuresAnswered`). By request id, with who placed it, keyed identities.
 fn owed_by(
     ctx: &Context,
@@ -334,7 +336,8 @@ fn owed_by(
     let mut out = Vec::new();
     for shared in requests {
         let request = &shared.request;
-        if shared.receipts.contains(writer) || request.selector.keyed.as_deref() != Some(key.id()) {
+        if receipt_answers_for(shared, writer, &archive.manifest) || request.selector.keyed.as_deref() != Some(key.id())
+        {
             continue;
         }
         let named: Vec<RecordIdentity> = archive
@@ -363,6 +366,22 @@ fn owed_by(
     out
 }
 
+/// Whether `writer`'s receipt for the shared request answers for its archive `manifest`. A
+/// writer's manifests stop naming a request once its receipt is on the target, so the receipt
+/// answers for those written since it finished. One written before speaks for itself: the
+/// writer rewrote every archive it recorded that held a named record, so an earlier generation
+/// that still does was never the writer's to erase (another copy of its data directory wrote
+/// it, left on the target as a conflict when a copy restored from a backup archived the bucket
+/// itself). Manifests of versions that did not say what they answer for, and receipts whose
+/// time cannot be read, trust the receipt as before.
+fn receipt_answers_for(shared: &fleet_erase::SharedOnTarget, writer: &str, manifest: &Manifest) -> bool {
+    match shared.receipts.get(writer) {
+        None => false,
+        Some(None) => true,
+        Some(Some(finished_at)) => manifest.erasures.is_none() || manifest.created_at >= *finished_at,
+    }
+}
+
 /// What an archive of a lost installation that this database already records still owes
 /// (`owed_by`); its rows are read only when its manifest leaves a request unanswered.
 async fn owed_by_recorded(
@@ -377,7 +396,7 @@ async fn owed_by_recorded(
     let manifest = read_manifest(found.backend.as_ref(), &found.key).await?;
     let unanswered = requests.iter().any(|shared| {
         let request = &shared.request;
-        !shared.receipts.contains(&found.writer)
+        !receipt_answers_for(shared, &found.writer, &manifest)
             && request.selector.keyed.as_deref() == Some(key.id())
             && manifest.erasures.as_ref().is_none_or(|answered| {
                 request.placed_at >= answered.installation_since && !answered.requests.contains(&request.id)

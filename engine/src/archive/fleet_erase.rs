@@ -275,15 +275,28 @@ async fn read_request(backend: &dyn ArchiveBackend, key: &str, id: &str) -> Resu
     }
 }
 
-/// A request on a shared target and the installations that left a receipt for it.
+/// A request on a shared target and the installations that left a receipt for it, each with
+/// when it finished the request where its receipt was read (`requests_on`).
 #[derive(Debug, Clone)]
 pub struct SharedOnTarget {
     pub request: SharedRequest,
-    pub receipts: BTreeSet<String>,
+    pub receipts: BTreeMap<String, Option<Micros>>,
 }
 
-/// Every readable request on `backend`, with the installations that finished it.
-pub async fn requests_on(backend: &dyn ArchiveBackend) -> Result<Vec<SharedOnTarget>> {
+impl SharedOnTarget {
+    /// Takes in what another target says of the same request: a receipt's time read on either.
+    pub fn merge(&mut self, other: SharedOnTarget) {
+        for (installation, finished_at) in other.receipts {
+            let known = self.receipts.entry(installation).or_default();
+            *known = (*known).or(finished_at);
+        }
+    }
+}
+
+/// Every readable request on `backend`, with the installations that finished it; the receipts
+/// of `read_receipts_of` are read for when they finished (`None` where one cannot be read, said
+/// in a warning).
+pub async fn requests_on(backend: &dyn ArchiveBackend, read_receipts_of: &[String]) -> Result<Vec<SharedOnTarget>> {
     let listed: Vec<String> = backend.list(SHARED_ERASURES_PREFIX).await?.into_iter().map(|o| o.key).collect();
     let mut out = Vec::new();
     for key in &listed {
@@ -296,14 +309,31 @@ pub async fn requests_on(backend: &dyn ArchiveBackend) -> Result<Vec<SharedOnTar
         }
         let Some(request) = read_request(backend, key, id).await? else { continue };
         let folder = format!("{SHARED_ERASURES_PREFIX}{id}/receipt-");
-        let receipts = listed
-            .iter()
-            .filter_map(|k| k.strip_prefix(folder.as_str()).and_then(|rest| rest.strip_suffix(".json")))
-            .map(str::to_string)
-            .collect();
+        let mut receipts = BTreeMap::new();
+        for (receipt_key, installation) in
+            listed.iter().filter_map(|k| Some((k, k.strip_prefix(folder.as_str())?.strip_suffix(".json")?)))
+        {
+            let finished_at = match read_receipts_of.iter().any(|named| named == installation) {
+                true => read_receipt(backend, receipt_key).await?.map(|r| r.finished_at),
+                false => None,
+            };
+            receipts.insert(installation.to_string(), finished_at);
+        }
         out.push(SharedOnTarget { request, receipts });
     }
     Ok(out)
+}
+
+/// The receipt at `key`; `None` (said in a warning) when it is gone or cannot be read.
+async fn read_receipt(backend: &dyn ArchiveBackend, key: &str) -> Result<Option<SharedReceipt>> {
+    let Some(bytes) = backend.get(key).await? else { return Ok(None) };
+    match serde_json::from_slice::<SharedReceipt>(&bytes) {
+        Ok(receipt) => Ok(Some(receipt)),
+        Err(e) => {
+            tracing::warn!(key = %key, error = %e, "a shared erasure receipt cannot be read; its time is not known");
+            Ok(None)
+        }
+    }
 }
 
 /// The receipt of `requests` (one request, or those answering for one lost installation).

@@ -73,7 +73,8 @@ pub struct ErasuresAnswered {
     /// this generation answers for (the bucket's part is done, it was not matched when the
     /// request was placed, or this generation leaves the named records out), and those that
     /// finished and whose receipt the writer had not yet left on the target. A request that
-    /// finished with its receipt on the target answers for every archive of its writer.
+    /// finished with its receipt on the target answers for every archive its writer wrote
+    /// after it finished (`archive::adopt::receipt_answers_for`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub requests: Vec<String>,
 }
