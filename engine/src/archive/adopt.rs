@@ -323,8 +323,9 @@ async fn shared_requests(
 
 /// The records of `archive`, written by the lost installation `writer`, that a shared request
 /// names and that the writer had not erased: its receipt does not answer for the archive
-/// (`receipt_answers_for`), it began before the request was placed, and its manifest does not name the request among those it answers for
-/// (`format::manifest::ErasuresAnswered`). By request id, with who placed it, keyed identities.
+/// (`receipt_answers_for`), it began before the request was placed, and its manifest does not
+/// name the request among those it answers for (`format::manifest::ErasuresAnswered`). By
+/// request id, with who placed it, keyed identities.
 fn owed_by(
     ctx: &Context,
     requests: &[fleet_erase::SharedOnTarget],
@@ -355,7 +356,7 @@ fn owed_by(
             Some(_) => out.push((request.id.clone(), request.placed_by.clone(), named)),
             None => report.erasures_unknown.push(format!(
                 "`{}` holds {} record(s) that shared request `{}` names, and installation {writer} left no receipt \
-                 for it; its manifest does not say whether it answers for them (written by an earlier version): \
+                 for it that answers for this archive; its manifest does not say whether it answers for them (written by an earlier version): \
                  nothing of it is erased here, place the request again on this host (docs/FLEET.md)",
                 archive.manifest_key,
                 named.len(),
@@ -367,18 +368,23 @@ fn owed_by(
 }
 
 /// Whether `writer`'s receipt for the shared request answers for its archive `manifest`. A
-/// writer's manifests stop naming a request once its receipt is on the target, so the receipt
-/// answers for those written since it finished. One written before speaks for itself: the
-/// writer rewrote every archive it recorded that held a named record, so an earlier generation
-/// that still does was never the writer's to erase (another copy of its data directory wrote
-/// it, left on the target as a conflict when a copy restored from a backup archived the bucket
-/// itself). Manifests of versions that did not say what they answer for, and receipts whose
-/// time cannot be read, trust the receipt as before.
+/// writer's manifests stop naming a request once its receipt is on every target, so the receipt
+/// answers for those written since it finished (the earliest time any of its receipts gives:
+/// `SharedOnTarget::merge`). One written before speaks for itself, by what its manifest
+/// answers for and the rows it holds: the writer rewrote every archive it recorded that held a
+/// named record, so an earlier generation that still holds one is an archive it never erased:
+/// another copy of its data directory wrote it (left on the target as a conflict when a copy
+/// restored from a backup archived the bucket itself), or it is a generation the writer
+/// replaced, adopted because the newer one failed verification. A manifest of a version that
+/// did not say what it answers for is then named in `erasures_unknown`. A receipt whose time
+/// cannot be read answers for every archive, as before receipts were read. The times are the
+/// writer's clock and (for `left_by` receipts) the adopter's: a clock stepped back by more than
+/// the time between a request's finish and its receipt can misjudge an archive written then.
 fn receipt_answers_for(shared: &fleet_erase::SharedOnTarget, writer: &str, manifest: &Manifest) -> bool {
     match shared.receipts.get(writer) {
         None => false,
         Some(None) => true,
-        Some(Some(finished_at)) => manifest.erasures.is_none() || manifest.created_at >= *finished_at,
+        Some(Some(finished_at)) => manifest.created_at >= *finished_at,
     }
 }
 

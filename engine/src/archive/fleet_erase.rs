@@ -284,11 +284,24 @@ pub struct SharedOnTarget {
 }
 
 impl SharedOnTarget {
-    /// Takes in what another target says of the same request: a receipt's time read on either.
+    /// Takes in what another target says of the same request. Of two receipts of one
+    /// installation (its own on one target, another host's `left_by` on another), the earlier
+    /// time is kept: a receipt answers for the archives written after it, and the later one
+    /// would leave out archives the installation wrote lawfully after it had finished.
     pub fn merge(&mut self, other: SharedOnTarget) {
         for (installation, finished_at) in other.receipts {
-            let known = self.receipts.entry(installation).or_default();
-            *known = (*known).or(finished_at);
+            match self.receipts.entry(installation) {
+                std::collections::btree_map::Entry::Vacant(entry) => {
+                    entry.insert(finished_at);
+                }
+                std::collections::btree_map::Entry::Occupied(mut entry) => {
+                    let known = entry.get_mut();
+                    *known = match (*known, finished_at) {
+                        (Some(a), Some(b)) => Some(a.min(b)),
+                        (a, b) => a.or(b),
+                    };
+                }
+            }
         }
     }
 }
@@ -403,4 +416,33 @@ pub async fn progress(ctx: &Arc<Context>, id: &str) -> Result<Vec<FleetProgress>
         out.push(FleetProgress { target: backend.target().to_string(), finished, behind });
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn on_target(receipts: &[(&str, Option<Micros>)]) -> SharedOnTarget {
+        let request = SharedRequest {
+            id: "e-1".into(),
+            selector: ErasureSelector::default(),
+            placed_at: 0,
+            placed_by: "placer".into(),
+        };
+        SharedOnTarget { request, receipts: receipts.iter().map(|(i, t)| (i.to_string(), *t)).collect() }
+    }
+
+    /// An installation's own receipt on one target and another host's `left_by` receipt in its
+    /// name on another: the earlier time answers, whichever target is read first, so archives
+    /// the installation wrote lawfully after finishing are never taken for ones it left.
+    #[test]
+    fn merging_two_targets_keeps_each_installations_earliest_receipt() {
+        for (first, second) in [(Some(10), Some(50)), (Some(50), Some(10)), (None, Some(10)), (Some(10), None)] {
+            let mut merged = on_target(&[("lost", first), ("other", Some(7))]);
+            merged.merge(on_target(&[("lost", second), ("third", None)]));
+            assert_eq!(merged.receipts["lost"], Some(10), "{first:?} then {second:?}");
+            assert_eq!(merged.receipts["other"], Some(7));
+            assert_eq!(merged.receipts["third"], None);
+        }
+    }
 }
