@@ -356,8 +356,9 @@ fn owed_by(
             Some(_) => out.push((request.id.clone(), request.placed_by.clone(), named)),
             None => report.erasures_unknown.push(format!(
                 "`{}` holds {} record(s) that shared request `{}` names, and installation {writer} left no receipt \
-                 for it that answers for this archive; its manifest does not say whether it answers for them (written by an earlier version): \
-                 nothing of it is erased here, place the request again on this host (docs/FLEET.md)",
+                 for it that answers for this archive; its manifest does not say whether it answers for them \
+                 (written by an earlier version): nothing of it is erased here, place the request again on this \
+                 host (docs/FLEET.md)",
                 archive.manifest_key,
                 named.len(),
                 request.id

@@ -290,18 +290,11 @@ impl SharedOnTarget {
     /// would leave out archives the installation wrote lawfully after it had finished.
     pub fn merge(&mut self, other: SharedOnTarget) {
         for (installation, finished_at) in other.receipts {
-            match self.receipts.entry(installation) {
-                std::collections::btree_map::Entry::Vacant(entry) => {
-                    entry.insert(finished_at);
-                }
-                std::collections::btree_map::Entry::Occupied(mut entry) => {
-                    let known = entry.get_mut();
-                    *known = match (*known, finished_at) {
-                        (Some(a), Some(b)) => Some(a.min(b)),
-                        (a, b) => a.or(b),
-                    };
-                }
-            }
+            let known = self.receipts.entry(installation).or_insert(finished_at);
+            *known = match (*known, finished_at) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
         }
     }
 }
@@ -326,9 +319,10 @@ pub async fn requests_on(backend: &dyn ArchiveBackend, read_receipts_of: &[Strin
         for (receipt_key, installation) in
             listed.iter().filter_map(|k| Some((k, k.strip_prefix(folder.as_str())?.strip_suffix(".json")?)))
         {
-            let finished_at = match read_receipts_of.iter().any(|named| named == installation) {
-                true => read_receipt(backend, receipt_key).await?.map(|r| r.finished_at),
-                false => None,
+            let finished_at = if read_receipts_of.iter().any(|named| named == installation) {
+                read_receipt(backend, receipt_key).await?.map(|r| r.finished_at)
+            } else {
+                None
             };
             receipts.insert(installation.to_string(), finished_at);
         }
