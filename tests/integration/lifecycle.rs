@@ -319,14 +319,21 @@ fn a_sink_that_is_down_delays_delivery_but_never_blocks_archival() {
 /// day's three buckets, releasing the dead worker's key. Returns that key (the orphan).
 fn archive_leaving_a_released_orphan(e: &TestEngine) -> String {
     e.clock.set(t("2024-03-05T00:00:00Z"));
+    let orphan = upload_as_a_worker_that_dies(e, b"p0");
+    e.clock.advance(120_000_000);
+    assert_eq!(e.pass().archived, 3);
+    orphan
+}
+
+/// A worker claims bucket 2024-03-01 of `partition`, records an upload intent, uploads one
+/// segment and dies. Returns the segment's key.
+fn upload_as_a_worker_that_dies(e: &TestEngine, partition: &[u8]) -> String {
     let store = e.engine.store().clone();
     let backend = e.backend("r");
-    let id = store.buckets("r", Some(b"p0")).unwrap()[0].id.clone();
+    let id = store.buckets("r", Some(partition)).unwrap()[0].id.clone();
     let claimed = store.claim(id.clone(), "w".into(), e.clock.now(), 60_000_000).unwrap().unwrap();
-    let orphan = format!(
-        "table=r/bucket=day:2024-03-01/partition=p0/seg-{}-00009-0123456789abcdef.jsonl",
-        e.engine.context().writer().unwrap()
-    );
+    let folder = frostline::storage::keys::bucket_prefix("r", "day:2024-03-01", partition);
+    let orphan = format!("{folder}seg-{}-00009-0123456789abcdef.jsonl", e.engine.context().writer().unwrap());
     let intent = frostline::store::schema::UploadIntent {
         bucket: id,
         generation: claimed.generation,
@@ -336,8 +343,6 @@ fn archive_leaving_a_released_orphan(e: &TestEngine) -> String {
     };
     store.record_intent(intent, "w".into(), e.clock.now()).unwrap();
     runtime().block_on(backend.put_create(&orphan, "x".into())).unwrap();
-    e.clock.advance(120_000_000);
-    assert_eq!(e.pass().archived, 3);
     orphan
 }
 
@@ -708,4 +713,148 @@ fn a_sweep_cut_off_between_its_deletes_never_leaves_a_manifest_without_its_segme
             assert!(left.iter().any(|k| k == key), "`{manifest}` names `{key}`, which the sweep deleted");
         }
     }
+}
+
+/// Archives a day of records in a partition whose key encodes longer than a folder name may
+/// be (written as its hash) beside `USER_KEYS`, and leaves a released orphan in the long key's
+/// folder (as `archive_leaving_a_released_orphan`). Returns the orphan's key.
+fn archive_a_hashed_folder_with_a_released_orphan(e: &TestEngine, long: &[u8]) -> String {
+    let mut input = Vec::new();
+    for (n, partition) in USER_KEYS.iter().map(|k| k.as_bytes()).chain([long]).enumerate() {
+        for i in 0..3 {
+            input.push(frostline::model::Record {
+                partition_key: partition.to_vec(),
+                event_time: t("2024-03-01T00:00:00Z") + i * 1_000_000,
+                sort_key: format!("{n}-{i}").into_bytes(),
+                tenant: None,
+                kind: None,
+                body: format!(r#"{{"n":{n},"body":"{}"}}"#, "b".repeat(4096)),
+            });
+        }
+    }
+    e.engine.append("r", input).unwrap();
+    e.pass(); // plan
+    e.clock.set(t("2024-03-05T00:00:00Z"));
+    let orphan = upload_as_a_worker_that_dies(e, long);
+    assert!(orphan.contains("partition=~"), "the long key's folder writes its hash: {orphan}");
+    e.clock.advance(120_000_000);
+    assert_eq!(e.pass().archived, 4);
+    orphan
+}
+
+/// The full sweep reads each listed object's references from the object's bucket, named by its
+/// folder. A folder that writes a value as its hash names no bucket by itself: the sweep finds
+/// which one from the store, so the archive there counts as referenced (none of it unproven),
+/// the released orphan beside it is deleted, and every record reads back.
+#[test]
+fn the_full_sweep_knows_the_bucket_of_a_folder_named_by_a_hash() {
+    let e = TestEngine::new(&policy(""), "2024-03-01T12:00:00Z");
+    let long = format!("site/{}%= kühl", "ü".repeat(40)).into_bytes();
+    let orphan = archive_a_hashed_folder_with_a_released_orphan(&e, &long);
+    let archive = objects(&e);
+    e.clock.set(frostline::clock::SystemClock.now() + 2 * DAY_US);
+    let report = runtime().block_on(frostline::archive::sweep::sweep(&e.engine.context(), false)).unwrap();
+    assert_eq!(report.referenced as usize, archive.len() - 1, "all but the orphan: {report:?}");
+    assert_eq!((report.unproven, report.foreign, report.orphans, report.deleted), (0, 0, 1, 1), "{report:?}");
+    assert_eq!(report.orphan_keys, vec![orphan.clone()]);
+    let left = objects(&e);
+    assert_eq!(left.len(), archive.len() - 1);
+    assert!(!left.contains(&orphan), "{left:?}");
+    assert_eq!(e.query_all("r").len(), 12, "every record reads back");
+    // A key of an epoch this database never recorded there is another copy's: the sweep stops.
+    let folder = frostline::storage::keys::bucket_prefix("r", "day:2024-03-01", &long);
+    let other = format!("{folder}seg-{}-eabcdefabcdefabcd-00001-0123456789abcdef.jsonl", e.engine.installation_id());
+    runtime().block_on(e.backend("r").put_create(&other, "y".into())).unwrap();
+    let stopped = runtime().block_on(frostline::archive::sweep::sweep(&e.engine.context(), false)).unwrap_err();
+    assert!(stopped.to_string().contains(&other), "{stopped}");
+}
+
+/// A target holding far more objects than a page of its listing: `VAST_OBJECTS` of another
+/// installation's segments, made as the sweep lists them, beside the table's real archive.
+#[derive(Debug)]
+struct Vast {
+    inner: Arc<dyn frostline::storage::ArchiveBackend>,
+    objects: usize,
+}
+
+#[async_trait::async_trait]
+impl frostline::storage::ArchiveBackend for Vast {
+    fn target(&self) -> &str {
+        self.inner.target()
+    }
+
+    async fn put_create(&self, key: &str, bytes: bytes::Bytes) -> frostline::Result<frostline::storage::PutOutcome> {
+        self.inner.put_create(key, bytes).await
+    }
+
+    async fn get(&self, key: &str) -> frostline::Result<Option<bytes::Bytes>> {
+        self.inner.get(key).await
+    }
+
+    async fn delete(&self, key: &str) -> frostline::Result<()> {
+        self.inner.delete(key).await
+    }
+
+    async fn list(&self, prefix: &str) -> frostline::Result<Vec<frostline::storage::ObjectInfo>> {
+        use futures::TryStreamExt as _;
+        let mut listed: Vec<_> = self.list_stream(prefix).try_collect().await?;
+        listed.sort_by(|a, b| a.key.cmp(&b.key));
+        Ok(listed)
+    }
+
+    fn list_stream<'a>(
+        &'a self,
+        prefix: &'a str,
+    ) -> futures::stream::BoxStream<'a, frostline::Result<frostline::storage::ObjectInfo>> {
+        use futures::StreamExt as _;
+        let made = if prefix == "table=r/" { self.objects } else { 0 };
+        let made = futures::stream::iter((0..made).map(|n| {
+            // A thousand to a folder, as a year of day buckets of a few partitions would be.
+            let folder = frostline::storage::keys::bucket_prefix("r", &format!("day:{}", n / 1_000), b"p/\xc3\xbc %=");
+            Ok(frostline::storage::ObjectInfo {
+                key: format!("{folder}seg-ffffffffffffffff-e0123456789abcdef-{n:05}-0123456789abcdef.parquet"),
+                size: 1_000_000,
+                last_modified: 0,
+            })
+        }));
+        self.inner.list_stream(prefix).chain(made).boxed()
+    }
+}
+
+/// The full sweep's memory follows a page of the listing, not the archive (issue "Cost that
+/// grows with change"): over 300,000 more listed objects its process peaks less than 24 MiB
+/// higher than over 1,000. Each sweep runs in a process of its own (this test, run again with
+/// `FROSTLINE_SWEEP_OBJECTS`), whose peak resident set (`VmHWM`) it reports; holding the listing
+/// would take about 70 MiB more.
+#[test]
+fn the_full_sweeps_memory_does_not_grow_with_the_objects_it_lists() {
+    const NAME: &str = "lifecycle::the_full_sweeps_memory_does_not_grow_with_the_objects_it_lists";
+    if let Some(objects) = std::env::var("FROSTLINE_SWEEP_OBJECTS").ok().and_then(|n| n.parse().ok()) {
+        let e = TestEngine::new(&policy(""), "2024-03-01T12:00:00Z");
+        e.engine.append("r", records("2024-03-01T00:00:00Z", 1, 9)).unwrap();
+        e.pass();
+        e.clock.set(t("2024-03-05T00:00:00Z"));
+        assert_eq!(e.pass().archived, 3);
+        e.with_backend("r", Arc::new(Vast { inner: e.backend("r"), objects }));
+        let report = runtime().block_on(frostline::archive::sweep::sweep(&e.engine.context(), false)).unwrap();
+        assert_eq!(report.foreign as usize, objects, "{report:?}");
+        let status = std::fs::read_to_string("/proc/self/status").unwrap();
+        let peak = status.lines().find_map(|l| l.strip_prefix("VmHWM:")).unwrap().trim().to_string();
+        println!("PEAK {peak}");
+        return;
+    }
+    let peak_kib = |objects: usize| -> f64 {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", NAME, "--nocapture", "--test-threads", "1"])
+            .env("FROSTLINE_SWEEP_OBJECTS", objects.to_string())
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+        let line = stdout.lines().find_map(|l| l.split_once("PEAK ")).expect(&stdout).1;
+        line.trim_end_matches(" kB").trim().parse().unwrap()
+    };
+    let (small, large) = (peak_kib(1_000), peak_kib(301_000));
+    let grown_mib = (large - small) / 1024.0;
+    assert!(grown_mib < 24.0, "peaks {small} and {large} KiB: {grown_mib:.1} MiB more for 300,000 more objects");
 }

@@ -9,6 +9,9 @@
 //! and its commit). The first sync of a process makes the index from every manifest the table
 //! ever recorded: timed on the large table by reopening the engine before the round, the
 //! figure a sync cost before the index was kept.
+//!
+//! Last, `frostline sweep` (the release binary, a full orphan sweep as an operator runs it) on
+//! each table: its peak resident set, which should not grow with the archive it lists.
 
 use std::sync::Arc;
 
@@ -189,5 +192,60 @@ pub fn delta_sync(bench: &mut Bench) -> Result<()> {
     bench.push(large_figure);
     bench.push(whole_figure);
     bench.push(kept_against_whole);
+    full_sweep_peak(bench, &mut small, &mut large)
+}
+
+/// `frostline sweep` on each table (and the few buckets its timed rounds added), with its
+/// engine closed: the peak resident set of the process and the time it took. Skipped without
+/// the release binary.
+fn full_sweep_peak(bench: &mut Bench, small: &mut Table, large: &mut Table) -> Result<()> {
+    let binary = match crate::data::release_binary() {
+        Ok(binary) => binary,
+        Err(reason) => {
+            bench.skip(&["full orphan sweep"], reason);
+            return Ok(());
+        }
+    };
+    let mut figures = Vec::new();
+    for (table, buckets) in [(small, BUCKETS_SMALL), (large, BUCKETS_LARGE)] {
+        table.engine = None;
+        // The claims' lease heartbeats hold the store a moment after the last pass.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        let (peak_mib, seconds) = loop {
+            let (status, peak_mib, seconds) =
+                crate::footprint::run_with_peak(&binary, &["sweep"], &table.dirs.data(), &table.dirs.policies())?;
+            if status == 0 {
+                break (peak_mib, seconds);
+            }
+            ensure!(std::time::Instant::now() < deadline, "`frostline sweep` exited with status {status}");
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        };
+        figures.push((
+            Figure::new(
+                bench.scenario,
+                format!("peak resident memory of `frostline sweep` (full) over {buckets} archived buckets"),
+                Unit::Mebibytes,
+                vec![peak_mib],
+                1,
+            ),
+            Figure::new(
+                bench.scenario,
+                format!("`frostline sweep` (full, a new process) over {buckets} archived buckets"),
+                Unit::Millis,
+                vec![seconds * 1_000.0],
+                1,
+            ),
+        ));
+    }
+    let (large_peak, large_time) = figures.pop().expect("two tables");
+    let (small_peak, small_time) = figures.pop().expect("two tables");
+    let large_peak = large_peak.against(&small_peak).with_target(
+        SCALE_RATIO_MIN,
+        "the full sweep over 100,000 archived buckets peaks at most twice as high as over 200",
+    );
+    bench.push(small_peak);
+    bench.push(large_peak);
+    bench.push(small_time);
+    bench.push(large_time);
     Ok(())
 }

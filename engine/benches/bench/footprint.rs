@@ -289,7 +289,7 @@ fn reading_line(n: usize, state: &mut u64) -> Result<Vec<u8>> {
 
 /// Runs `frostline ARGS --data DATA --policies POLICIES` to its end: its exit status, peak
 /// resident set in MiB (`wait_with_peak`) and seconds.
-fn run_with_peak(binary: &Path, args: &[&str], data: &Path, policies: &Path) -> Result<(i32, f64, f64)> {
+pub fn run_with_peak(binary: &Path, args: &[&str], data: &Path, policies: &Path) -> Result<(i32, f64, f64)> {
     let started = Instant::now();
     let child = Command::new(binary)
         .args(args)

@@ -16,13 +16,17 @@
 //! deleting nothing; the stop is logged, recorded for `status` and the API until a sweep
 //! completes, and resolved by an operator (`frostline adopt`, `archive::adopt`).
 //!
-//! The reference set is read from one read transaction (so a publish and cleanup cannot slip
+//! What a listed object's bucket references (its recorded archives, upload intents and
+//! unfinished expiry) is read from one read transaction (so a publish and cleanup cannot slip
 //! between its parts); a released key that is referenced again is kept. If anything cannot be
 //! read the sweep stops before deleting anything. A dry run counts without deleting. Each
 //! deletion writes an `orphan_deleted` event.
 //!
 //! Two kinds of sweep share these rules. A **full** sweep (`sweep`) lists every folder of every
-//! table on every target and reads every reference: its cost is the archive's size. It runs as
+//! table on every target, a page at a time, reading each listed folder's bucket's references
+//! as it meets the folder: its time is the archive's size, its memory a page of the listing,
+//! the references of the last few thousand folders and the released keys it may delete (at
+//! most `SWEEP_RELEASED_PER_RUN_MAX`), whatever the archive's size. It runs as
 //! the first sweep of every life of the engine (a restored copy starts a life, and only a full
 //! listing finds the other copy's keys wherever they lie), every
 //! `ARCHIVER_SWEEP_FULL_INTERVAL_SECONDS`, and from `frostline sweep`. The sweeps between are
@@ -39,9 +43,11 @@ use super::blocking;
 use crate::engine::Context;
 use crate::error::{Error, Result};
 use crate::model::{ArchiveTarget, Micros};
+use futures::TryStreamExt as _;
+
 use crate::storage::{ArchiveBackend, ObjectInfo, keys};
-use crate::store::BucketReferences;
-use crate::store::schema::{ReleasedKey, SweepStop};
+use crate::store::schema::{BucketId, ReleasedKey, SweepStop};
+use crate::store::{BucketReferences, Snapshot, Store};
 
 /// Objects deleted per sweep at most.
 pub const SWEEP_DELETES_PER_RUN_MAX: usize = 1_000;
@@ -73,118 +79,185 @@ pub struct SweepReport {
     pub orphan_keys: Vec<String>,
 }
 
-/// Keys that must never be swept, the targets (beyond the tables' current ones) that hold
-/// archives, and what this data directory can prove it wrote, all read from one snapshot.
-struct References {
-    keys: HashSet<String>,
+/// What a full sweep reads of the store before it lists: the targets (beyond the tables'
+/// current ones) that hold archives, the released keys it may delete, and the epochs of this
+/// data directory's lives. What each listed object's bucket references is read as the listing
+/// meets it (`FolderReferences`).
+struct SweepInputs {
     targets: BTreeSet<(String, ArchiveTarget)>,
-    /// The generation the database last issued for each bucket, by the folder of its manifests.
-    generations: HashMap<String, u64>,
-    /// The epochs of this data directory's lives.
-    epochs: HashSet<String>,
     /// Released keys by (target URL, key).
     released: HashMap<(String, String), ReleasedKey>,
+    epochs: HashSet<String>,
 }
 
-async fn references(ctx: &Arc<Context>) -> Result<References> {
-    let (store, engine_installation) = (ctx.store.clone(), ctx.installation_id.clone());
+async fn sweep_inputs(ctx: &Arc<Context>) -> Result<SweepInputs> {
+    let store = ctx.store.clone();
     blocking(move || {
         let snapshot = store.snapshot()?;
-        let mut keys = HashSet::new();
         let mut targets = BTreeSet::new();
-        let mut generations = HashMap::new();
-        // A generation that a newer recorded one replaced (late records) references nothing:
-        // its objects were released when the newer one's hot rows were deleted, and only
-        // released objects are ever deleted. The store keeps a bucket's manifests together,
-        // oldest first, so one bucket's are held at a time, not every manifest of the store.
-        let mut bucket: Vec<crate::format::manifest::Manifest> = Vec::new();
         snapshot.visit_manifests(|manifest| {
             targets.insert((manifest.table.clone(), manifest.archive_target()));
-            let same_bucket = |m: &crate::format::manifest::Manifest| {
-                (&m.table, &m.partition_key, &m.bucket.key)
-                    == (&manifest.table, &manifest.partition_key, &manifest.bucket.key)
-            };
-            if bucket.last().is_some_and(|last| !same_bucket(last)) {
-                reference_unreplaced(&mut bucket, &mut keys);
-            }
-            bucket.push(manifest);
             Ok(())
         })?;
-        reference_unreplaced(&mut bucket, &mut keys);
-        // Claimed buckets only: a bucket never claimed (hot, generation 0) had no key written
-        // for it (the generations of keys start at 1), so an object in its folder is evidence
-        // whether the folder is known with 0 or not at all. Reading the hot rows too cost a
-        // store of mostly hot buckets its every row (and, keeping their folders, 1.2 GB over
-        // 1,000,000).
-        snapshot.visit_claimed_buckets(|meta| {
-            keys.extend(meta.manifest_key.clone());
-            for layout in [keys::Layout::Hive, keys::Layout::Delta] {
-                let (id, installation) = (&meta.id, &engine_installation);
-                let folder = keys::manifest_folder(layout, &id.table, installation, &id.bucket_key, &id.partition_key);
-                generations.insert(folder, meta.generation);
-            }
-            if let Some(key) = &meta.manifest_key {
-                // Written where today's layout may no longer say (longer keys changed form).
-                generations.insert(keys::folder_of(key).to_string(), meta.generation);
-            }
-            Ok(())
-        })?;
-        for intent in snapshot.intents()? {
-            keys.extend(intent.keys);
-        }
-        for tombstone in snapshot.tombstones()? {
-            if tombstone.completed_at.is_none() {
-                keys.extend(tombstone.keys);
-            }
-        }
         let released = snapshot
             .released(SWEEP_RELEASED_PER_RUN_MAX)?
             .into_iter()
             .map(|r| ((r.target.clone(), r.key.clone()), r))
             .collect();
-        Ok(References { keys, targets, generations, epochs: snapshot.epochs()?, released })
+        Ok(SweepInputs { targets, released, epochs: snapshot.epochs()? })
     })
     .await
 }
 
-/// Puts in `keys` the segments of the manifests in `bucket` (a run of one table, partition
-/// key as text and bucket key) that no other of them amends, and empties it. Two buckets
-/// whose partition keys are not UTF-8 and read alike may share a run, as they shared an
-/// identity before: only released keys are ever deleted, so nothing depends on it.
-fn reference_unreplaced(bucket: &mut Vec<crate::format::manifest::Manifest>, keys: &mut HashSet<String>) {
-    let replaced: HashSet<u64> = bucket.iter().filter_map(|m| m.amends.as_ref().map(|a| a.generation)).collect();
-    for manifest in bucket.drain(..) {
-        if !replaced.contains(&manifest.generation) {
-            keys.extend(manifest.segments.into_iter().map(|s| s.key));
+/// Folders whose bucket's references a full sweep keeps at once. A listing meets one folder's
+/// objects together (object stores list in key order, a local directory folder by folder), so
+/// each bucket is read about once per folder of it, however many buckets there are.
+const FOLDERS_KEPT_MAX: usize = 4_096;
+/// Objects a full sweep takes from a listing at a time.
+const LISTING_PAGE_OBJECTS: usize = 1_000;
+
+/// What the buckets of the folders a full sweep lists reference, read from the store when the
+/// listing meets each folder and kept for the last `FOLDERS_KEPT_MAX` folders: the sweep's
+/// memory follows a page of the listing, not the archive.
+struct FolderReferences {
+    store: Store,
+    /// By folder; `None` for a folder that is no known bucket's.
+    kept: HashMap<String, Option<Arc<BucketReferences>>>,
+    /// The claimed buckets whose folders write a value as its hash (longer than
+    /// `keys::KEY_VALUE_ENCODED_BYTES_MAX` encoded), by address: a folder's name does not say
+    /// which bucket those are. Read once, when the first such folder is met.
+    hashed: Option<Arc<HashMap<keys::FolderAddress, BucketId>>>,
+}
+
+impl FolderReferences {
+    fn new(store: Store) -> FolderReferences {
+        FolderReferences { store, kept: HashMap::new(), hashed: None }
+    }
+
+    /// What the bucket of `folder` (read by `read`) references; `None` when it is no bucket's.
+    fn of(&self, folder: &str) -> Option<&BucketReferences> {
+        self.kept.get(folder).and_then(|references| references.as_deref())
+    }
+
+    /// Reads, from one snapshot, the references of the folders of `objects` not kept yet. Each
+    /// bucket's references are one transaction's, as the incremental sweep's are; an object
+    /// referenced again after they were read was uploaded again, and is too young to delete.
+    async fn read(&mut self, objects: &[ObjectInfo]) -> Result<()> {
+        let missing: BTreeSet<&str> =
+            objects.iter().map(|o| keys::folder_of(&o.key)).filter(|f| !self.kept.contains_key(*f)).collect();
+        if missing.is_empty() {
+            return Ok(());
         }
+        if self.kept.len() + missing.len() > FOLDERS_KEPT_MAX {
+            self.kept.clear();
+        }
+        let addresses: Vec<(String, Option<keys::FolderAddress>)> =
+            missing.into_iter().map(|folder| (folder.to_string(), keys::folder_address(folder))).collect();
+        let needs_hashed = self.hashed.is_none()
+            && addresses.iter().any(|(_, address)| address.as_ref().is_some_and(|a| a.decode().is_none()));
+        let (store, hashed) = (self.store.clone(), self.hashed.clone());
+        let (read, hashed) = blocking(move || {
+            let snapshot = store.snapshot()?;
+            let hashed = match hashed {
+                None if needs_hashed => Some(Arc::new(hashed_folders(&snapshot)?)),
+                hashed => hashed,
+            };
+            let mut read = Vec::with_capacity(addresses.len());
+            for (folder, address) in addresses {
+                let id = address.and_then(|address| match address.decode() {
+                    Some((table, bucket_key, partition_key)) => Some(BucketId { table, partition_key, bucket_key }),
+                    None => hashed.as_ref()?.get(&address).cloned(),
+                });
+                let references = match id {
+                    Some(id) => Some(Arc::new(snapshot.bucket_references(&id)?)),
+                    None => None,
+                };
+                read.push((folder, references));
+            }
+            Ok((read, hashed))
+        })
+        .await?;
+        self.hashed = hashed;
+        self.kept.extend(read);
+        Ok(())
     }
 }
 
-/// The first object of this installation that another copy of its data directory wrote: a
-/// key of an epoch the database never recorded, or (keys written before epochs) a manifest
-/// generation it never issued.
-fn other_copy_evidence(listed: &[ObjectInfo], installation: &str, references: &References) -> Option<(String, String)> {
-    listed.iter().filter(|object| !references.keys.contains(&object.key)).find_map(|object| {
-        let origin =
-            keys::origin(&object.key).filter(|o| !installation.is_empty() && o.installation == installation)?;
-        let why = match (origin.epoch, origin.generation) {
-            (Some(epoch), _) if references.epochs.contains(epoch) => return None,
-            (Some(epoch), _) => format!("written in epoch {epoch}, which this database never recorded"),
-            (None, None) => return None,
-            (None, Some(generation)) => match references.generations.get(keys::folder_of(&object.key)) {
-                Some(known) if *known >= generation => return None,
-                known => format!(
-                    "generation {generation}; the database {}",
-                    known.map_or("does not know the bucket".to_string(), |g| format!("issued up to {g}"))
-                ),
-            },
-        };
-        Some((object.key.clone(), why))
-    })
+/// The claimed buckets whose folders (in either layout, and where their manifest lies) write a
+/// value as its hash, by address. Only a claimed bucket had a key written for it.
+fn hashed_folders(snapshot: &Snapshot) -> Result<HashMap<keys::FolderAddress, BucketId>> {
+    let mut out = HashMap::new();
+    snapshot.visit_claimed_buckets(|meta| {
+        let id = meta.id;
+        let mut addresses: Vec<keys::FolderAddress> = [keys::Layout::Hive, keys::Layout::Delta]
+            .into_iter()
+            .map(|layout| keys::FolderAddress::of(layout, &id.table, &id.bucket_key, &id.partition_key))
+            .collect();
+        // Written where today's layout may no longer say (longer keys changed form).
+        addresses.extend(meta.manifest_key.as_deref().and_then(|key| keys::folder_address(keys::folder_of(key))));
+        for address in addresses.into_iter().filter(|address| address.decode().is_none()) {
+            out.insert(address, id.clone());
+        }
+        Ok(())
+    })?;
+    Ok(out)
+}
+
+/// Why `key` proves that another copy of this data directory wrote to the target, when it does:
+/// a key of its own installation that its bucket (`references`; `None` when its folder is no
+/// known bucket's) does not reference, written in an epoch the database never recorded or
+/// (keys written before epochs) under a manifest generation it never issued.
+fn other_copy_evidence(
+    key: &str,
+    installation: &str,
+    references: Option<&BucketReferences>,
+    epochs: &HashSet<String>,
+) -> Option<String> {
+    if references.is_some_and(|references| references.keys.contains(key)) {
+        return None;
+    }
+    let origin = keys::origin(key).filter(|o| !installation.is_empty() && o.installation == installation)?;
+    match (origin.epoch, origin.generation) {
+        (Some(epoch), _) if epochs.contains(epoch) => None,
+        (Some(epoch), _) => Some(format!("written in epoch {epoch}, which this database never recorded")),
+        (None, None) => None,
+        (None, Some(generation)) => match references.map(|r| r.generation) {
+            Some(known) if known >= generation => None,
+            known => Some(format!(
+                "generation {generation}; the database {}",
+                known.map_or("does not know the bucket".to_string(), |g| format!("issued up to {g}"))
+            )),
+        },
+    }
+}
+
+/// Whether `key` is a manifest's: deleted before any segment, wherever objects are deleted.
+fn is_manifest(key: &str) -> bool {
+    keys::origin(key).is_some_and(|origin| origin.generation.is_some())
+}
+
+/// An orphan a full sweep will delete once every folder is listed.
+struct Doomed {
+    backend: Arc<dyn ArchiveBackend>,
+    key: String,
+    released: Option<ReleasedKey>,
+}
+
+/// Keeps `doomed` within `SWEEP_DELETES_PER_RUN_MAX`, manifests first: once it is full, a
+/// manifest takes the place of a segment. A sweep cut off by the limit then leaves segments no
+/// manifest names, never a manifest whose segment is gone.
+fn keep_doomed(doomed: &mut Vec<Doomed>, orphan: Doomed) {
+    if doomed.len() < SWEEP_DELETES_PER_RUN_MAX {
+        doomed.push(orphan);
+    } else if is_manifest(&orphan.key)
+        && let Some(segment) = doomed.iter_mut().find(|d| !is_manifest(&d.key))
+    {
+        *segment = orphan;
+    }
 }
 
 pub async fn sweep(ctx: &Arc<Context>, dry_run: bool) -> Result<SweepReport> {
-    let references = references(ctx).await?;
+    let inputs = sweep_inputs(ctx).await?;
     let now = ctx.clock.now();
     let grace = ctx.settings.orphan_grace_us;
     let mut report = SweepReport { dry_run, full: true, ..Default::default() };
@@ -195,7 +268,7 @@ pub async fn sweep(ctx: &Arc<Context>, dry_run: bool) -> Result<SweepReport> {
     let mut folders: Vec<(Arc<dyn ArchiveBackend>, String, bool)> = Vec::new();
     for (id, table) in &policies.tables {
         let mut backends = vec![table.backend.clone()];
-        for (_, target) in references.targets.iter().filter(|(t, _)| t == id) {
+        for (_, target) in inputs.targets.iter().filter(|(t, _)| t == id) {
             // A target gone from the directory cannot be swept; its archives are refused
             // elsewhere (reads say so), and nothing is lost by leaving it alone.
             if let Ok(backend) = policies.archive_backend(table, target)
@@ -213,85 +286,90 @@ pub async fn sweep(ctx: &Arc<Context>, dry_run: bool) -> Result<SweepReport> {
     for backend in policies.targets.values().filter(|b| swept(&policies, b)) {
         folders.extend(keys::SCRATCH_PREFIXES.iter().map(|scratch| (backend.clone(), scratch.to_string(), true)));
     }
-    // Everything is listed, and checked for another copy, before anything is deleted.
-    let mut listings = Vec::with_capacity(folders.len());
+    // Everything is listed, a page at a time, and checked for another copy, before anything is
+    // deleted.
+    let mut references = FolderReferences::new(ctx.store.clone());
+    let mut doomed: Vec<Doomed> = Vec::new();
+    // Released keys listed and referenced by nothing (the rest are forgotten below).
+    let mut seen: HashSet<(String, String)> = HashSet::new();
     for (backend, prefix, scratch) in &folders {
-        let listed = backend.list(prefix).await?;
-        if !scratch && let Some((key, why)) = other_copy_evidence(&listed, &ctx.installation_id, &references) {
-            return Err(stop_on_other_copy(ctx, backend.target(), key, why, now, dry_run).await);
+        let mut pages = backend.list_stream(prefix).try_chunks(LISTING_PAGE_OBJECTS);
+        while let Some(page) = pages.try_next().await.map_err(|e| e.1)? {
+            if !scratch {
+                references.read(&page).await?;
+            }
+            for object in page {
+                if object.key.ends_with(super::catalog::CATALOG_FILE) || keys::in_delta_log(&object.key) {
+                    continue; // derived, rewritten by every pass that changes archives
+                }
+                report.listed += 1;
+                let bucket = if *scratch { None } else { references.of(keys::folder_of(&object.key)) };
+                if !scratch
+                    && let Some(why) = other_copy_evidence(&object.key, &ctx.installation_id, bucket, &inputs.epochs)
+                {
+                    return Err(stop_on_other_copy(ctx, backend.target(), object.key, why, now, dry_run).await);
+                }
+                if bucket.is_some_and(|bucket| bucket.keys.contains(&object.key)) {
+                    report.referenced += 1;
+                    continue;
+                }
+                let released_key = (backend.target().to_string(), object.key.clone());
+                let released = inputs.released.get(&released_key);
+                if released.is_some() {
+                    seen.insert(released_key);
+                }
+                if !scratch && !keys::written_by(&object.key, &ctx.installation_id) {
+                    report.foreign += 1;
+                    continue;
+                }
+                if !scratch && released.is_none() {
+                    report.unproven += 1;
+                    continue;
+                }
+                let age = released
+                    .map_or(now - object.last_modified, |r| (now - object.last_modified).min(now - r.released_at));
+                if age < grace {
+                    report.too_young += 1;
+                    continue;
+                }
+                report.orphans += 1;
+                let orphan = Doomed { backend: backend.clone(), key: object.key, released: released.cloned() };
+                keep_doomed(&mut doomed, orphan);
+            }
         }
-        listings.push((backend, listed, *scratch));
     }
     // Manifests before everything else, as an expiry deletes: a sweep cut off between its
-    // deletes (a failed call, the per-run limit, a crash) then leaves segments no manifest
-    // names, never a manifest whose segment is gone, which a data directory rebuilt later
-    // would find on the target and take for a damaged archive. (A local directory lists in no
-    // particular order.)
-    let mut objects: Vec<(Arc<dyn ArchiveBackend>, ObjectInfo, bool)> = listings
-        .into_iter()
-        .flat_map(|(backend, listed, scratch)| listed.into_iter().map(move |o| (backend.clone(), o, scratch)))
-        .collect();
-    objects.sort_by_key(|(_, object, _)| keys::origin(&object.key).is_none_or(|o| o.generation.is_none()));
-    let mut seen: HashSet<(String, String)> = HashSet::new();
-    for (backend, object, scratch) in objects {
-        {
-            if object.key.ends_with(super::catalog::CATALOG_FILE) || keys::in_delta_log(&object.key) {
-                continue; // derived, rewritten by every pass that changes archives
-            }
-            report.listed += 1;
-            if references.keys.contains(&object.key) {
-                report.referenced += 1;
-                continue;
-            }
-            let released_key = (backend.target().to_string(), object.key.clone());
-            let released = references.released.get(&released_key);
-            seen.insert(released_key);
-            if !scratch && !keys::written_by(&object.key, &ctx.installation_id) {
-                report.foreign += 1;
-                continue;
-            }
-            if !scratch && released.is_none() {
-                report.unproven += 1;
-                continue;
-            }
-            let age =
-                released.map_or(now - object.last_modified, |r| (now - object.last_modified).min(now - r.released_at));
-            if age < grace {
-                report.too_young += 1;
-                continue;
-            }
-            report.orphans += 1;
-            if report.orphan_keys.len() < SWEEP_DELETES_PER_RUN_MAX {
-                report.orphan_keys.push(object.key.clone());
-            }
-            if !dry_run && (report.deleted as usize) < SWEEP_DELETES_PER_RUN_MAX {
-                delete_orphan(ctx, &backend, &object.key, released.cloned(), now).await?;
-                report.deleted += 1;
-            }
+    // deletes (a failed call, a crash) then leaves segments no manifest names, never a
+    // manifest whose segment is gone, which a data directory rebuilt later would find on the
+    // target and take for a damaged archive.
+    doomed.sort_by_key(|orphan| !is_manifest(&orphan.key));
+    report.orphan_keys = doomed.iter().map(|orphan| orphan.key.clone()).collect();
+    if dry_run {
+        return Ok(report);
+    }
+    for orphan in doomed {
+        delete_orphan(ctx, &orphan.backend, &orphan.key, orphan.released, now).await?;
+        report.deleted += 1;
+    }
+    // Released keys no listing showed were deleted already (a sweep cut off after its delete
+    // call, or an expiry); a referenced one is in use again. Either way, forgotten.
+    for (key, released) in &inputs.released {
+        let listed = |(backend, prefix, _): &(Arc<dyn ArchiveBackend>, String, bool)| {
+            backend.target() == key.0 && key.1.starts_with(prefix.as_str())
+        };
+        if folders.iter().any(listed) && !seen.contains(key) {
+            let (store, released) = (ctx.store.clone(), released.clone());
+            blocking(move || store.forget_released(released, false, now)).await?;
         }
     }
-    if !dry_run {
-        // Released keys no listing showed were deleted already (a sweep cut off after its
-        // delete call, or an expiry); a referenced one is in use again. Either way, forgotten.
-        for (key, released) in &references.released {
-            let listed = |(backend, prefix, _): &(Arc<dyn ArchiveBackend>, String, bool)| {
-                backend.target() == key.0 && key.1.starts_with(prefix.as_str())
-            };
-            let listed_target = folders.iter().any(listed);
-            if listed_target && (!seen.contains(key) || references.keys.contains(&key.1)) {
-                let (store, released) = (ctx.store.clone(), released.clone());
-                blocking(move || store.forget_released(released, false, now)).await?;
-            }
-        }
-        let store = ctx.store.clone();
-        blocking(move || {
-            store.set_meta_value(META_LAST_SWEEP, now.to_be_bytes().to_vec())?;
-            store.set_meta_value(META_LAST_FULL_SWEEP, now.to_be_bytes().to_vec())?;
-            store.set_sweep_stop(None)
-        })
-        .await?;
-        ctx.memory().swept_fully.store(true, std::sync::atomic::Ordering::Release);
-    }
+    let store = ctx.store.clone();
+    blocking(move || {
+        store.set_meta_value(META_LAST_SWEEP, now.to_be_bytes().to_vec())?;
+        store.set_meta_value(META_LAST_FULL_SWEEP, now.to_be_bytes().to_vec())?;
+        store.set_sweep_stop(None)
+    })
+    .await?;
+    ctx.memory().swept_fully.store(true, std::sync::atomic::Ordering::Release);
     Ok(report)
 }
 
@@ -401,14 +479,6 @@ pub async fn sweep_released(ctx: &Arc<Context>) -> Result<SweepReport> {
     })
     .await?;
     let policies = ctx.policies.clone();
-    // Filled folder by folder with the folder's bucket's references.
-    let mut references = References {
-        keys: HashSet::new(),
-        targets: BTreeSet::new(),
-        generations: HashMap::new(),
-        epochs,
-        released: HashMap::new(),
-    };
     let mut resume_after: Option<Vec<u8>> = None;
     let mut cut_short = false;
     for folder in folders {
@@ -431,9 +501,11 @@ pub async fn sweep_released(ctx: &Arc<Context>) -> Result<SweepReport> {
             continue;
         };
         let listed = backend.list(&folder.folder).await?;
-        references.keys = bucket_references.keys;
-        references.generations = HashMap::from([(folder.folder.clone(), bucket_references.generation)]);
-        if let Some((key, why)) = other_copy_evidence(&listed, &ctx.installation_id, &references) {
+        let evidence = listed.iter().find_map(|object| {
+            let why = other_copy_evidence(&object.key, &ctx.installation_id, Some(&bucket_references), &epochs)?;
+            Some((object.key.clone(), why))
+        });
+        if let Some((key, why)) = evidence {
             return Err(stop_on_other_copy(ctx, backend.target(), key, why, now, false).await);
         }
         let present: HashMap<&str, &ObjectInfo> = listed.iter().map(|o| (o.key.as_str(), o)).collect();
@@ -442,7 +514,7 @@ pub async fn sweep_released(ctx: &Arc<Context>) -> Result<SweepReport> {
         released.sort_by_key(|r| keys::origin(&r.key).is_none_or(|o| o.generation.is_none()));
         for released in released {
             let object = present.get(released.key.as_str());
-            if references.keys.contains(&released.key) || object.is_none() {
+            if bucket_references.keys.contains(&released.key) || object.is_none() {
                 // In use again, or deleted already (a sweep cut off after its delete call, an
                 // expiry): either way, forgotten.
                 report.referenced += u64::from(object.is_some());

@@ -56,6 +56,16 @@ pub const KEY_SHA_HEX_DIGITS: usize = 16;
 pub const KEY_VALUE_ENCODED_BYTES_MAX: usize = 128;
 
 fn encode_value(value: &[u8]) -> String {
+    let out = encode_value_in_full(value);
+    if out.len() > KEY_VALUE_ENCODED_BYTES_MAX {
+        use sha2::Digest as _;
+        return format!("~{}", hex::encode(sha2::Sha256::digest(value)));
+    }
+    out
+}
+
+/// `value` percent-encoded, however long.
+fn encode_value_in_full(value: &[u8]) -> String {
     if value.is_empty() {
         return "%".to_string();
     }
@@ -67,11 +77,22 @@ fn encode_value(value: &[u8]) -> String {
             out.push_str(&format!("%{b:02X}"));
         }
     }
-    if out.len() > KEY_VALUE_ENCODED_BYTES_MAX {
-        use sha2::Digest as _;
-        return format!("~{}", hex::encode(sha2::Sha256::digest(value)));
-    }
     out
+}
+
+/// The value `encoded` (a folder name's value) was written from, when it was written in full
+/// (not as its hash): `None` for anything no encoding produces, so one value has one name.
+fn decode_value(encoded: &str, delta: bool) -> Option<Vec<u8>> {
+    if delta && encoded == DELTA_NULL_PARTITION_VALUE || !delta && encoded == "%" {
+        return Some(Vec::new());
+    }
+    let value: Vec<u8> = percent_encoding::percent_decode_str(encoded).collect();
+    let again = encode_value_in_full(&value);
+    let again = match again.strip_prefix('_') {
+        Some(rest) if delta => format!("%5F{rest}"),
+        _ => again,
+    };
+    (!value.is_empty() && again == encoded).then_some(value)
 }
 
 /// The folder of one bucket of one partition.
@@ -90,7 +111,7 @@ pub fn table_prefix(table: &str) -> String {
 }
 
 /// Where a table's new archives go.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Layout {
     /// `table=<table>/bucket=<bucket key>/partition=<partition key>/`.
     Hive,
@@ -168,6 +189,62 @@ pub fn manifest_folder(
 /// whole table (the orphan sweep, adoption) cover.
 pub fn table_folders(table: &str) -> [String; 2] {
     [table_prefix(table), delta_table_root(table)]
+}
+
+/// Which bucket a bucket folder holds, as its name writes it (values encoded, perhaps as their
+/// hash), whichever installation wrote it and whether it holds data or manifests: the data
+/// folder and the manifest folder of one bucket, and the folders of two installations in the
+/// Delta layout, have the same address.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct FolderAddress {
+    layout: Layout,
+    table: String,
+    bucket_key: String,
+    partition_key: String,
+}
+
+/// The address of `folder` (ending in `/`), when it is the data or manifest folder of a bucket
+/// in either layout; `None` for any other folder.
+pub fn folder_address(folder: &str) -> Option<FolderAddress> {
+    let path = folder.strip_suffix('/')?;
+    let (layout, table, rest) = match path.strip_prefix("table=") {
+        Some(rest) => {
+            let (table, rest) = rest.split_once('/')?;
+            (Layout::Hive, table, rest)
+        }
+        None => {
+            let (table, rest) = path.strip_prefix(DELTA_PREFIX)?.split_once('/')?;
+            let rest = rest.strip_prefix(DELTA_MANIFESTS_FOLDER).unwrap_or(rest);
+            let (installation, rest) = rest.split_once('/')?;
+            installation.strip_prefix("installation=")?;
+            (Layout::Delta, table, rest)
+        }
+    };
+    let (bucket_key, partition_key) = rest.split_once('/')?;
+    Some(FolderAddress {
+        layout,
+        table: table.to_string(),
+        bucket_key: bucket_key.strip_prefix("bucket=")?.to_string(),
+        partition_key: partition_key.strip_prefix("partition=")?.to_string(),
+    })
+}
+
+impl FolderAddress {
+    /// The address of the folders of one bucket in `layout`.
+    pub fn of(layout: Layout, table: &str, bucket_key: &str, partition_key: &[u8]) -> FolderAddress {
+        folder_address(&bucket_folder(layout, table, "", bucket_key, partition_key)).expect("a bucket folder")
+    }
+
+    /// The bucket's table, bucket key and partition key, when the folder writes each in full;
+    /// `None` when one is written as its hash (then only the bucket's record says which it is).
+    pub fn decode(&self) -> Option<(String, String, Vec<u8>)> {
+        let delta = self.layout == Layout::Delta;
+        Some((
+            String::from_utf8(decode_value(&self.table, false)?).ok()?,
+            String::from_utf8(decode_value(&self.bucket_key, delta)?).ok()?,
+            decode_value(&self.partition_key, delta)?,
+        ))
+    }
 }
 
 /// Whether `key` belongs to a Delta log (`.../_delta_log/...`): written by delta-rs, named by
@@ -312,6 +389,48 @@ pub fn check_content_address(key: &str, sha256_hex: &str) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every bucket folder names its bucket: decoded back exactly in both layouts, for the data
+    /// and the manifest folder alike, unless a value is written as its hash.
+    #[test]
+    fn a_bucket_folder_decodes_to_its_bucket_unless_a_value_is_hashed() {
+        let partitions: [&[u8]; 7] = [
+            b"",
+            b"host/1 a%=b",
+            "s\u{e9}ance \u{fc}/x".as_bytes(),
+            b"_x",
+            b"%",
+            b"__HIVE_DEFAULT_PARTITION__",
+            &[0xff, 0x00],
+        ];
+        for table in ["t", "a=b", "_t"] {
+            for bucket in ["day:2024-03-01", "", "year 2024/\u{e9}"] {
+                for partition in partitions {
+                    for layout in [Layout::Hive, Layout::Delta] {
+                        let want = Some((table.to_string(), bucket.to_string(), partition.to_vec()));
+                        for folder in [
+                            bucket_folder(layout, table, "00aa", bucket, partition),
+                            manifest_folder(layout, table, "00bb", bucket, partition),
+                        ] {
+                            let address = folder_address(&folder).expect(&folder);
+                            assert_eq!(address.decode(), want, "{folder}");
+                            assert_eq!(address, FolderAddress::of(layout, table, bucket, partition), "{folder}");
+                        }
+                    }
+                }
+            }
+        }
+        let long = "p".repeat(KEY_VALUE_ENCODED_BYTES_MAX + 1);
+        let hashed = folder_address(&bucket_folder(Layout::Delta, "t", "00aa", "b", long.as_bytes())).unwrap();
+        assert_eq!(hashed.decode(), None);
+        assert_eq!(hashed, FolderAddress::of(Layout::Delta, "t", "b", long.as_bytes()));
+        // Names no encoding writes are no bucket's.
+        for folder in
+            ["table=t/bucket=b/partition=%2f/", "table=t/bucket=b/partition=%41/", "table=t/x/", "delta/t/_delta_log/"]
+        {
+            assert_eq!(folder_address(folder).and_then(|a| a.decode()), None, "{folder}");
+        }
+    }
 
     #[test]
     fn keys_are_hive_style_and_carry_their_hash() {

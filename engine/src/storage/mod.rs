@@ -16,7 +16,8 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use futures::TryStreamExt;
+use futures::stream::BoxStream;
+use futures::{StreamExt as _, TryStreamExt};
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
 
@@ -99,6 +100,15 @@ pub trait ArchiveBackend: Send + Sync + std::fmt::Debug {
     async fn delete(&self, key: &str) -> Result<()>;
     /// Every object under `prefix`, in ascending key order.
     async fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>>;
+    /// Every object under `prefix`, as the store returns them page by page (in no particular
+    /// order: a local directory lists folder by folder), for listings too large to hold. Backends
+    /// whose store returns a whole listing at once need not override it.
+    fn list_stream<'a>(&'a self, prefix: &'a str) -> BoxStream<'a, Result<ObjectInfo>> {
+        futures::stream::once(self.list(prefix))
+            .map_ok(|listed| futures::stream::iter(listed.into_iter().map(Ok)))
+            .try_flatten()
+            .boxed()
+    }
     /// The object store under the target's root, for a table format's own writer (the Delta
     /// log); `None` for targets that are not object stores (archiver plugins).
     fn object_store(&self) -> Option<Arc<dyn ObjectStore>> {
@@ -348,22 +358,31 @@ impl ArchiveBackend for ObjectStoreBackend {
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>> {
+        let mut objects: Vec<ObjectInfo> = self.list_stream(prefix).try_collect().await?;
+        objects.sort_by(|a, b| a.key.cmp(&b.key));
+        Ok(objects)
+    }
+
+    fn list_stream<'a>(&'a self, prefix: &'a str) -> BoxStream<'a, Result<ObjectInfo>> {
         let trimmed = prefix.trim_end_matches('/');
-        let path = if trimmed.is_empty() { None } else { Some(object_path(trimmed)?) };
-        let mut objects: Vec<ObjectInfo> = self
-            .store
+        let path = match trimmed {
+            "" => None,
+            trimmed => match object_path(trimmed) {
+                Ok(path) => Some(path),
+                Err(e) => return futures::stream::once(async { Err(e) }).boxed(),
+            },
+        };
+        self.store
             .list(path.as_ref())
             .map_ok(|meta| ObjectInfo {
                 key: meta.location.to_string(),
                 size: meta.size,
                 last_modified: meta.last_modified.timestamp_micros(),
             })
-            .try_collect()
-            .await
-            .map_err(|e| self.fail(e, prefix))?;
-        objects.retain(|o| o.key.starts_with(prefix));
-        objects.sort_by(|a, b| a.key.cmp(&b.key));
-        Ok(objects)
+            .map_err(move |e| self.fail(e, prefix))
+            // A path prefix lists whole segments: `a/b` also lists `a/b/` but `a/bc` not.
+            .try_filter(move |o| std::future::ready(o.key.starts_with(prefix)))
+            .boxed()
     }
 }
 

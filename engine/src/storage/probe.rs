@@ -475,6 +475,10 @@ impl ArchiveBackend for GatedBackend {
     async fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>> {
         self.inner.list(prefix).await
     }
+
+    fn list_stream<'a>(&'a self, prefix: &'a str) -> futures::stream::BoxStream<'a, Result<ObjectInfo>> {
+        self.inner.list_stream(prefix)
+    }
 }
 
 #[cfg(test)]
