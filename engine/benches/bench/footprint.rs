@@ -290,9 +290,21 @@ fn reading_line(n: usize, state: &mut u64) -> Result<Vec<u8>> {
 /// Runs `frostline ARGS --data DATA --policies POLICIES` to its end: its exit status, peak
 /// resident set in MiB (`wait_with_peak`) and seconds.
 pub fn run_with_peak(binary: &Path, args: &[&str], data: &Path, policies: &Path) -> Result<(i32, f64, f64)> {
+    run_with_peak_env(binary, args, data, policies, &[])
+}
+
+/// `run_with_peak` with `env` set for the child.
+pub fn run_with_peak_env(
+    binary: &Path,
+    args: &[&str],
+    data: &Path,
+    policies: &Path,
+    env: &[(&str, &str)],
+) -> Result<(i32, f64, f64)> {
     let started = Instant::now();
     let child = Command::new(binary)
         .args(args)
+        .envs(env.iter().copied())
         .arg("--data")
         .arg(data)
         .arg("--policies")
