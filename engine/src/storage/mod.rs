@@ -380,7 +380,7 @@ impl ArchiveBackend for ObjectStoreBackend {
                 last_modified: meta.last_modified.timestamp_micros(),
             })
             .map_err(move |e| self.fail(e, prefix))
-            // A path prefix lists whole segments: `a/b` also lists `a/b/` but `a/bc` not.
+            // The store lists by whole path segments; keep exactly the keys under `prefix` as written.
             .try_filter(move |o| std::future::ready(o.key.starts_with(prefix)))
             .boxed()
     }
