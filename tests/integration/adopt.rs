@@ -4,11 +4,14 @@
 //! is left alone and named.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use frostline::archive::adopt::{AdoptReport, adopt};
 use frostline::engine::Engine;
+use frostline::model::Record;
 use frostline::ops::reload::reload;
 use frostline::settings::Settings;
+use frostline::storage::faults::{Fault, FaultyBackend, Op};
 
 use crate::replan::{
     Site, backed_up_after_archiving, copy_dir, files_under, moved_policy, record, restored_copy, restored_copy_of,
@@ -234,17 +237,24 @@ fn a_restored_copy_that_archived_a_bucket_again_sweeps_again_after_adopting_and_
     assert_eq!(query_engine(&restored, "r"), vec![record("p", "2024-03-01T01:00:00Z", None)]);
 }
 
+/// A data directory restored from a backup taken before its one bucket was archived by the copy
+/// that went on (`restored_copy`), open, with a row appended after the copies parted.
+fn restored_with_a_late_row(shared: &std::path::Path) -> (Site, Arc<Engine>, Record) {
+    let (site, backup) = restored_copy(shared);
+    let restored = Engine::open(&backup, &site.policies(), Settings::default(), site.clock.clone())
+        .unwrap_or_else(|e| panic!("{e}"));
+    let late = record("p", "2024-03-01T05:00:00Z", None);
+    restored.append("r", vec![late.clone()]).unwrap();
+    (site, restored, late)
+}
+
 /// A restored copy that took appends after the copies parted holds rows the other copy's
 /// archive lacks: adoption takes the archive, releases the hot row it holds and keeps the one
 /// it lacks beside it, so nothing is lost and the next generation holds both.
 #[test]
 fn adoption_never_releases_a_hot_row_the_archive_lacks() {
     let shared = tempfile::tempdir().unwrap();
-    let (site, backup) = restored_copy(shared.path());
-    let restored = Engine::open(&backup, &site.policies(), Settings::default(), site.clock.clone())
-        .unwrap_or_else(|e| panic!("{e}"));
-    let late = record("p", "2024-03-01T05:00:00Z", None);
-    restored.append("r", vec![late.clone()]).unwrap();
+    let (site, restored, late) = restored_with_a_late_row(shared.path());
 
     let report = adopt_now(&restored, false);
     assert_eq!((report.adopted, report.hot_rows_released), (1, 1), "{report:?}");
@@ -261,6 +271,47 @@ fn adoption_never_releases_a_hot_row_the_archive_lacks() {
     site.clock.set(t("2024-03-05T00:00:00Z"));
     assert_eq!(run_pass(&restored).archived, 1, "the next generation holds both");
     assert_eq!(read(&restored), expected);
+}
+
+/// Adoption learns how the archive holds the bucket's hot rows before its transaction, reading
+/// again the segments that can hold them: a hot row appended in between (an engine left running
+/// on the data directory) could be released unread or kept unmatched, so the bucket is named
+/// as a conflict and nothing changes; adopted again with nothing appending, every row is kept.
+#[test]
+fn a_hot_row_appended_while_adoption_reads_the_archive_leaves_the_bucket_for_the_next_run() {
+    let shared = tempfile::tempdir().unwrap();
+    let (_site, restored, late) = restored_with_a_late_row(shared.path());
+    // The first read of the archive's segment verifies it; the second, which matches the hot
+    // rows, waits while another row is appended (3 s: an append takes milliseconds, but the
+    // test machines are loaded).
+    let current = restored.policies();
+    let mut tables = current.tables.clone();
+    let faulty = FaultyBackend::new(tables["r"].backend.clone());
+    faulty.add(Op::Get, "seg-", Fault::Delay(Duration::ZERO), Some(1));
+    faulty.add(Op::Get, "seg-", Fault::Delay(Duration::from_secs(3)), Some(1));
+    let table = frostline::policy::TablePolicy { backend: faulty.clone(), ..(*tables["r"]).clone() };
+    tables.insert("r".into(), Arc::new(table));
+    restored.install_policies(frostline::policy::PolicySet { tables, ..(*current).clone() }).unwrap();
+    let adoption = std::thread::spawn({
+        let restored = restored.clone();
+        move || adopt_now(&restored, false)
+    });
+    while faulty.fired().len() < 2 {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let later = record("p", "2024-03-01T06:00:00Z", None);
+    restored.append("r", vec![later.clone()]).unwrap();
+    let report = adoption.join().unwrap();
+    assert_eq!((report.adopted, report.hot_rows_released), (0, 0), "{report:?}");
+    assert!(report.conflicts.iter().any(|c| c.contains("took hot rows after its archive")), "{report:?}");
+    let meta = &restored.store().buckets("r", None).unwrap()[0];
+    assert_eq!((meta.state, meta.row_count), (frostline::model::BucketState::Hot, 3), "nothing changed");
+
+    let report = adopt_now(&restored, false);
+    assert_eq!((report.adopted, report.hot_rows_released), (1, 1), "{report:?}");
+    let mut read = query_engine(&restored, "r");
+    read.sort_by_key(|r| r.event_time);
+    assert_eq!(read, vec![record("p", "2024-03-01T01:00:00Z", None), late, later]);
 }
 
 /// Regression (found by the lifecycle simulation at 0a4a692, seed 9140057477744648234): an
@@ -392,4 +443,138 @@ fn adoption_beside_a_live_peer_takes_nothing_of_its_and_one_host_answers_for_a_l
     assert_eq!(report.adopted, 1, "{report:?}");
     assert_eq!(query_engine(&two, "r").len(), 1);
     assert_eq!(files_under(shared.path()), archived, "nothing was deleted");
+}
+
+/// Adoption reads an archive a segment at a time (issue 34: "`verify` and `adopt` stream"): it
+/// held every row of the archive it verified, so a data directory rebuilt on a host with less
+/// memory than its largest bucket could not take that bucket in. Adopting a bucket of 72 MiB
+/// of bodies, beside hot rows of the rebuilt data directory that the archive holds (released)
+/// and lacks (kept), must peak less than 24 MiB higher than adopting one of 8 MiB. Each
+/// adoption runs in a process of its own (this test, run again with `FROSTLINE_ADOPT_SITE`),
+/// whose peak resident set (`VmHWM`) it reports.
+#[test]
+fn adoption_reads_an_archive_a_segment_at_a_time() {
+    const NAME: &str = "adopt::adoption_reads_an_archive_a_segment_at_a_time";
+    const NOW: &str = "2024-03-05T00:00:00Z";
+    let partition = format!("{} = 50% ü/x", USER_KEYS[0]);
+    let written = |i: usize| {
+        // 64 KiB of varied text: compression keeps no segment small that the rows are not.
+        let mut state = (i as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        let blob: String = (0..64 * 1024)
+            .map(|_| {
+                state = state.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+                char::from(b"0123456789abcdef"[(state >> 60) as usize])
+            })
+            .collect();
+        Record {
+            partition_key: partition.clone().into_bytes(),
+            event_time: t("2024-03-01T00:00:00Z") + i as i64 * 1_000_000,
+            sort_key: format!("k/{i:05} %=").into_bytes(),
+            tenant: Some("tenant-a".into()),
+            kind: None,
+            body: format!(r#"{{"i":{i},"blob":"{blob}"}}"#),
+        }
+    };
+    if let Ok(root) = std::env::var("FROSTLINE_ADOPT_SITE") {
+        let records: usize = std::env::var("FROSTLINE_ADOPT_RECORDS").unwrap().parse().unwrap();
+        let lost = std::env::var("FROSTLINE_ADOPT_LOST").unwrap();
+        let root = std::path::Path::new(&root);
+        let clock = frostline::clock::ManualClock::new(t(NOW));
+        let engine = Engine::open(&root.join("data"), &root.join("policies"), Settings::default(), clock)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let report = adopt_from(&engine, false, &[&lost]);
+        assert_eq!((report.adopted, report.rows, report.hot_rows_released), (1, records as u64, 2), "{report:?}");
+        assert!(report.conflicts.is_empty() && report.failures.is_empty(), "{report:?}");
+        // The peak of the adoption, before the query below reads the bucket back whole.
+        print_peak();
+        let meta = &engine.store().buckets("r", None).unwrap()[0];
+        assert_eq!(meta.state, frostline::model::BucketState::ArchivedPending, "the row it lacks waits beside it");
+        assert_eq!(meta.row_count, records as u64 + 1, "{meta:?}");
+        let mut read = query_engine(&engine, "r");
+        read.sort_by_key(|r| r.event_time);
+        assert_eq!(read.len(), records + 1);
+        assert!(read[..records].iter().enumerate().all(|(i, r)| *r == written(i)), "the archive reads back whole");
+        return;
+    }
+    let peak_kib = |records: usize| -> f64 {
+        let cold = tempfile::tempdir().unwrap();
+        let site = Site::new(&moved_policy(&[cold.path()], "t0"), "2024-03-01T12:00:00Z");
+        let engine = site.open(Settings::default());
+        for batch in (0..records).collect::<Vec<_>>().chunks(64) {
+            engine.append("r", batch.iter().map(|i| written(*i)).collect()).unwrap();
+        }
+        site.clock.set(t(NOW));
+        assert_eq!(run_pass(&engine).archived, 1);
+        let lost = engine.installation_id().to_string();
+        drop(engine);
+        // The data directory is lost; the new one has taken two records the archive holds and
+        // one it lacks before the operator adopts.
+        std::fs::remove_dir_all(site.data()).unwrap();
+        let engine = site.open(Settings::default());
+        let mut new = written(records);
+        new.sort_key = b"k/new".to_vec();
+        engine.append("r", vec![written(0), written(1), new]).unwrap();
+        drop(engine);
+        let site_root = site.root.path().to_string_lossy().into_owned();
+        peak_kib_of(
+            NAME,
+            &[
+                ("FROSTLINE_ADOPT_SITE", site_root),
+                ("FROSTLINE_ADOPT_RECORDS", records.to_string()),
+                ("FROSTLINE_ADOPT_LOST", lost),
+            ],
+        )
+    };
+    let (small, large) = (peak_kib(128), peak_kib(1_152));
+    let grown_mib = (large - small) / 1024.0;
+    println!("adoption peaks: {small} KiB (8 MiB of bodies), {large} KiB (72 MiB)");
+    assert!(grown_mib < 24.0, "peaks {small} and {large} KiB: {grown_mib:.1} MiB more for 64 MiB more of bodies");
+}
+
+/// One of a vast number of a lost host's manifests listed beside the table's real archive
+/// (`PaddedListing`): a thousand to a folder, as its years of day buckets would be.
+fn lost_hosts_manifest(n: usize) -> frostline::storage::ObjectInfo {
+    use frostline::storage::keys;
+    let folder = keys::bucket_prefix("r", &format!("day:{}", n / 1_000), "p/ü %=".as_bytes());
+    frostline::storage::ObjectInfo {
+        key: keys::manifest_key(&folder, "lost-host", (n % 1_000 + 1) as u64, &"ab".repeat(32)),
+        size: 2_000,
+        last_modified: 0,
+    }
+}
+
+/// Adoption's memory follows a page of folders, not the target (issue 34: "`adopt` streams"):
+/// it held every manifest a table's listings named, by folder, and the keys of every archive the
+/// database records. Over 300,000 more listed manifests its process must peak less than 24 MiB
+/// higher than over 1,000. Each adoption runs in a process of its own (this test, run again with
+/// `FROSTLINE_ADOPT_MANIFESTS`), whose peak resident set (`VmHWM`) it reports.
+#[test]
+fn adoptions_memory_does_not_grow_with_the_manifests_it_lists() {
+    const NAME: &str = "adopt::adoptions_memory_does_not_grow_with_the_manifests_it_lists";
+    if let Some(manifests) = std::env::var("FROSTLINE_ADOPT_MANIFESTS").ok().and_then(|n| n.parse::<usize>().ok()) {
+        let cold = tempfile::tempdir().unwrap();
+        let site = Site::new(&moved_policy(&[cold.path()], "t0"), "2024-03-01T12:00:00Z");
+        let engine = site.open(Settings::default());
+        engine.append("r", vec![record(USER_KEYS[1], "2024-03-01T01:00:00Z", None)]).unwrap();
+        site.clock.set(t("2024-03-03T00:00:00Z"));
+        assert_eq!(run_pass(&engine).archived, 1);
+        let current = engine.policies();
+        let mut tables = current.tables.clone();
+        let inner = tables["r"].backend.clone();
+        let padded = Arc::new(PaddedListing { inner, prefix: "table=r/", count: manifests, make: lost_hosts_manifest });
+        let table = frostline::policy::TablePolicy { backend: padded, ..(*tables["r"]).clone() };
+        tables.insert("r".into(), Arc::new(table));
+        engine.install_policies(frostline::policy::PolicySet { tables, ..(*current).clone() }).unwrap();
+        let report = adopt_now(&engine, false);
+        assert_eq!((report.known, report.adopted, report.folders), (1, 0, 1 + manifests as u64 / 1_000), "{report:?}");
+        assert_eq!(report.other_installations.iter().collect::<Vec<_>>(), vec!["lost-host"], "{report:?}");
+        assert!(report.gone.is_empty() && report.conflicts.is_empty(), "{report:?}");
+        print_peak();
+        return;
+    }
+    let peak_kib = |manifests: usize| peak_kib_of(NAME, &[("FROSTLINE_ADOPT_MANIFESTS", manifests.to_string())]);
+    let (small, large) = (peak_kib(1_000), peak_kib(301_000));
+    let grown_mib = (large - small) / 1024.0;
+    println!("adoption peaks: {small} KiB (1,000 manifests listed), {large} KiB (301,000)");
+    assert!(grown_mib < 24.0, "peaks {small} and {large} KiB: {grown_mib:.1} MiB more for 300,000 more manifests");
 }

@@ -769,55 +769,15 @@ fn the_full_sweep_knows_the_bucket_of_a_folder_named_by_a_hash() {
     assert!(stopped.to_string().contains(&other), "{stopped}");
 }
 
-/// A target holding far more objects than a page of its listing: `VAST_OBJECTS` of another
-/// installation's segments, made as the sweep lists them, beside the table's real archive.
-#[derive(Debug)]
-struct Vast {
-    inner: Arc<dyn frostline::storage::ArchiveBackend>,
-    objects: usize,
-}
-
-#[async_trait::async_trait]
-impl frostline::storage::ArchiveBackend for Vast {
-    fn target(&self) -> &str {
-        self.inner.target()
-    }
-
-    async fn put_create(&self, key: &str, bytes: bytes::Bytes) -> frostline::Result<frostline::storage::PutOutcome> {
-        self.inner.put_create(key, bytes).await
-    }
-
-    async fn get(&self, key: &str) -> frostline::Result<Option<bytes::Bytes>> {
-        self.inner.get(key).await
-    }
-
-    async fn delete(&self, key: &str) -> frostline::Result<()> {
-        self.inner.delete(key).await
-    }
-
-    async fn list(&self, prefix: &str) -> frostline::Result<Vec<frostline::storage::ObjectInfo>> {
-        use futures::TryStreamExt as _;
-        let mut listed: Vec<_> = self.list_stream(prefix).try_collect().await?;
-        listed.sort_by(|a, b| a.key.cmp(&b.key));
-        Ok(listed)
-    }
-
-    fn list_stream<'a>(
-        &'a self,
-        prefix: &'a str,
-    ) -> futures::stream::BoxStream<'a, frostline::Result<frostline::storage::ObjectInfo>> {
-        use futures::StreamExt as _;
-        let made = if prefix == "table=r/" { self.objects } else { 0 };
-        let made = futures::stream::iter((0..made).map(|n| {
-            // A thousand to a folder, as a year of day buckets of a few partitions would be.
-            let folder = frostline::storage::keys::bucket_prefix("r", &format!("day:{}", n / 1_000), b"p/\xc3\xbc %=");
-            Ok(frostline::storage::ObjectInfo {
-                key: format!("{folder}seg-ffffffffffffffff-e0123456789abcdef-{n:05}-0123456789abcdef.parquet"),
-                size: 1_000_000,
-                last_modified: 0,
-            })
-        }));
-        self.inner.list_stream(prefix).chain(made).boxed()
+/// One of a vast number of another installation's segments listed beside the table's real
+/// archive (`PaddedListing`): a thousand to a folder, as a year of day buckets of a few
+/// partitions would be.
+fn foreign_segment(n: usize) -> frostline::storage::ObjectInfo {
+    let folder = frostline::storage::keys::bucket_prefix("r", &format!("day:{}", n / 1_000), b"p/\xc3\xbc %=");
+    frostline::storage::ObjectInfo {
+        key: format!("{folder}seg-ffffffffffffffff-e0123456789abcdef-{n:05}-0123456789abcdef.parquet"),
+        size: 1_000_000,
+        last_modified: 0,
     }
 }
 
@@ -835,25 +795,14 @@ fn the_full_sweeps_memory_does_not_grow_with_the_objects_it_lists() {
         e.pass();
         e.clock.set(t("2024-03-05T00:00:00Z"));
         assert_eq!(e.pass().archived, 3);
-        e.with_backend("r", Arc::new(Vast { inner: e.backend("r"), objects }));
+        let padded = PaddedListing { inner: e.backend("r"), prefix: "table=r/", count: objects, make: foreign_segment };
+        e.with_backend("r", Arc::new(padded));
         let report = runtime().block_on(frostline::archive::sweep::sweep(&e.engine.context(), false)).unwrap();
         assert_eq!(report.foreign as usize, objects, "{report:?}");
-        let status = std::fs::read_to_string("/proc/self/status").unwrap();
-        let peak = status.lines().find_map(|l| l.strip_prefix("VmHWM:")).unwrap().trim().to_string();
-        println!("PEAK {peak}");
+        print_peak();
         return;
     }
-    let peak_kib = |objects: usize| -> f64 {
-        let out = std::process::Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", NAME, "--nocapture", "--test-threads", "1"])
-            .env("FROSTLINE_SWEEP_OBJECTS", objects.to_string())
-            .output()
-            .unwrap();
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
-        let line = stdout.lines().find_map(|l| l.split_once("PEAK ")).expect(&stdout).1;
-        line.trim_end_matches(" kB").trim().parse().unwrap()
-    };
+    let peak_kib = |objects: usize| peak_kib_of(NAME, &[("FROSTLINE_SWEEP_OBJECTS", objects.to_string())]);
     let (small, large) = (peak_kib(1_000), peak_kib(301_000));
     let grown_mib = (large - small) / 1024.0;
     assert!(grown_mib < 24.0, "peaks {small} and {large} KiB: {grown_mib:.1} MiB more for 300,000 more objects");

@@ -6,15 +6,16 @@
 //! Every declared table's folder is listed on every target of the policy directory (a table's
 //! archives may lie on a target it has since left). Of each bucket folder's manifests, over
 //! every target together, the newest archive (the head of a chain of generations, the one
-//! written last: `adoption_order`) is read back
-//! and verified whole (content address, every segment's hash and row checksum, the rows lie in
-//! the bucket and its partition, the manifest's own target resolves to the one it was found
-//! on); if it fails, the next one is tried. `store::adopt` then records it
-//! in one transaction. A folder holding manifests of two installations is a conflict (two
-//! writers of one table; which one is the archive is for an operator to say) and is left
-//! alone, as is every bucket whose database record the archive cannot stand in for. A dry run
-//! verifies and reports without recording. Run it with the engine stopped: it is a local
-//! command on the data directory.
+//! written last: `adoption_order`) is read back and verified whole, a segment at a time
+//! (content address, every segment's hash and row checksum, the rows lie in the bucket and its
+//! partition, the manifest's own target resolves to the one it was found on); if it fails, the
+//! next one is tried; the archive's rows are never held together, so a bucket larger than the
+//! host's memory is adopted as any other. `store::adopt` then records it in one transaction. A
+//! folder holding manifests of two installations is a conflict (two writers of one table;
+//! which one is the archive is for an operator to say) and is left alone, as is every bucket
+//! whose database record the archive cannot stand in for. A dry run verifies and reports
+//! without recording. Run it with the engine stopped: it is a local command on the data
+//! directory.
 //!
 //! Archives of another installation, in any layout, are taken in only when the operator names
 //! it (`--from-installation`: a lost host): on a shared target the others belong to live
@@ -34,15 +35,25 @@
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;
 
-use super::{blocking, fleet_erase, read_archive, read_manifest};
+use futures::{StreamExt as _, TryStreamExt as _};
+
+use super::{blocking, fleet_erase, read_manifest, read_segment};
 use crate::engine::Context;
 use crate::error::{Error, Result};
 use crate::format::manifest::Manifest;
 use crate::model::BucketState;
+use crate::model::rows::RowSummer;
 use crate::storage::{ArchiveBackend, keys};
 use crate::store::erasure::{AnswersFor, ERASURE_IDENTITIES_MAX, ErasureRequest, ErasureSelector, RecordIdentity};
 use crate::store::schema::BucketId;
-use crate::store::{Adoption, VerifiedArchive};
+use crate::store::{Adoption, AdoptionScratch, ArchiveFacts, HotRowsHeld, KnownKey, ListedManifest, VerifiedArchive};
+
+/// Objects adoption takes from a listing at a time.
+const LISTING_PAGE_OBJECTS: usize = 1_000;
+/// Manifests (whole folders of them) adoption weighs per read of the scratch database.
+const FOLDER_PAGE_MANIFESTS: usize = 1_000;
+/// Recorded archives checked against the listings per read of the store.
+const PUBLISHED_PAGE_BUCKETS: usize = 1_000;
 
 #[derive(Debug, Default, Clone, serde::Serialize, serde::Deserialize)]
 pub struct AdoptReport {
@@ -95,11 +106,15 @@ type Owed = BTreeMap<(String, String, String), (String, Vec<RecordIdentity>)>;
 /// two engines answer for them.
 pub async fn adopt(ctx: &Arc<Context>, dry_run: bool, from_installations: &[String]) -> Result<AdoptReport> {
     let policies = ctx.policies.clone();
-    // A generation a recorded archive replaced holds no row that archive lacks (but those an
-    // erasure took out), and a key this directory released is its own leftover: neither is a
-    // candidate, even once the archive that replaced it has expired and it names a segment
-    // the expiry deleted.
-    let (known, replaced_by_recorded) = recorded_manifest_keys(ctx).await?;
+    // The manifest keys the database records, and those that are no candidates: a generation
+    // a recorded archive replaced holds no row that archive lacks (but those an erasure took
+    // out), and a key this directory released is its own leftover, even once the archive that
+    // replaced it has expired and it names a segment the expiry deleted. They wait in a scratch
+    // database with what the listings find, so adoption holds a page of folders at a time.
+    let scratch = {
+        let (store, data_dir) = (ctx.store.clone(), ctx.data_dir.clone());
+        Arc::new(blocking(move || AdoptionScratch::create(&data_dir, &store)).await?)
+    };
     let mut report = AdoptReport { dry_run, ..Default::default() };
     let mut changed_tables = BTreeSet::new();
     // The claim on each (target, installation) adopted from, made once per run.
@@ -118,140 +133,155 @@ pub async fn adopt(ctx: &Arc<Context>, dry_run: bool, from_installations: &[Stri
                 backends.push(backend);
             }
         }
-        // The manifest keys listed on each target, to find recorded archives that are gone, and
+        // The manifests listed on each target, to find recorded archives that are gone, and
         // each bucket folder's manifests over every target: a bucket's forks may lie on two
         // targets (the table moved between them), and only weighed together is the one
-        // written last chosen.
-        let mut listed: Vec<(&Arc<dyn ArchiveBackend>, HashSet<String>)> = Vec::new();
-        let mut folders: BTreeMap<String, Vec<FoundManifest>> = BTreeMap::new();
-        for backend in backends {
-            let found = manifests_by_folder(backend, table_id, &ctx.installation_id, &mut own_epochs).await?;
-            report.folders += found.len() as u64;
-            listed.push((backend, found.values().flatten().map(|m| m.key.clone()).collect()));
-            for (folder, manifests) in found {
-                folders.entry(folder).or_default().extend(manifests);
-            }
+        // written last chosen. They wait in the scratch database, read back a page of folders
+        // at a time.
+        let scratch_now = scratch.clone();
+        blocking(move || scratch_now.clear_listed()).await?;
+        for (index, backend) in backends.iter().enumerate() {
+            list_manifests(backend.as_ref(), index as u32, table_id, &ctx.installation_id, &mut own_epochs, &scratch)
+                .await?;
         }
-        for (folder, manifests) in folders {
-            let writers: BTreeSet<&str> = manifests.iter().map(|m| m.writer.as_str()).collect();
-            // An installation writes a bucket's next generation (late records) in the folder
-            // of an archive it adopted: when every writer is this installation or a named one,
-            // the folder holds one chain of generations, not two live writers.
-            let one_chain = writers.iter().all(|w| {
-                !w.is_empty() && (*w == ctx.installation_id || from_installations.iter().any(|named| named == w))
-            });
-            if writers.len() > 1 && !one_chain {
-                let targets: BTreeSet<&str> = manifests.iter().map(|m| m.backend.target()).collect();
-                report.conflicts.push(format!(
-                    "{} `{folder}` holds manifests of {} installations ({}): two writers of one table; left alone",
-                    targets.into_iter().collect::<Vec<_>>().join(", "),
-                    writers.len(),
-                    writers.iter().map(|w| if w.is_empty() { "none" } else { w }).collect::<Vec<_>>().join(", ")
-                ));
-                continue;
-            }
-            let mut refused = false;
-            for found in manifests.iter().filter(|m| !m.writer.is_empty() && m.writer != ctx.installation_id) {
-                if !from_installations.contains(&found.writer) {
-                    report.other_installations.insert(found.writer.clone());
-                    refused = true;
-                    break;
+        let mut after: Option<String> = None;
+        loop {
+            let (scratch_now, from) = (scratch.clone(), after.take());
+            let page = blocking(move || scratch_now.folders_after(from.as_deref(), FOLDER_PAGE_MANIFESTS)).await?;
+            let Some((last, _)) = page.last() else { break };
+            after = Some(last.clone());
+            for (folder, listed) in page {
+                let on_targets: BTreeSet<u32> = listed.iter().map(|m| m.target).collect();
+                report.folders += on_targets.len() as u64;
+                let manifests: Vec<FoundManifest> =
+                    listed.into_iter().filter_map(|m| FoundManifest::of(m, &backends)).collect();
+                let writers: BTreeSet<&str> = manifests.iter().map(|m| m.writer.as_str()).collect();
+                // An installation writes a bucket's next generation (late records) in the folder
+                // of an archive it adopted: when every writer is this installation or a named one,
+                // the folder holds one chain of generations, not two live writers.
+                let one_chain = writers.iter().all(|w| {
+                    !w.is_empty() && (*w == ctx.installation_id || from_installations.iter().any(|named| named == w))
+                });
+                if writers.len() > 1 && !one_chain {
+                    let targets: BTreeSet<&str> = manifests.iter().map(|m| m.backend.target()).collect();
+                    report.conflicts.push(format!(
+                        "{} `{folder}` holds manifests of {} installations ({}): two writers of one table; left alone",
+                        targets.into_iter().collect::<Vec<_>>().join(", "),
+                        writers.len(),
+                        writers.iter().map(|w| if w.is_empty() { "none" } else { w }).collect::<Vec<_>>().join(", ")
+                    ));
+                    continue;
                 }
-                let claim = (found.backend.target().to_string(), found.writer.clone());
-                if !claims.contains_key(&claim) {
-                    let outcome =
-                        claim_adoption(ctx, found.backend.as_ref(), &found.writer, from_installations, dry_run).await?;
-                    claims.insert(claim.clone(), outcome);
-                }
-                if let Some(Err(why)) = claims.get(&claim) {
-                    report.conflicts.push(format!("{} `{folder}`: {why}", found.backend.target()));
-                    refused = true;
-                    break;
-                }
-            }
-            if refused {
-                continue;
-            }
-            let (manifests, replaced) = adoption_order(manifests).await;
-            // The manifest that stands for the bucket once this folder is done: the newest
-            // known or adopted one.
-            let mut chosen = None;
-            for (i, found) in manifests.iter().enumerate() {
-                let (backend, key) = (&found.backend, &found.key);
-                if known.contains(key) {
-                    report.known += 1;
-                    chosen = Some(i);
-                    // An earlier run that recorded it may have stopped before it placed what
-                    // the archive owes: placed again (under the same ids, so nothing twice).
-                    if found.writer != ctx.installation_id && !found.writer.is_empty() {
-                        let owes = owed_by_recorded(ctx, &shared, table_id, found, &folder, &mut report).await?;
-                        add_owed(&mut owed, &found.writer, table_id, owes);
-                    }
-                    break;
-                }
-                if replaced_by_recorded.contains(key) {
-                    report.superseded += 1;
-                    chosen = Some(i);
-                    break;
-                }
-                let archive = match read_verified(ctx, table_id, backend, &folder, key).await {
-                    Ok(archive) => archive,
-                    Err(e) => {
-                        report.failures.push(format!("{}: `{key}`: {e}", backend.target()));
-                        continue;
-                    }
-                };
-                let rows = archive.rows.len() as u64;
-                let owes = if found.writer != ctx.installation_id && !found.writer.is_empty() {
-                    owed_by(ctx, &shared, &found.writer, &archive, &mut report)
-                } else {
-                    Vec::new()
-                };
-                if dry_run {
-                    add_owed(&mut owed, &found.writer, &archive.id.table, owes);
-                    report.adopted += 1;
-                    report.rows += rows;
-                    chosen = Some(i);
-                    break;
-                }
-                let (store, now, table) = (ctx.store.clone(), ctx.clock.now(), archive.id.table.clone());
-                match blocking(move || store.adopt(archive, now)).await? {
-                    Adoption::Adopted => add_owed(&mut owed, &found.writer, &table, owes),
-                    Adoption::Replaced { hot_rows } => {
-                        report.hot_rows_released += hot_rows;
-                        add_owed(&mut owed, &found.writer, &table, owes);
-                    }
-                    Adoption::Known => {
-                        report.known += 1;
-                        chosen = Some(i);
+                let mut refused = false;
+                for found in manifests.iter().filter(|m| !m.writer.is_empty() && m.writer != ctx.installation_id) {
+                    if !from_installations.contains(&found.writer) {
+                        report.other_installations.insert(found.writer.clone());
+                        refused = true;
                         break;
                     }
-                    Adoption::Superseded => {
+                    let claim = (found.backend.target().to_string(), found.writer.clone());
+                    if !claims.contains_key(&claim) {
+                        let outcome =
+                            claim_adoption(ctx, found.backend.as_ref(), &found.writer, from_installations, dry_run)
+                                .await?;
+                        claims.insert(claim.clone(), outcome);
+                    }
+                    if let Some(Err(why)) = claims.get(&claim) {
+                        report.conflicts.push(format!("{} `{folder}`: {why}", found.backend.target()));
+                        refused = true;
+                        break;
+                    }
+                }
+                if refused {
+                    continue;
+                }
+                let (manifests, replaced) = adoption_order(manifests).await;
+                // The manifest that stands for the bucket once this folder is done: the newest
+                // known or adopted one.
+                let mut chosen = None;
+                for (i, found) in manifests.iter().enumerate() {
+                    let (backend, key) = (&found.backend, &found.key);
+                    if found.known == Some(KnownKey::Recorded) {
+                        report.known += 1;
+                        chosen = Some(i);
+                        // An earlier run that recorded it may have stopped before it placed what
+                        // the archive owes: placed again (under the same ids, so nothing twice).
+                        if found.writer != ctx.installation_id && !found.writer.is_empty() {
+                            let owes = owed_by_recorded(ctx, &shared, table_id, found, &folder, &mut report).await?;
+                            add_owed(&mut owed, &found.writer, table_id, owes);
+                        }
+                        break;
+                    }
+                    if found.known == Some(KnownKey::Replaced) {
                         report.superseded += 1;
                         chosen = Some(i);
                         break;
                     }
-                    // A newer archive of another fork (a stale generation adopted and amended
-                    // elsewhere) does not hide an older one that does follow what this database
-                    // records.
-                    Adoption::Conflict(why) => {
-                        report.conflicts.push(why);
+                    // What a lost installation had not carried out of the fleet's erasures is
+                    // owed by its archives; an installation's own archives owe nothing.
+                    let owed_to: &[fleet_erase::SharedOnTarget] =
+                        if found.writer != ctx.installation_id && !found.writer.is_empty() { &shared } else { &[] };
+                    let verified =
+                        match read_verified(ctx, table_id, backend, &folder, key, owed_to, &found.writer).await {
+                            Ok(verified) => verified,
+                            Err(e) => {
+                                report.failures.push(format!("{}: `{key}`: {e}", backend.target()));
+                                continue;
+                            }
+                        };
+                    let Verified { mut archive, named } = verified;
+                    let owes = owed_by(&found.writer, &archive, named, &mut report);
+                    let rows = archive.facts.rows;
+                    if dry_run {
+                        add_owed(&mut owed, &found.writer, &archive.id.table, owes);
+                        report.adopted += 1;
+                        report.rows += rows;
+                        chosen = Some(i);
+                        break;
+                    }
+                    if let Err(e) = match_hot_rows(ctx, backend.as_ref(), &mut archive).await {
+                        report.failures.push(format!("{}: `{key}`: {e}", backend.target()));
                         continue;
                     }
+                    let (store, now, table) = (ctx.store.clone(), ctx.clock.now(), archive.id.table.clone());
+                    match blocking(move || store.adopt(archive, now)).await? {
+                        Adoption::Adopted => add_owed(&mut owed, &found.writer, &table, owes),
+                        Adoption::Replaced { hot_rows } => {
+                            report.hot_rows_released += hot_rows;
+                            add_owed(&mut owed, &found.writer, &table, owes);
+                        }
+                        Adoption::Known => {
+                            report.known += 1;
+                            chosen = Some(i);
+                            break;
+                        }
+                        Adoption::Superseded => {
+                            report.superseded += 1;
+                            chosen = Some(i);
+                            break;
+                        }
+                        // A newer archive of another fork (a stale generation adopted and amended
+                        // elsewhere) does not hide an older one that does follow what this database
+                        // records.
+                        Adoption::Conflict(why) => {
+                            report.conflicts.push(why);
+                            continue;
+                        }
+                    }
+                    tracing::info!(key = %key, rows, "archive adopted");
+                    report.adopted += 1;
+                    report.rows += rows;
+                    changed_tables.insert(table_id.clone());
+                    chosen = Some(i);
+                    break;
                 }
-                tracing::info!(key = %key, rows, "archive adopted");
-                report.adopted += 1;
-                report.rows += rows;
-                changed_tables.insert(table_id.clone());
-                chosen = Some(i);
-                break;
-            }
-            if let Some(i) = chosen {
-                let (chosen, others) = manifests[i..].split_first().expect("chosen lies in the folder");
-                report_forks(chosen, others, &replaced, &mut report).await;
+                if let Some(i) = chosen {
+                    let (chosen, others) = manifests[i..].split_first().expect("chosen lies in the folder");
+                    report_forks(chosen, others, &replaced, &mut report).await;
+                }
             }
         }
-        if record_gone_archives(ctx, table_id, &listed, dry_run, &mut report).await? {
+        if record_gone_archives(ctx, table_id, &backends, &scratch, dry_run, &mut report).await? {
             changed_tables.insert(table_id.clone());
         }
     }
@@ -321,32 +351,37 @@ async fn shared_requests(
     Ok(by_id.into_values().collect())
 }
 
-/// The records of `archive`, written by the lost installation `writer`, that a shared request
-/// names and that the writer had not erased: its receipt does not answer for the archive
-/// (`receipt_answers_for`), it began before the request was placed, and its manifest does not
-/// name the request among those it answers for (`format::manifest::ErasuresAnswered`). By
-/// request id, with who placed it, keyed identities.
-fn owed_by(
+/// The shared requests that the lost installation `writer` may not have carried out on its
+/// archive `manifest`: keyed with this fleet's key, and its receipt does not answer for the
+/// archive (`receipt_answers_for`). The archive's rows say which records each names.
+fn owed_candidates<'a>(
     ctx: &Context,
-    requests: &[fleet_erase::SharedOnTarget],
+    requests: &'a [fleet_erase::SharedOnTarget],
+    writer: &str,
+    manifest: &Manifest,
+) -> Vec<&'a fleet_erase::SharedOnTarget> {
+    let Some(key) = ctx.fleet_key() else { return Vec::new() };
+    requests
+        .iter()
+        .filter(|shared| {
+            !receipt_answers_for(shared, writer, manifest) && shared.request.selector.keyed.as_deref() == Some(key.id())
+        })
+        .collect()
+}
+
+/// The records of an archive, written by the lost installation `writer`, that a shared request
+/// names and that the writer had not erased: of the requests `owed_candidates` found, those it
+/// began before and its manifest does not name among those it answers for
+/// (`format::manifest::ErasuresAnswered`). By request id, with who placed it, keyed identities.
+fn owed_by(
     writer: &str,
     archive: &VerifiedArchive,
+    named: Vec<(&fleet_erase::SharedOnTarget, Vec<RecordIdentity>)>,
     report: &mut AdoptReport,
 ) -> Vec<(String, String, Vec<RecordIdentity>)> {
-    let Some(key) = ctx.fleet_key() else { return Vec::new() };
     let mut out = Vec::new();
-    for shared in requests {
+    for (shared, named) in named {
         let request = &shared.request;
-        if receipt_answers_for(shared, writer, &archive.manifest) || request.selector.keyed.as_deref() != Some(key.id())
-        {
-            continue;
-        }
-        let named: Vec<RecordIdentity> = archive
-            .rows
-            .iter()
-            .filter(|row| request.selector.matches_record(&archive.id.table, row))
-            .map(|row| ErasureSelector::keyed_identity(key, row))
-            .collect();
         if named.is_empty() {
             continue;
         }
@@ -412,8 +447,9 @@ async fn owed_by_recorded(
     if !unanswered {
         return Ok(Vec::new());
     }
-    let archive = read_verified(ctx, table, &found.backend, folder, &found.key).await?;
-    Ok(owed_by(ctx, requests, &found.writer, &archive, report))
+    let Verified { archive, named } =
+        read_verified(ctx, table, &found.backend, folder, &found.key, requests, &found.writer).await?;
+    Ok(owed_by(&found.writer, &archive, named, report))
 }
 
 fn add_owed(owed: &mut Owed, writer: &str, table: &str, owes: Vec<(String, String, Vec<RecordIdentity>)>) {
@@ -533,60 +569,76 @@ async fn report_forks(
 async fn record_gone_archives(
     ctx: &Arc<Context>,
     table_id: &str,
-    listed: &[(&Arc<dyn ArchiveBackend>, HashSet<String>)],
+    listed_on: &[&Arc<dyn ArchiveBackend>],
+    scratch: &Arc<AdoptionScratch>,
     dry_run: bool,
     report: &mut AdoptReport,
 ) -> Result<bool> {
     let policies = ctx.policies.clone();
     let table = policies.table(table_id)?;
-    let store = ctx.store.clone();
-    let table_name = table_id.to_string();
-    let published = blocking(move || store.published(&table_name)).await?;
     let mut changed = false;
-    for (meta, manifest) in published {
-        let Some(key) = meta.manifest_key.clone() else { continue };
-        let target = manifest.archive_target();
-        // An archive on a target the policy directory no longer declares cannot be listed.
-        let Ok(backend) = policies.archive_backend(table, &target) else { continue };
-        let Some((_, keys)) = listed.iter().find(|(listed, _)| listed.target() == backend.target()) else { continue };
-        if keys.contains(&key) {
-            continue;
+    let mut after = None;
+    loop {
+        let (store, table_name, from) = (ctx.store.clone(), table_id.to_string(), after.take());
+        let published =
+            blocking(move || store.published_after(&table_name, from.as_ref(), PUBLISHED_PAGE_BUCKETS)).await?;
+        let Some((last, _)) = published.last() else { break };
+        after = Some(last.id.clone());
+        // Where each archive lies, and whether its target's listing found it, for the page at once.
+        let mut lying = Vec::with_capacity(published.len());
+        for (meta, manifest) in &published {
+            let target = manifest.archive_target();
+            // An archive on a target the policy directory no longer declares cannot be listed.
+            let on = policies.archive_backend(table, &target).ok().and_then(|backend| {
+                let index = listed_on.iter().position(|listed| listed.target() == backend.target())?;
+                Some((index as u32, meta.manifest_key.clone()?))
+            });
+            lying.push(on);
         }
-        // Replaced, not expired: a later generation in the folder names it in its lineage (one
-        // this copy could not adopt, named among the conflicts). Recording the bucket as expired
-        // would hide records no retention expired.
-        if let Some(successor) = successor_on_target(backend.as_ref(), keys, &key).await {
-            report.conflicts.push(format!(
+        let (scratch_now, asked) = (scratch.clone(), lying.clone());
+        let found = blocking(move || scratch_now.are_listed(&asked)).await?;
+        for (((meta, manifest), on), found) in published.into_iter().zip(lying).zip(found) {
+            let (Some((index, key)), false) = (on, found) else { continue };
+            let target = manifest.archive_target();
+            let backend = listed_on[index as usize];
+            // Replaced, not expired: a later generation in the folder names it in its lineage (one
+            // this copy could not adopt, named among the conflicts). Recording the bucket as
+            // expired would hide records no retention expired.
+            let (scratch_now, folder) = (scratch.clone(), keys::folder_of(&key).to_string());
+            let in_folder = blocking(move || scratch_now.listed_in(&folder, index)).await?;
+            if let Some(successor) = successor_on_target(backend.as_ref(), in_folder, &key).await {
+                report.conflicts.push(format!(
                 "bucket {}: its archive `{key}` is gone from {target}, replaced by `{successor}`, which could not be \
                  adopted; left as it is",
                 meta.id
             ));
-            continue;
-        }
-        // Rows beside the gone archive, waiting for its next generation (or being archived
-        // into it, which cannot finish without it), go with it (`Store::record_archive_gone`);
-        // so do the rows of the archive itself whose cleanup this copy had not finished when it
-        // was backed up (the other copy cleaned up and expired it). Not while a worker's lease
-        // on the bucket runs.
-        let pending = meta.state == BucketState::ArchivedPending
-            || (matches!(meta.state, BucketState::Archiving | BucketState::Archived { hot_deleted: false })
-                && meta.lease_expires_at <= ctx.clock.now());
-        if meta.state != (BucketState::Archived { hot_deleted: true }) && !pending {
-            report.conflicts.push(format!(
+                continue;
+            }
+            // Rows beside the gone archive, waiting for its next generation (or being archived
+            // into it, which cannot finish without it), go with it (`Store::record_archive_gone`);
+            // so do the rows of the archive itself whose cleanup this copy had not finished when it
+            // was backed up (the other copy cleaned up and expired it). Not while a worker's lease
+            // on the bucket runs.
+            let pending = meta.state == BucketState::ArchivedPending
+                || (matches!(meta.state, BucketState::Archiving | BucketState::Archived { hot_deleted: false })
+                    && meta.lease_expires_at <= ctx.clock.now());
+            if meta.state != (BucketState::Archived { hot_deleted: true }) && !pending {
+                report.conflicts.push(format!(
                 "bucket {}: its archive `{key}` is gone from {target}, but a worker's lease on the bucket runs until \
                  {}; left as it is: run adopt again once it lapses",
                 meta.id,
                 crate::model::time::format_rfc3339(meta.lease_expires_at)
             ));
-            continue;
+                continue;
+            }
+            report.gone.push(format!("{}: `{key}` on {target}", meta.id));
+            if dry_run {
+                continue;
+            }
+            let (store, now) = (ctx.store.clone(), ctx.clock.now());
+            let purge_at = now.saturating_add(ctx.settings.tombstone_retention_us);
+            changed |= blocking(move || store.record_archive_gone(meta.id, key, target, now, purge_at)).await?;
         }
-        report.gone.push(format!("{}: `{key}` on {target}", meta.id));
-        if dry_run {
-            continue;
-        }
-        let (store, now) = (ctx.store.clone(), ctx.clock.now());
-        let purge_at = now.saturating_add(ctx.settings.tombstone_retention_us);
-        changed |= blocking(move || store.record_archive_gone(meta.id, key, target, now, purge_at)).await?;
     }
     // An expiry this copy had begun (its tombstone written) but not started deleting when it
     // was backed up, which the copy that went on finished: a hold placed now would bring back
@@ -600,8 +652,9 @@ async fn record_gone_archives(
         .collect();
     for tombstone in pending {
         let Ok(backend) = policies.archive_backend(table, &tombstone.target) else { continue };
-        let Some((_, keys)) = listed.iter().find(|(listed, _)| listed.target() == backend.target()) else { continue };
-        if keys.contains(&tombstone.manifest_key) {
+        let Some(index) = listed_on.iter().position(|listed| listed.target() == backend.target()) else { continue };
+        let (scratch_now, key) = (scratch.clone(), tombstone.manifest_key.clone());
+        if blocking(move || scratch_now.is_listed(index as u32, &key)).await? {
             continue;
         }
         report.gone.push(format!(
@@ -671,37 +724,6 @@ async fn claim_adoption(
     )))
 }
 
-/// From one read transaction: the manifest keys the database records as its buckets'
-/// archives, and the keys that are no candidates for adoption: every generation those archives
-/// replaced (their lineage), and every key this data directory released.
-async fn recorded_manifest_keys(ctx: &Arc<Context>) -> Result<(HashSet<String>, HashSet<String>)> {
-    let store = ctx.store.clone();
-    blocking(move || {
-        let snapshot = store.snapshot()?;
-        let (mut keys, mut replaced) = (HashSet::new(), HashSet::new());
-        let mut ids = Vec::new();
-        snapshot.visit_claimed_buckets(|meta| {
-            if meta.manifest_key.is_some() {
-                ids.push(meta.id.clone());
-            }
-            keys.extend(meta.manifest_key);
-            Ok(())
-        })?;
-        for id in ids {
-            if let Some(amends) = snapshot.latest_manifest(&id)?.and_then(|m| m.amends) {
-                replaced.insert(amends.manifest_key);
-                replaced.extend(amends.lineage);
-            }
-        }
-        // Manifests this data directory released (a claim's attempt that never published, a
-        // replaced generation), which its sweep deletes: an expiry may have deleted a segment
-        // they shared with the archive that replaced them.
-        replaced.extend(snapshot.released(usize::MAX)?.into_iter().map(|k| k.key));
-        Ok((keys, replaced))
-    })
-    .await
-}
-
 /// A manifest found on a target: the target, the installation that wrote it, its generation
 /// and when it was written, and its key.
 #[derive(Clone)]
@@ -711,6 +733,23 @@ struct FoundManifest {
     generation: u64,
     written: crate::model::Micros,
     key: String,
+    /// What the database knows of the key.
+    known: Option<KnownKey>,
+}
+
+impl FoundManifest {
+    /// A manifest the scratch database lists, on the target of its index in `backends`.
+    fn of(listed: ListedManifest, backends: &[&Arc<dyn ArchiveBackend>]) -> Option<FoundManifest> {
+        let (writer, generation) = keys::manifest_origin(&listed.key)?;
+        Some(FoundManifest {
+            backend: Arc::clone(backends.get(listed.target as usize)?),
+            writer: writer.to_string(),
+            generation,
+            written: listed.written,
+            known: listed.known,
+            key: listed.key,
+        })
+    }
 }
 
 /// The order adoption tries a bucket folder's manifests in (over every target), and the keys a
@@ -726,14 +765,13 @@ struct FoundManifest {
 /// clocks say (objects copied to a new store carry the copy's times), and a chain may run
 /// across targets (a table that moved writes its next generation on its new target). A
 /// manifest that cannot be read counts as a head; its verification fails when it is tried.
-/// A manifest listed in the folder of `key` whose lineage names `key`.
-async fn successor_on_target(backend: &dyn ArchiveBackend, listed: &HashSet<String>, key: &str) -> Option<String> {
-    let folder = keys::folder_of(key);
-    for candidate in listed.iter().filter(|k| k.starts_with(folder) && k.contains("/manifest-")) {
-        if let Ok(manifest) = read_manifest(backend, candidate).await
+/// A manifest listed in the folder of `key` (`listed_in_folder`) whose lineage names `key`.
+async fn successor_on_target(backend: &dyn ArchiveBackend, listed_in_folder: Vec<String>, key: &str) -> Option<String> {
+    for candidate in listed_in_folder {
+        if let Ok(manifest) = read_manifest(backend, &candidate).await
             && manifest.descends_from(key)
         {
-            return Some(candidate.clone());
+            return Some(candidate);
         }
     }
     None
@@ -758,46 +796,62 @@ async fn adoption_order(manifests: Vec<FoundManifest>) -> (Vec<FoundManifest>, H
     (heads, replaced)
 }
 
-/// A table's manifests on one target, by the folder they lie in; the epochs of `installation`
-/// that wrote any of its segments or manifests are added to `epochs`.
-async fn manifests_by_folder(
-    backend: &Arc<dyn ArchiveBackend>,
+/// Lists a table's manifests on the target of index `target` (`backend`) into the scratch
+/// database, a page of the listing at a time; the epochs of `installation` that wrote any of
+/// its segments or manifests are added to `epochs`.
+async fn list_manifests(
+    backend: &dyn ArchiveBackend,
+    target: u32,
     table: &str,
     installation: &str,
     epochs: &mut BTreeSet<String>,
-) -> Result<BTreeMap<String, Vec<FoundManifest>>> {
-    let mut folders: BTreeMap<String, Vec<FoundManifest>> = BTreeMap::new();
+    scratch: &Arc<AdoptionScratch>,
+) -> Result<()> {
     for prefix in keys::table_folders(table) {
-        for object in backend.list(&prefix).await? {
-            if let Some(keys::Origin { installation: writer, epoch: Some(epoch), .. }) = keys::origin(&object.key)
-                && writer == installation
-            {
-                epochs.insert(epoch.to_string());
+        let mut listing = backend.list_stream(&prefix).try_chunks(LISTING_PAGE_OBJECTS);
+        while let Some(page) = listing.next().await {
+            let page = page.map_err(|e| e.1)?;
+            let mut manifests = Vec::new();
+            for object in page {
+                if let Some(keys::Origin { installation: writer, epoch: Some(epoch), .. }) = keys::origin(&object.key)
+                    && writer == installation
+                {
+                    epochs.insert(epoch.to_string());
+                }
+                if keys::manifest_origin(&object.key).is_some() {
+                    manifests.push((object.key, object.last_modified));
+                }
             }
-            if let Some((writer, generation)) = keys::manifest_origin(&object.key) {
-                let found = FoundManifest {
-                    backend: backend.clone(),
-                    writer: writer.to_string(),
-                    generation,
-                    written: object.last_modified,
-                    key: object.key.clone(),
-                };
-                folders.entry(keys::folder_of(&object.key).to_string()).or_default().push(found);
+            if !manifests.is_empty() {
+                let scratch = scratch.clone();
+                blocking(move || scratch.add_listed(target, &manifests)).await?;
             }
         }
     }
-    Ok(folders)
+    Ok(())
 }
 
-/// Reads a manifest and every row of its segments back, verifying each, and checks that the
-/// archive belongs where it was found.
-async fn read_verified(
+/// An archive read back and verified, and the records in it that shared requests name.
+struct Verified<'a> {
+    archive: VerifiedArchive,
+    /// For each shared request its writer may not have carried out on it (`owed_candidates`),
+    /// the keyed identities of the records the request names in it.
+    named: Vec<(&'a fleet_erase::SharedOnTarget, Vec<RecordIdentity>)>,
+}
+
+/// Reads a manifest and every row of its segments back, a segment at a time, verifying each,
+/// and checks that the archive belongs where it was found. What adoption needs of the rows is
+/// gathered on the way (`ArchiveFacts`, and the records `requests` name), so the archive's size
+/// never sets the memory it takes.
+async fn read_verified<'a>(
     ctx: &Arc<Context>,
     table: &str,
     backend: &Arc<dyn ArchiveBackend>,
     folder: &str,
     key: &str,
-) -> Result<VerifiedArchive> {
+    requests: &'a [fleet_erase::SharedOnTarget],
+    writer: &str,
+) -> Result<Verified<'a>> {
     let manifest = read_manifest(backend.as_ref(), key).await?;
     if manifest.table != table {
         return Err(Error::Corruption(format!("the manifest names table `{}`", manifest.table)));
@@ -814,29 +868,43 @@ async fn read_verified(
             recorded.target()
         )));
     }
-    let rows = read_archive(backend.as_ref(), key, None, None).await?;
-    let summary = crate::model::rows::summarize(&rows);
-    if summary != manifest.summary {
+    let fleet_key = ctx.fleet_key();
+    let mut named: Vec<_> =
+        owed_candidates(ctx, requests, writer, &manifest).into_iter().map(|shared| (shared, Vec::new())).collect();
+    let mut summer = RowSummer::default();
+    let mut facts = ArchiveFacts::default();
+    // The partition every row must share, the first row's (an archive without rows, every
+    // record of its bucket erased, names its partition only in the manifest).
+    let mut partition_key: Option<Vec<u8>> = None;
+    for segment in &manifest.segments {
+        for row in read_segment(backend.as_ref(), key, manifest.format, segment).await? {
+            let partition = partition_key.get_or_insert_with(|| row.partition_key.clone());
+            if row.partition_key != *partition || !manifest.bucket.contains(row.event_time) {
+                return Err(Error::Corruption(format!(
+                    "row at {} of partition `{}` lies outside the bucket [{}, {}) of partition `{}`",
+                    row.event_time,
+                    String::from_utf8_lossy(&row.partition_key),
+                    manifest.bucket.start,
+                    manifest.bucket.end,
+                    String::from_utf8_lossy(partition)
+                )));
+            }
+            summer.push(&row);
+            facts.observe(&row);
+            if let Some(fleet_key) = fleet_key {
+                for (shared, identities) in &mut named {
+                    if shared.request.selector.matches_record(table, &row) {
+                        identities.push(ErasureSelector::keyed_identity(fleet_key, &row));
+                    }
+                }
+            }
+        }
+    }
+    if summer.finish() != manifest.summary {
         return Err(Error::Corruption("the row checksum of the segments differs from the manifest".into()));
     }
-    // An archive without rows (every record of its bucket erased) names its partition only in
-    // the manifest.
-    let partition_key =
-        rows.first().map_or_else(|| manifest.partition_key.as_bytes().to_vec(), |r| r.partition_key.clone());
-    if let Some(stray) =
-        rows.iter().find(|r| r.partition_key != partition_key || !manifest.bucket.contains(r.event_time))
-    {
-        return Err(Error::Corruption(format!(
-            "row at {} of partition `{}` lies outside the bucket [{}, {}) of partition `{}`",
-            stray.event_time,
-            String::from_utf8_lossy(&stray.partition_key),
-            manifest.bucket.start,
-            manifest.bucket.end,
-            String::from_utf8_lossy(&partition_key)
-        )));
-    }
+    let partition_key = partition_key.unwrap_or_else(|| manifest.partition_key.as_bytes().to_vec());
     let id = BucketId { table: table.to_string(), bucket_key: manifest.bucket.key.clone(), partition_key };
-    let writer = keys::manifest_origin(key).map_or("", |(writer, _)| writer);
     let layouts = [keys::Layout::Hive, keys::Layout::Delta];
     if !layouts
         .iter()
@@ -846,5 +914,26 @@ async fn read_verified(
             "the manifest describes bucket {id}, which does not live in `{folder}`"
         )));
     }
-    Ok(VerifiedArchive { id, manifest_key: key.to_string(), manifest, rows })
+    let archive = VerifiedArchive { id, manifest_key: key.to_string(), manifest, facts, hot: HotRowsHeld::default() };
+    Ok(Verified { archive, named })
+}
+
+/// Reads again, from the segments that can hold them, how the archive holds the rows its bucket
+/// holds hot (`HotRowsHeld`), for `Store::adopt` to release those it holds and keep the rest.
+/// Nothing is read when the bucket has no hot row (a data directory rebuilt from nothing).
+async fn match_hot_rows(ctx: &Arc<Context>, backend: &dyn ArchiveBackend, archive: &mut VerifiedArchive) -> Result<()> {
+    let (store, id) = (ctx.store.clone(), archive.id.clone());
+    let mut hot = blocking(move || store.hot_rows_to_match(&id)).await?;
+    if hot.is_empty() {
+        return Ok(());
+    }
+    for segment in &archive.manifest.segments {
+        if hot.overlaps(segment.min_event_time, segment.max_event_time) {
+            for row in read_segment(backend, &archive.manifest_key, archive.manifest.format, segment).await? {
+                hot.observe(&row);
+            }
+        }
+    }
+    archive.hot = hot;
+    Ok(())
 }

@@ -34,7 +34,7 @@ use futures::StreamExt as _;
 use self::bucket::{Outcome, work_on};
 use self::report::Lap;
 pub use self::report::{DeferralReason, PassErrorKind, PassReport, Phase, PhaseSeconds};
-pub use crate::format::reader::{read_archive, read_manifest, verify_segment};
+pub use crate::format::reader::{read_archive, read_manifest, read_segment, verify_segment};
 
 use crate::engine::{Context, PreviousWork};
 use crate::error::{Error, Result};

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use rand::SeedableRng;
 
-use super::{blocking, read_manifest, verify_segment};
+use super::{blocking, read_manifest, read_segment};
 use crate::engine::Context;
 use crate::error::Result;
 use crate::model::BucketState;
@@ -132,10 +132,7 @@ pub async fn verify(
                 // segment in memory, whatever the size of the bucket.
                 let mut summer = crate::model::rows::RowSummer::default();
                 for segment in &manifest.segments {
-                    let bytes = backend.get(&segment.key).await?.ok_or_else(|| {
-                        crate::Error::Corruption(format!("segment `{}` named by `{key}` is missing", segment.key))
-                    })?;
-                    for row in verify_segment(manifest.format, segment, &bytes)? {
+                    for row in read_segment(backend.as_ref(), &key, manifest.format, segment).await? {
                         summer.push(&row);
                         verdict.rows += 1;
                     }

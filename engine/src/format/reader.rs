@@ -42,10 +42,8 @@ pub async fn read_archive_until(
         if from.is_some_and(|f| segment.max_event_time < f) || to.is_some_and(|t| segment.min_event_time >= t) {
             continue;
         }
-        let bytes = backend.get(&segment.key).await?.ok_or_else(|| {
-            Error::Corruption(format!("segment `{}` named by `{manifest_key}` is missing", segment.key))
-        })?;
-        for row in verify_segment(manifest.format, segment, &bytes)?.into_iter().filter(|r| keep(r)) {
+        for row in read_segment(backend, manifest_key, manifest.format, segment).await?.into_iter().filter(|r| keep(r))
+        {
             if rows.len() >= want.rows || kept_bytes >= want.bytes {
                 break;
             }
@@ -66,6 +64,21 @@ pub struct Want {
 
 impl Want {
     pub const ALL: Want = Want { rows: usize::MAX, bytes: usize::MAX };
+}
+
+/// Reads one segment of the archive `manifest_key` and verifies it against its manifest entry:
+/// one segment's rows in memory, whatever the size of the archive.
+pub async fn read_segment(
+    backend: &dyn ArchiveBackend,
+    manifest_key: &str,
+    format: Format,
+    segment: &SegmentInfo,
+) -> Result<Vec<Record>> {
+    let bytes = backend
+        .get(&segment.key)
+        .await?
+        .ok_or_else(|| Error::Corruption(format!("segment `{}` named by `{manifest_key}` is missing", segment.key)))?;
+    verify_segment(format, segment, &bytes)
 }
 
 pub async fn read_manifest(backend: &dyn ArchiveBackend, manifest_key: &str) -> Result<Manifest> {

@@ -6,6 +6,7 @@
 use std::collections::{BTreeSet, HashMap, HashSet};
 
 use redb::{ReadableTable, WriteTransaction};
+use sha2::{Digest, Sha256};
 
 use crate::error::Result;
 use crate::format::manifest::Manifest;
@@ -16,7 +17,7 @@ use super::outbox::push_outbox;
 use super::ownership::{release_archive, release_intents};
 use super::schema::{
     BUCKETS, BucketId, BucketMeta, MANIFESTS, Shared, Tombstone, decode_row_key, decode_row_ref, decode_value,
-    encode_value, generation_key, rows_table, rows_table_name,
+    encode_value, generation_key, row_key, rows_table, rows_table_name,
 };
 use super::{
     LifecycleInputs, Store, index_new_bucket, load_meta, load_tombstone, record_step, save_meta, save_tombstone,
@@ -40,15 +41,97 @@ pub enum Adoption {
     Conflict(String),
 }
 
-/// One archive to adopt, read back and verified: its manifest and every row it holds.
+/// One archive to adopt, read back and verified a segment at a time: its manifest, what its rows
+/// add up to, and how it holds the rows the bucket holds hot. Never its rows: a bucket larger
+/// than the host's memory is adopted as any other.
 pub struct VerifiedArchive {
     pub id: BucketId,
     pub manifest_key: String,
     pub manifest: Manifest,
-    pub rows: Vec<Record>,
+    pub facts: ArchiveFacts,
+    pub hot: HotRowsHeld,
+}
+
+/// What the rows of an archive add up to, observed one row at a time as they are verified: the
+/// bucket's row and byte counts and the tenant and kind its retention decides on.
+#[derive(Debug, Clone, Default)]
+pub struct ArchiveFacts {
+    pub rows: u64,
+    pub body_bytes: u64,
+    pub tenant: Shared,
+    pub kind: Shared,
+}
+
+impl ArchiveFacts {
+    pub fn observe(&mut self, row: &Record) {
+        self.tenant.observe(row.tenant.as_deref(), self.rows);
+        self.kind.observe(row.kind.as_deref(), self.rows);
+        self.rows += 1;
+        self.body_bytes += row.body.len() as u64;
+    }
+}
+
+/// The bucket's hot rows when its archive was read (`Store::hot_rows_to_match`), by row key,
+/// each with the digest of the content (tenant, kind, body) of the archive's row of that
+/// identity, or `None` where the archive lacks it. Adoption compares each hot row with it in
+/// its transaction: memory follows the hot rows' identities, not the archive.
+#[derive(Debug, Clone, Default)]
+pub struct HotRowsHeld {
+    by_key: HashMap<Vec<u8>, Option<[u8; 32]>>,
+    /// The event times of the first and last hot row: only the segments between hold any.
+    span: Option<(Micros, Micros)>,
+}
+
+impl HotRowsHeld {
+    pub fn is_empty(&self) -> bool {
+        self.by_key.is_empty()
+    }
+
+    /// Whether a segment of rows from `min` to `max` (event times) can hold a hot row's identity.
+    pub fn overlaps(&self, min: Micros, max: Micros) -> bool {
+        self.span.is_some_and(|(first, last)| min <= last && max >= first)
+    }
+
+    /// Records the content of an archived row, if the bucket holds its identity hot.
+    pub fn observe(&mut self, row: &Record) {
+        if let Some(slot) = self.by_key.get_mut(&row_key(row.event_time, &row.sort_key)) {
+            *slot = Some(content_digest(row.tenant.as_deref(), row.kind.as_deref(), &row.body));
+        }
+    }
+}
+
+/// A digest of what a row holds besides its identity, the same for an archived and a hot row.
+fn content_digest(tenant: Option<&str>, kind: Option<&str>, body: &str) -> [u8; 32] {
+    let mut hasher = Sha256::new();
+    for field in [tenant, kind, Some(body)] {
+        match field {
+            None => hasher.update([0]),
+            Some(value) => {
+                hasher.update([1]);
+                hasher.update((value.len() as u64).to_be_bytes());
+                hasher.update(value.as_bytes());
+            }
+        }
+    }
+    hasher.finalize().into()
 }
 
 impl Store {
+    /// The bucket's hot rows now, to be matched with an archive's before it is adopted
+    /// (`HotRowsHeld::observe`): their keys only.
+    pub fn hot_rows_to_match(&self, id: &BucketId) -> Result<HotRowsHeld> {
+        let snapshot = self.snapshot()?;
+        let Some(rows) = super::reads::open_rows(snapshot.txn(), id)? else { return Ok(HotRowsHeld::default()) };
+        let first = rows.first()?.map(|(k, _)| decode_row_key(k.value())).transpose()?;
+        let last = rows.last()?.map(|(k, _)| decode_row_key(k.value())).transpose()?;
+        let mut by_key = HashMap::new();
+        for entry in rows.iter()? {
+            by_key.insert(entry?.0.value().to_vec(), None);
+        }
+        let span = first.zip(last).map(|((first, _), (last, _))| (first, last));
+        Ok(HotRowsHeld { by_key, span })
+    }
+
     /// Adopts one verified archive, in one transaction. An unknown bucket is recorded as
     /// archived; a hot or fenced bucket, or one whose recorded archive the archive succeeds,
     /// only when none of its hot rows is held by the archive with other content: the rows the
@@ -58,7 +141,7 @@ impl Store {
     /// changes nothing. Adopted buckets are queued for a retention plan made with their facts.
     pub fn adopt(&self, archive: VerifiedArchive, now: Micros) -> Result<Adoption> {
         self.write(move |txn| {
-            let VerifiedArchive { id, manifest_key, manifest, rows } = archive;
+            let VerifiedArchive { id, manifest_key, manifest, facts, hot } = archive;
             let existing: Option<BucketMeta> =
                 txn.open_table(BUCKETS)?.get(id.encode().as_slice())?.map(|v| decode_value(v.value())).transpose()?;
             let recorded = match &existing {
@@ -69,7 +152,7 @@ impl Store {
             let mut kept = KeptRows::default();
             let mut meta = match existing {
                 None => {
-                    let mut meta = adopted_meta(&id, &manifest_key, &manifest, &rows, now);
+                    let mut meta = adopted_meta(&id, &manifest_key, &manifest, &facts, now);
                     index_new_bucket(txn, &meta)?;
                     meta.hot_deleted_at = Some(now);
                     meta
@@ -93,7 +176,7 @@ impl Store {
                         )));
                     }
                     if meta.state != (BucketState::Archived { hot_deleted: true }) {
-                        match release_hot_rows_held_by(txn, &id, &rows, &manifest_key)? {
+                        match release_hot_rows_held_by(txn, &id, &hot, &manifest_key)? {
                             Err(why) => return Ok(Adoption::Conflict(why)),
                             Ok((count, lacking)) => (released, kept) = (count, lacking),
                         }
@@ -108,7 +191,7 @@ impl Store {
                         kept.insert(manifest_key.as_str());
                         release_archive(txn, &id, recorded, recorded_key, &kept, now)?;
                     }
-                    let adopted = adopted_meta(&id, &manifest_key, &manifest, &rows, now);
+                    let adopted = adopted_meta(&id, &manifest_key, &manifest, &facts, now);
                     let mut meta = meta;
                     // Later claims must not reuse a generation either copy has used.
                     meta.generation = meta.generation.max(manifest.generation);
@@ -246,7 +329,6 @@ impl Store {
     }
 }
 
-/// The bucket an archive describes, archived and queued for a plan.
 /// Whether `manifest` is a later generation of the cleaned archive `meta` records (`recorded`),
 /// so that adopting it loses nothing: its lineage names the recorded archive's key. Generation
 /// numbers alone prove nothing: a copy restored from a backup, or an installation that adopted
@@ -270,13 +352,14 @@ fn latest_recorded(txn: &WriteTransaction, id: &BucketId) -> Result<Option<Manif
     last.map(|entry| entry.map_err(Into::into).and_then(|(_, v)| decode_value(v.value()))).transpose()
 }
 
-fn adopted_meta(id: &BucketId, manifest_key: &str, manifest: &Manifest, rows: &[Record], now: Micros) -> BucketMeta {
-    let mut tenant = Shared::Unset;
-    let mut kind = Shared::Unset;
-    for (seen, row) in rows.iter().enumerate() {
-        tenant.observe(row.tenant.as_deref(), seen as u64);
-        kind.observe(row.kind.as_deref(), seen as u64);
-    }
+/// The bucket an archive describes, archived and queued for a plan.
+fn adopted_meta(
+    id: &BucketId,
+    manifest_key: &str,
+    manifest: &Manifest,
+    facts: &ArchiveFacts,
+    now: Micros,
+) -> BucketMeta {
     // The manifest names the strategy as "<name> <fingerprint>".
     let strategy = manifest.strategy.rsplit_once(' ').map_or(manifest.strategy.as_str(), |(_, f)| f);
     BucketMeta {
@@ -291,10 +374,10 @@ fn adopted_meta(id: &BucketId, manifest_key: &str, manifest: &Manifest, rows: &[
         next_retry_at: None,
         last_error: None,
         manifest_key: Some(manifest_key.to_string()),
-        row_count: rows.len() as u64,
-        byte_count: rows.iter().map(|r| r.body.len() as u64).sum(),
-        tenant,
-        kind,
+        row_count: facts.rows,
+        byte_count: facts.body_bytes,
+        tenant: facts.tenant.clone(),
+        kind: facts.kind.clone(),
         plan: None,
         due_at: None,
         created_at: now,
@@ -306,9 +389,6 @@ fn adopted_meta(id: &BucketId, manifest_key: &str, manifest: &Manifest, rows: &[
         cleanup_proven: None,
     }
 }
-
-/// What a row of one bucket holds besides its identity: tenant, kind, body.
-type RowContent<'a> = (Option<&'a str>, Option<&'a str>, &'a str);
 
 /// The hot rows adoption keeps beside the archive it adopted, which lacks them.
 #[derive(Debug, Default, Clone)]
@@ -335,34 +415,29 @@ impl KeptRows {
     }
 }
 
-/// Deletes the bucket's hot rows that `archived` (the rows of the archive `manifest_key`)
-/// holds exactly and keeps those whose identity it lacks; returns how many were deleted and
-/// what was kept. A hot row whose identity the archive holds with other content is a conflict,
-/// and nothing is deleted.
+/// Deletes the bucket's hot rows that the archive `manifest_key` holds exactly (`hot`, read
+/// from it) and keeps those whose identity it lacks; returns how many were deleted and what was
+/// kept. A hot row whose identity the archive holds with other content is a conflict, and so is
+/// one added since the archive was read; either way nothing is deleted.
 fn release_hot_rows_held_by(
     txn: &WriteTransaction,
     id: &BucketId,
-    archived: &[Record],
+    hot: &HotRowsHeld,
     manifest_key: &str,
 ) -> Result<std::result::Result<(u64, KeptRows), String>> {
-    let archived: HashMap<(Micros, &[u8]), RowContent> = archived
-        .iter()
-        .map(|r| {
-            let content = (r.tenant.as_deref(), r.kind.as_deref(), r.body.as_str());
-            ((r.event_time, r.sort_key.as_slice()), content)
-        })
-        .collect();
     let name = rows_table_name(id);
     let mut records = txn.open_table(rows_table(&name))?;
     let mut held = Vec::new();
     let mut kept = KeptRows::default();
     for entry in records.iter()? {
         let (k, v) = entry?;
-        let (event_time, sort_key) = decode_row_key(k.value())?;
         let row = decode_row_ref(v.value())?;
-        match archived.get(&(event_time, sort_key.as_slice())) {
-            Some(content) if *content == (row.tenant, row.kind, row.body) => held.push(k.value().to_vec()),
-            Some(_) => {
+        match hot.by_key.get(k.value()) {
+            Some(Some(digest)) if *digest == content_digest(row.tenant, row.kind, row.body) => {
+                held.push(k.value().to_vec())
+            }
+            Some(Some(_)) => {
+                let (event_time, sort_key) = decode_row_key(k.value())?;
                 return Ok(Err(format!(
                     "bucket {id} holds a hot row the archive `{manifest_key}` holds with other content (at \
                      {event_time}, sort key `{}`): the copies parted and each kept another record under one \
@@ -370,11 +445,17 @@ fn release_hot_rows_held_by(
                     String::from_utf8_lossy(&sort_key)
                 )));
             }
-            None => {
+            Some(None) => {
                 kept.rows += 1;
                 kept.body_bytes += row.body.len() as u64;
                 kept.tenants.insert(row.tenant.map(str::to_string));
                 kept.kinds.insert(row.kind.map(str::to_string));
+            }
+            None => {
+                return Ok(Err(format!(
+                    "bucket {id} took hot rows after its archive `{manifest_key}` was read: the bucket is left as it \
+                     is; stop the engine and run adopt again"
+                )));
             }
         }
     }

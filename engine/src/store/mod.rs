@@ -35,11 +35,12 @@ mod publications;
 mod reads;
 mod recovery;
 pub mod schema;
+mod scratch;
 pub mod tally;
 mod upgrade;
 mod writer;
 
-pub use self::adopt::{Adoption, VerifiedArchive};
+pub use self::adopt::{Adoption, ArchiveFacts, HotRowsHeld, VerifiedArchive};
 pub use self::append::{AppendBatch, AppendOutcome, PreparedRow};
 pub use self::expiry::TOMBSTONE_PURGE_RETRY_US;
 use self::holds::all_holds;
@@ -55,6 +56,7 @@ use self::schema::{
     PUBLICATION_CHANGES, PlanClass, RELEASED, SCHEMA_VERSION, TABLES, TOMBSTONES, TableState, Tombstone,
     UNRECEIPTED_ERASURES, by_end_key, by_time_key, decode_value, due_key, encode_value, plan_queue_key,
 };
+pub use self::scratch::{AdoptionScratch, KnownKey, ListedManifest};
 pub use self::writer::GROUP_COMMIT_REQUESTS_MAX;
 use self::writer::{Poison, TxnFn, WriteRequest, writer_loop};
 

@@ -204,21 +204,36 @@ impl Store {
     /// The published buckets of a table with their newest manifest, in key order. Reads the
     /// manifests, not every bucket: its cost follows what is archived, not what is hot.
     pub fn published(&self, table: &str) -> Result<Vec<(BucketMeta, crate::format::manifest::Manifest)>> {
+        self.published_after(table, None, usize::MAX)
+    }
+
+    /// `published` a page at a time: at most `limit` buckets, those after the bucket `after`.
+    pub fn published_after(
+        &self,
+        table: &str,
+        after: Option<&BucketId>,
+        limit: usize,
+    ) -> Result<Vec<(BucketMeta, crate::format::manifest::Manifest)>> {
         let txn = self.read()?;
         let manifests = txn.open_table(MANIFESTS)?;
         let buckets = txn.open_table(BUCKETS)?;
         let prefix = BucketId::table_prefix(table, None);
         let end = encoding::prefix_end(&prefix);
+        // Past every generation of `after`: its manifests' keys all start with its key.
+        let start = after.map_or(prefix, |id| encoding::prefix_end(&id.encode()));
         let mut out: Vec<(BucketMeta, crate::format::manifest::Manifest)> = Vec::new();
         let mut newest: Option<(BucketId, Vec<u8>)> = None;
         // Generations of one bucket are adjacent and ascending: keep the last of each run.
-        for entry in manifests.range(prefix.as_slice()..end.as_slice())? {
+        for entry in manifests.range(start.as_slice()..end.as_slice())? {
             let (k, v) = entry?;
             let id = BucketId::decode(&mut encoding::Reader::new(k.value()))?;
             if let Some((previous, bytes)) = newest.take()
                 && previous != id
             {
                 push_published(&buckets, previous, &bytes, &mut out)?;
+                if out.len() >= limit {
+                    return Ok(out);
+                }
             }
             newest = Some((id, v.value().to_vec()));
         }

@@ -226,9 +226,10 @@ pub struct StoredRowRef<'a> {
 }
 
 /// What the bucket's records share, for the retention policy's facts.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Shared {
     /// No record has set it.
+    #[default]
     Unset,
     /// Every record so far has this value.
     One(String),
