@@ -151,10 +151,9 @@ impl FolderReferences {
         if self.kept.len() + missing.len() > FOLDERS_KEPT_MAX {
             self.kept.clear();
         }
-        let addresses: Vec<(String, Option<keys::FolderAddress>)> =
-            missing.into_iter().map(|folder| (folder.to_string(), keys::folder_address(folder))).collect();
-        let needs_hashed = self.hashed.is_none()
-            && addresses.iter().any(|(_, address)| address.as_ref().is_some_and(|a| a.decode().is_none()));
+        let folders: Vec<(String, FolderOf)> =
+            missing.into_iter().map(|folder| (folder.to_string(), FolderOf::read(folder))).collect();
+        let needs_hashed = self.hashed.is_none() && folders.iter().any(|(_, of)| matches!(of, FolderOf::Hashed(_)));
         let (store, hashed) = (self.store.clone(), self.hashed.clone());
         let (read, hashed) = blocking(move || {
             let snapshot = store.snapshot()?;
@@ -162,12 +161,13 @@ impl FolderReferences {
                 None if needs_hashed => Some(Arc::new(hashed_folders(&snapshot)?)),
                 hashed => hashed,
             };
-            let mut read = Vec::with_capacity(addresses.len());
-            for (folder, address) in addresses {
-                let id = address.and_then(|address| match address.decode() {
-                    Some((table, bucket_key, partition_key)) => Some(BucketId { table, partition_key, bucket_key }),
-                    None => hashed.as_ref()?.get(&address).cloned(),
-                });
+            let mut read = Vec::with_capacity(folders.len());
+            for (folder, of) in folders {
+                let id = match of {
+                    FolderOf::Bucket(id) => Some(id),
+                    FolderOf::Hashed(address) => hashed.as_ref().and_then(|hashed| hashed.get(&address).cloned()),
+                    FolderOf::Unknown => None,
+                };
                 let references = match id {
                     Some(id) => Some(Arc::new(snapshot.bucket_references(&id)?)),
                     None => None,
@@ -180,6 +180,29 @@ impl FolderReferences {
         self.hashed = hashed;
         self.kept.extend(read);
         Ok(())
+    }
+}
+
+/// Which bucket a folder's name says it is (`keys::folder_address`).
+enum FolderOf {
+    Bucket(BucketId),
+    /// The name writes a value as its hash: the store says which bucket (`hashed_folders`).
+    Hashed(keys::FolderAddress),
+    /// No bucket folder's name.
+    Unknown,
+}
+
+impl FolderOf {
+    fn read(folder: &str) -> FolderOf {
+        match keys::folder_address(folder) {
+            None => FolderOf::Unknown,
+            Some(address) => match address.decode() {
+                Some((table, bucket_key, partition_key)) => {
+                    FolderOf::Bucket(BucketId { table, partition_key, bucket_key })
+                }
+                None => FolderOf::Hashed(address),
+            },
+        }
     }
 }
 
