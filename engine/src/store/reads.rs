@@ -840,6 +840,81 @@ mod tests {
     use super::*;
     use crate::model::BucketDescriptor;
 
+    /// `published_after` pages through exactly what `published` returns, each bucket once with
+    /// its newest generation, whatever the page size: buckets of one to three generations,
+    /// recorded manifests of buckets that are not published between them, and keys with `/`,
+    /// `%`, `=`, spaces and non-ASCII.
+    #[test]
+    fn published_buckets_page_through_once_each_with_their_newest_generation() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("hot.redb")).unwrap();
+        let table = "t/a %=é";
+        for i in 0..30u64 {
+            let id = BucketId {
+                table: table.into(),
+                partition_key: format!("site {}/é%=", i % 4).into_bytes(),
+                bucket_key: format!("day:{i:02}"),
+            };
+            let descriptor = BucketDescriptor { key: id.bucket_key.clone(), start: 0, end: 1 };
+            let mut meta = bucket_for_tests(id.clone(), &descriptor);
+            // Every fourth bucket is hot again with its manifests still recorded: never listed.
+            if i % 4 != 3 {
+                meta.state = BucketState::Archived { hot_deleted: true };
+            }
+            meta.manifest_key = Some(format!("manifest-{i}"));
+            let generations = 1 + i % 3;
+            store
+                .write(move |txn| {
+                    index_new_bucket(txn, &meta)?;
+                    save_meta(txn, &meta)?;
+                    let mut manifests = txn.open_table(MANIFESTS)?;
+                    for generation in 1..=generations {
+                        let manifest = crate::format::manifest::Manifest {
+                            version: 1,
+                            table: id.table.clone(),
+                            partition_key: String::from_utf8_lossy(&id.partition_key).into_owned(),
+                            bucket: descriptor.clone(),
+                            strategy: String::new(),
+                            generation,
+                            format: Default::default(),
+                            schema: String::new(),
+                            target: String::new(),
+                            target_name: String::new(),
+                            policy: None,
+                            summary: crate::model::rows::summarize([]),
+                            bytes: 0,
+                            segments: Vec::new(),
+                            created_at: 0,
+                            amends: None,
+                            erasures: None,
+                        };
+                        let key = super::super::schema::generation_key(&id, generation);
+                        manifests.insert(key.as_slice(), super::super::schema::encode_value(&manifest)?.as_slice())?;
+                    }
+                    Ok(())
+                })
+                .unwrap();
+        }
+        let every = store.published(table).unwrap();
+        let seen = |page: &[(BucketMeta, crate::format::manifest::Manifest)]| -> Vec<(String, u64)> {
+            page.iter().map(|(meta, manifest)| (meta.id.display(), manifest.generation)).collect()
+        };
+        assert_eq!(every.len(), 23, "{:?}", seen(&every));
+        assert!(every.iter().all(|(meta, m)| m.generation == 1 + meta.id.bucket_key[4..].parse::<u64>().unwrap() % 3));
+        for limit in [1, 2, 5, 22, 23, 100] {
+            let (mut paged, mut after) = (Vec::new(), None);
+            for pages in 0.. {
+                assert!(pages <= every.len(), "pages of {limit} never end");
+                let page = store.published_after(table, after.as_ref(), limit).unwrap();
+                assert!(page.len() <= limit, "page of {limit}");
+                let Some((last, _)) = page.last() else { break };
+                after = Some(last.id.clone());
+                paged.extend(seen(&page));
+            }
+            assert_eq!(paged, seen(&every), "pages of {limit}");
+        }
+    }
+
     /// Buckets of any lengths, overlapping within and across partitions (what a strategy
     /// plugin may make): the walks by index answer exactly what sorting and filtering every
     /// bucket answers, for ranges and pages of every size.
