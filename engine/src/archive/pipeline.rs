@@ -20,7 +20,7 @@ use tokio::task::JoinHandle;
 use crate::engine::Context;
 use crate::error::{Error, Result};
 use crate::format::manifest::Manifest;
-use crate::format::reader::verify_segment;
+use crate::format::reader::read_segment;
 use crate::format::{EncodedSegment, Format, SEGMENT_BYTES_MAX, SEGMENT_ROWS_MAX, encode_segments};
 use crate::model::rows::{RowSummary, RowSummer};
 use crate::model::{Micros, Record};
@@ -106,10 +106,8 @@ impl BaseRows {
             let started = Instant::now();
             let segment = &self.manifest.segments[self.next_segment];
             self.next_segment += 1;
-            let bytes = crate::storage::block_on(self.backend.get(&segment.key))?.ok_or_else(|| {
-                Error::Corruption(format!("segment `{}` named by `{}` is missing", segment.key, self.manifest_key))
-            })?;
-            for row in verify_segment(self.manifest.format, segment, &bytes)? {
+            let rows = read_segment(self.backend.as_ref(), &self.manifest_key, self.manifest.format, segment);
+            for row in crate::storage::block_on(rows)? {
                 self.read += 1;
                 if (self.leave_out)(&row) {
                     self.erased.rows += 1;

@@ -112,7 +112,6 @@ impl AdoptionScratch {
         Ok(())
     }
 
-    /// What the database knows of `key`, if anything.
     /// Forgets the manifests listed so far (those of the previous table).
     pub fn clear_listed(&self) -> Result<()> {
         let txn = self.begin_write()?;
