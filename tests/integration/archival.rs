@@ -347,7 +347,7 @@ impl std::fmt::Debug for IntentChecked {
 impl IntentChecked {
     fn check(&self, key: &str) {
         if key.ends_with("_catalog.json") {
-            return; // the table's catalog is rewritten whole, not an archival's object
+            return; // the catalogs are rewritten, not an archival's objects
         }
         let recorded = self.store.intents().unwrap().iter().any(|intent| intent.keys.iter().any(|k| k == key));
         if !recorded {

@@ -31,17 +31,21 @@ fn every_format_archives_and_reads_back_identically() {
             .flat_map(|folder| runtime().block_on(e.backend("events").list(folder)).unwrap())
             .collect();
         assert!(objects.iter().any(|o| o.key.ends_with(&format!(".{format}"))), "{format}: segment extension");
-        let catalog_key = frostline::archive::catalog::catalog_key("events", e.engine.installation_id());
-        let catalog = runtime().block_on(e.backend("events").get(&catalog_key)).unwrap();
+        let catalogs = catalogs_of(&e.backend("events"), "events", e.engine.installation_id());
         if format == "parquet" {
             // Its archive is a Delta table, whose log lists its files instead.
-            assert!(catalog.is_none(), "a Parquet table has no catalog");
+            assert!(catalogs.is_empty(), "a Parquet table has no catalog: {catalogs:?}");
             let log = runtime().block_on(e.backend("events").list("delta/events/_delta_log/")).unwrap();
             assert!(log.iter().any(|o| o.key.ends_with("00000000000000000001.json")), "{log:?}");
             continue;
         }
-        let catalog: serde_json::Value = serde_json::from_slice(&catalog.unwrap()).unwrap();
-        assert_eq!(catalog["manifests"].as_array().unwrap().len() as u64, report.archived, "{format}: catalog");
+        let listed: usize = catalogs.values().map(|(_, manifests)| manifests.len()).sum();
+        assert_eq!(listed as u64, report.archived, "{format}: catalogs {catalogs:?}");
+        let first = catalogs.keys().next().unwrap();
+        let key =
+            format!("{}{first}", frostline::archive::catalog::catalogs_folder("events", e.engine.installation_id()));
+        let catalog: serde_json::Value =
+            serde_json::from_slice(&runtime().block_on(e.backend("events").get(&key)).unwrap().unwrap()).unwrap();
         assert_eq!(catalog["manifests"][0]["format"], format);
     }
 }

@@ -455,3 +455,23 @@ pub fn print_peak() {
     let peak = status.lines().find_map(|l| l.strip_prefix("VmHWM:")).unwrap().trim().to_string();
     println!("PEAK {peak}");
 }
+
+/// The catalogs of `installation`'s archives of `table`, by file name (one per day its buckets
+/// start on): when each was written, and the manifests it lists.
+pub fn catalogs_of(
+    backend: &std::sync::Arc<dyn frostline::storage::ArchiveBackend>,
+    table: &str,
+    installation: &str,
+) -> std::collections::BTreeMap<String, (i64, Vec<String>)> {
+    let folder = frostline::archive::catalog::catalogs_folder(table, installation);
+    let mut out = std::collections::BTreeMap::new();
+    for object in runtime().block_on(backend.list(&folder)).unwrap() {
+        let bytes = runtime().block_on(backend.get(&object.key)).unwrap().unwrap();
+        let catalog: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+        let manifests = catalog["manifests"].as_array().map_or_else(Vec::new, |manifests| {
+            manifests.iter().map(|m| m["manifest_key"].as_str().unwrap().to_string()).collect()
+        });
+        out.insert(object.key[folder.len()..].to_string(), (catalog["generated_at"].as_i64().unwrap_or(0), manifests));
+    }
+    out
+}

@@ -1,32 +1,42 @@
-//! The catalogs: one object per table and installation,
-//! `table=<table>/_catalogs/<installation>/_catalog.json`, listing every manifest that
-//! installation published with its bounds and segments, so a reader (DuckDB, Spark, a script)
-//! finds every segment without listing every bucket: on a target several installations share,
-//! the table's archive is the union of their catalogs (`table=<table>/_catalogs/*/_catalog.json`).
-//! Each installation rewrites only its own, so none hides another's archives. A table whose
-//! archive is a Delta table has none: its Delta log lists its files, those of every
-//! installation sharing the target (`super::delta`).
+//! The catalogs: for each table and installation, one object per day on which its published
+//! buckets start (UTC), `table=<table>/_catalogs/<installation>/<YYYY-MM-DD>_catalog.json`,
+//! listing every manifest that installation published of those buckets with their bounds and
+//! segments, so a reader (DuckDB, Spark, a script) finds every segment without listing every
+//! bucket: the table's archive is the union of `table=<table>/_catalogs/*/*_catalog.json`. On a
+//! target several installations share, each rewrites only its own, so none hides another's
+//! archives. A table whose archive is a Delta table has none: its Delta log lists its files,
+//! those of every installation sharing the target (`super::delta`).
 //!
-//! It is derived data, never the only copy of anything: it is rebuilt from the recorded
+//! It is derived data, never the only copy of anything: it is written from the recorded
 //! manifests after every pass that published or expired something, and after an adoption.
-//! Backends are create-only, so a rebuild deletes the old catalog and creates the new one; a
-//! reader that finds none in between can retry or list the manifests. The one catalog per table
-//! that earlier builds wrote (`table=<table>/_catalog.json`, whichever installation wrote last)
-//! is deleted when an installation writes its own.
+//! A write rewrites only the days whose buckets' publication changed since the last write of
+//! the process (`Store::publication_changes`), each from the published buckets that start on
+//! it (`Store::published_starting_on`), so its cost grows with what changed and one day's
+//! buckets, not with the table's history. The first write of a process (or the first to
+//! another target, or after one failed) rewrites every day and deletes the days it no longer
+//! has, one day in memory at a time. Backends are create-only, so a rewrite deletes a day's
+//! catalog and creates the new one; a reader that finds none in between can retry or list the
+//! manifests. The catalogs of earlier builds, one per installation
+//! (`table=<table>/_catalogs/<installation>/_catalog.json`) or one per table
+//! (`table=<table>/_catalog.json`, whichever installation wrote last), are deleted by the
+//! first write of a process.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use bytes::Bytes;
 use serde::Serialize;
 
 use super::blocking;
-use crate::engine::Context;
+use crate::engine::{CatalogKept, Context};
 use crate::error::Result;
 use crate::model::Micros;
+use crate::model::time::MICROS_PER_DAY;
 use crate::storage::PutOutcome;
 
+/// How every catalog's file name ends (after its day), and the whole name of earlier builds'.
 pub const CATALOG_FILE: &str = "_catalog.json";
-pub const CATALOG_VERSION: u32 = 1;
+pub const CATALOG_VERSION: u32 = 2;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct CatalogEntry {
@@ -41,65 +51,160 @@ pub struct CatalogEntry {
     pub segments: Vec<String>,
 }
 
+/// One day's catalog: the published buckets that start on `day`.
 #[derive(Debug, Clone, Serialize)]
 pub struct Catalog {
     pub version: u32,
     pub table: String,
+    /// The UTC day its buckets start on, `YYYY-MM-DD`.
+    pub day: String,
     pub generated_at: Micros,
     pub manifests: Vec<CatalogEntry>,
+}
+
+/// What one write of a table's catalogs did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CatalogWrite {
+    /// Days whose catalog was written, or deleted for having no published bucket left.
+    pub days: usize,
+    /// Manifests the written days list.
+    pub manifests: usize,
+    /// Whether every day was written (the first write of a process, or to another target).
+    pub whole: bool,
 }
 
 /// The folder below a table's folder that holds the installations' catalogs.
 pub const CATALOGS_FOLDER: &str = "_catalogs/";
 
-/// The catalog of `installation`'s archives of `table`.
-pub fn catalog_key(table: &str, installation: &str) -> String {
-    format!("{}{CATALOGS_FOLDER}{installation}/{CATALOG_FILE}", crate::storage::keys::table_prefix(table))
+/// The folder of `installation`'s catalogs of `table`.
+pub fn catalogs_folder(table: &str, installation: &str) -> String {
+    format!("{}{CATALOGS_FOLDER}{installation}/", crate::storage::keys::table_prefix(table))
 }
 
-/// The one catalog per table of earlier builds.
-fn legacy_catalog_key(table: &str) -> String {
-    format!("{}{CATALOG_FILE}", crate::storage::keys::table_prefix(table))
+/// The catalog of `installation`'s archives of `table` whose buckets start on the day of `start`.
+pub fn catalog_key(table: &str, installation: &str, start: Micros) -> String {
+    format!("{}{}{CATALOG_FILE}", catalogs_folder(table, installation), day_name(day_of(start)))
 }
 
-/// Builds a table's catalog from its published buckets' recorded manifests.
-pub async fn build(ctx: &Arc<Context>, table: &str) -> Result<Catalog> {
-    let (store, id) = (ctx.store.clone(), table.to_string());
-    let now = ctx.clock.now();
-    blocking(move || {
-        let mut manifests = Vec::new();
-        for (meta, manifest) in store.published(&id)? {
-            let Some(key) = meta.manifest_key.clone() else { continue };
-            manifests.push(CatalogEntry {
-                manifest_key: key,
-                partition_key: manifest.partition_key.clone(),
-                bucket_key: meta.id.bucket_key.clone(),
-                start: manifest.bucket.start,
-                end: manifest.bucket.end,
-                rows: manifest.summary.rows,
-                bytes: manifest.bytes,
-                format: manifest.format,
-                segments: manifest.segments.iter().map(|s| s.key.clone()).collect(),
-            });
-        }
-        manifests.sort_by(|a, b| (a.start, &a.partition_key).cmp(&(b.start, &b.partition_key)));
-        Ok(Catalog { version: CATALOG_VERSION, table: id, generated_at: now, manifests })
-    })
-    .await
+/// The UTC day number `time` falls on.
+fn day_of(time: Micros) -> i64 {
+    time.div_euclid(MICROS_PER_DAY)
 }
 
-/// Rebuilds and writes a table's catalog; returns how many manifests it lists.
-pub async fn write(ctx: &Arc<Context>, table: &str) -> Result<usize> {
-    let catalog = build(ctx, table).await?;
+/// `YYYY-MM-DD` of UTC day number `day` (`day<number>` outside the calendar's range).
+fn day_name(day: i64) -> String {
+    let epoch = ::time::OffsetDateTime::UNIX_EPOCH.date().to_julian_day();
+    i32::try_from(day)
+        .ok()
+        .and_then(|day| day.checked_add(epoch))
+        .and_then(|julian| ::time::Date::from_julian_day(julian).ok())
+        .map_or_else(
+            || format!("day{day}"),
+            |date| format!("{:04}-{:02}-{:02}", date.year(), u8::from(date.month()), date.day()),
+        )
+}
+
+/// Earlier builds' catalogs: one per installation, and one per table.
+fn earlier_catalog_keys(table: &str, installation: &str) -> [String; 2] {
+    [
+        format!("{}{CATALOG_FILE}", catalogs_folder(table, installation)),
+        format!("{}{CATALOG_FILE}", crate::storage::keys::table_prefix(table)),
+    ]
+}
+
+/// Writes the table's catalogs of the days whose publication changed since the last write of
+/// this process, or of every day (module documentation).
+pub async fn write(ctx: &Arc<Context>, table: &str) -> Result<CatalogWrite> {
+    let lock = ctx.memory().catalogs.lock().expect("catalog locks").entry(table.to_string()).or_default().clone();
+    let mut kept = lock.lock().await;
     let backend = ctx.policies.clone().table(table)?.backend.clone();
-    let key = catalog_key(table, &ctx.installation_id);
-    let bytes = Bytes::from(serde_json::to_vec_pretty(&catalog).expect("a catalog serializes"));
-    backend.delete(&legacy_catalog_key(table)).await?;
-    backend.delete(&key).await?;
-    match backend.put_create(&key, bytes).await? {
-        PutOutcome::Created => {}
-        // Another pass of this installation rebuilt it at the same moment, from the same state.
-        PutOutcome::AlreadyExists => {}
+    let target = backend.target().to_string();
+    // Taken: a write that fails leaves nothing kept, so the next one writes every day.
+    let previous = kept.take().filter(|k| k.target == target);
+    let whole = previous.is_none();
+    let (store, id) = (ctx.store.clone(), table.to_string());
+    let (days, through) = blocking(move || match previous {
+        Some(previous) => {
+            let (changed, through) = store.publication_changes(&id, previous.changes_read)?;
+            let mut days = BTreeSet::new();
+            for (_, recorded) in &changed {
+                days.extend(recorded.meta.iter().map(|meta| day_of(meta.descriptor.start)));
+                days.extend(recorded.manifests.iter().map(|manifest| day_of(manifest.bucket.start)));
+            }
+            Ok((days, through))
+        }
+        // The changes are counted first: one made while the days are read is read again.
+        None => {
+            let through = store.publication_changes_seq()?;
+            Ok((store.published_start_days(&id)?, through))
+        }
+    })
+    .await?;
+    let installation = ctx.installation_id.clone();
+    let mut written = CatalogWrite { whole, ..CatalogWrite::default() };
+    let mut stale = Vec::new();
+    if whole {
+        let wanted: BTreeSet<String> =
+            days.iter().map(|day| catalog_key(table, &installation, day * MICROS_PER_DAY)).collect();
+        for object in backend.list(&catalogs_folder(table, &installation)).await? {
+            if object.key.ends_with(CATALOG_FILE) && !wanted.contains(&object.key) {
+                stale.push(object.key);
+            }
+        }
+        for key in earlier_catalog_keys(table, &installation) {
+            if !stale.contains(&key) {
+                stale.push(key);
+            }
+        }
     }
-    Ok(catalog.manifests.len())
+    for day in days {
+        let (store, id) = (ctx.store.clone(), table.to_string());
+        let published = blocking(move || store.published_starting_on(&id, day)).await?;
+        let key = catalog_key(table, &installation, day * MICROS_PER_DAY);
+        backend.delete(&key).await?;
+        written.days += 1;
+        if published.is_empty() {
+            continue;
+        }
+        let manifests: Vec<CatalogEntry> = published
+            .into_iter()
+            .filter_map(|(meta, manifest)| {
+                Some(CatalogEntry {
+                    manifest_key: meta.manifest_key?,
+                    partition_key: manifest.partition_key.clone(),
+                    bucket_key: meta.id.bucket_key,
+                    start: manifest.bucket.start,
+                    end: manifest.bucket.end,
+                    rows: manifest.summary.rows,
+                    bytes: manifest.bytes,
+                    format: manifest.format,
+                    segments: manifest.segments.iter().map(|s| s.key.clone()).collect(),
+                })
+            })
+            .collect();
+        written.manifests += manifests.len();
+        let catalog = Catalog {
+            version: CATALOG_VERSION,
+            table: table.to_string(),
+            day: day_name(day),
+            generated_at: ctx.clock.now(),
+            manifests,
+        };
+        let bytes = Bytes::from(serde_json::to_vec_pretty(&catalog).expect("a catalog serializes"));
+        match backend.put_create(&key, bytes).await? {
+            PutOutcome::Created => {}
+            // Another write of this installation made it at the same moment, from the same state.
+            PutOutcome::AlreadyExists => {}
+        }
+    }
+    for key in stale {
+        backend.delete(&key).await?;
+    }
+    *kept = Some(CatalogKept { target, changes_read: through });
+    // What the catalogs have taken in is dropped from the store's list of changes.
+    let (store, id) = (ctx.store.clone(), table.to_string());
+    if let Err(e) = blocking(move || store.drop_publication_changes(&id, through)).await {
+        tracing::warn!(table, error = %e, "cannot drop the publication changes a catalog write read");
+    }
+    Ok(written)
 }

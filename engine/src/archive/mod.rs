@@ -143,19 +143,22 @@ pub async fn run_pass(ctx: &Arc<Context>, owner: &str) -> Result<PassReport> {
         }
         report.seconds.add(Phase::DeltaLog, lap.lap());
     }
-    // The store lists the buckets whose publication changed for the Delta syncs; a table
-    // without a log has nobody to read its list.
-    let read_by_syncs: std::collections::BTreeSet<String> = if cfg!(feature = "delta") {
+    // The store lists the buckets whose publication changed for the Delta syncs and the
+    // catalog writes; a table no longer defined has nobody to read its list.
+    let with_log: std::collections::BTreeSet<String> = if cfg!(feature = "delta") {
         ctx.policies.tables.values().filter(|t| t.delta_log()).map(|t| t.id.clone()).collect()
     } else {
         Default::default()
     };
-    // A table whose changes are dropped also loses what its syncs kept: should it have a log
-    // again (a reload), its next sync starts from every manifest, not from changes never kept.
+    // The Delta syncs and the catalog writes of a table each drop the changes they read, so
+    // whichever kind the table had before a reload made it change kind starts again from every
+    // manifest, not from changes the other kind dropped.
     #[cfg(feature = "delta")]
-    ctx.memory().delta_locks.lock().expect("delta sync locks").retain(|table, _| read_by_syncs.contains(table));
+    ctx.memory().delta_locks.lock().expect("delta sync locks").retain(|table, _| with_log.contains(table));
+    ctx.memory().catalogs.lock().expect("catalog locks").retain(|table, _| !with_log.contains(table));
+    let read: std::collections::BTreeSet<String> = ctx.policies.tables.keys().cloned().collect();
     let store = ctx.store.clone();
-    if let Err(e) = blocking(move || store.drop_unread_publication_changes(&read_by_syncs)).await {
+    if let Err(e) = blocking(move || store.drop_unread_publication_changes(&read)).await {
         report.error(PassErrorKind::DeltaLog, format!("publication changes: {e}"));
     }
     // The expiries that waited for the sync above delete their objects now (a failed sync

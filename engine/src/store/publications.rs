@@ -1,12 +1,15 @@
-//! What a running engine's Delta sync reads instead of every manifest ever recorded: the
-//! buckets whose publication changed since it last looked (`PUBLICATION_CHANGES`, written by
-//! `record_step`), and each such bucket's manifests, so a sync costs what changed, not the
-//! table's history (`archive::delta`).
+//! What a running engine's Delta sync and catalog writer read instead of every manifest ever
+//! recorded: the buckets whose publication changed since they last looked
+//! (`PUBLICATION_CHANGES`, written by `record_step`), each such bucket's manifests, and the
+//! published buckets that start on one day (`BUCKETS_BY_STATE_AND_START`), so a sync costs
+//! what changed, not the table's history (`archive::delta`, `archive::catalog`).
 
 use redb::ReadableTable;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::format::manifest::Manifest;
+use crate::model::time::MICROS_PER_DAY;
+use crate::model::{BucketState, Micros};
 
 use super::Store;
 use super::encoding::Reader;
@@ -73,6 +76,60 @@ impl Store {
         Ok((out, last))
     }
 
+    /// The days (UTC day numbers) on which `table`'s buckets that hold a published archive
+    /// start, read from the index by state and start: one seek per day and state, no bucket's
+    /// row.
+    pub fn published_start_days(&self, table: &str) -> Result<std::collections::BTreeSet<i64>> {
+        let txn = self.read()?;
+        let mut days = std::collections::BTreeSet::new();
+        for state in PUBLISHING_STATES {
+            super::tally::visit_starts_in_state(&txn, table, state.name(), Micros::MIN, Micros::MAX, |start, _| {
+                let day = start.div_euclid(MICROS_PER_DAY);
+                days.insert(day);
+                // On to the next day (none after the last one a start can fall on).
+                Ok(day.checked_add(1).and_then(|next| next.checked_mul(MICROS_PER_DAY)))
+            })?;
+        }
+        Ok(days)
+    }
+
+    /// `table`'s buckets that hold a published archive and start on day `day` (a UTC day
+    /// number), each with its published manifest, by start, then partition and bucket key.
+    pub fn published_starting_on(&self, table: &str, day: i64) -> Result<Vec<(BucketMeta, Manifest)>> {
+        let from = day.saturating_mul(MICROS_PER_DAY);
+        let to = day.saturating_add(1).saturating_mul(MICROS_PER_DAY);
+        let txn = self.read()?;
+        let (buckets, manifests) = (txn.open_table(BUCKETS)?, txn.open_table(MANIFESTS)?);
+        let mut out = Vec::new();
+        for state in PUBLISHING_STATES {
+            super::tally::visit_starts_in_state(&txn, table, state.name(), from, to, |_, encoded| {
+                let row = buckets.get(encoded)?.ok_or_else(|| {
+                    Error::Corruption(format!(
+                        "buckets_by_state_and_start names bucket {}, which is not stored",
+                        hex::encode(encoded)
+                    ))
+                })?;
+                let meta: BucketMeta = decode_value(row.value())?;
+                if meta.has_published_archive() {
+                    let (first, last) = (generation_key(&meta.id, 0), generation_key(&meta.id, u64::MAX));
+                    // The newest manifest recorded is the published one.
+                    if let Some(entry) = manifests.range(first.as_slice()..=last.as_slice())?.next_back() {
+                        out.push((meta, decode_value(entry?.1.value())?));
+                    }
+                }
+                Ok(Some(Micros::MIN))
+            })?;
+        }
+        out.sort_by(|(a, _), (b, _)| {
+            (a.descriptor.start, &a.id.partition_key, &a.id.bucket_key).cmp(&(
+                b.descriptor.start,
+                &b.id.partition_key,
+                &b.id.bucket_key,
+            ))
+        });
+        Ok(out)
+    }
+
     /// Drops the publication changes of `table` up to sequence `through`: a sync has read them.
     pub fn drop_publication_changes(&self, table: &str, through: u64) -> Result<()> {
         let (start, end) = (publication_change_key(table, 0), publication_change_key(table, through));
@@ -110,3 +167,12 @@ impl Store {
         })
     }
 }
+
+/// The states in which a bucket can hold a published archive (`BucketMeta::has_published_archive`
+/// says whether it does): a next generation being archived keeps the last one published.
+const PUBLISHING_STATES: [BucketState; 4] = [
+    BucketState::Archiving,
+    BucketState::Archived { hot_deleted: false },
+    BucketState::Archived { hot_deleted: true },
+    BucketState::ArchivedPending,
+];

@@ -268,6 +268,42 @@ pub(super) fn buckets_in_state_by_start(
     Ok((out, false))
 }
 
+/// Visits, by start, the starts and encoded ids of `table`'s buckets in state `state` (its
+/// name) that start in `from..to`, from `BUCKETS_BY_STATE_AND_START`: keys only. `visit`
+/// returns where to go on from: `None` to stop, or a start to seek to (past the days it has
+/// seen, say).
+pub(super) fn visit_starts_in_state(
+    txn: &redb::ReadTransaction,
+    table: &str,
+    state: &str,
+    from: Micros,
+    to: Micros,
+    mut visit: impl FnMut(Micros, &[u8]) -> Result<Option<Micros>>,
+) -> Result<()> {
+    let by_start = txn.open_table(BUCKETS_BY_STATE_AND_START)?;
+    let prefix_len = state_prefix(table, state).len();
+    let end = by_state_key(table, state, to, &[]);
+    let mut next = from;
+    'seek: while next < to {
+        let start = by_state_key(table, state, next, &[]);
+        for entry in by_start.range(start.as_slice()..end.as_slice())? {
+            let (key, _) = entry?;
+            let mut reader = encoding::Reader::new(&key.value()[prefix_len..]);
+            let time = reader.i64()?;
+            match visit(time, &key.value()[prefix_len + 8..])? {
+                None => return Ok(()),
+                Some(seek) if seek > time => {
+                    next = seek;
+                    continue 'seek;
+                }
+                Some(_) => {}
+            }
+        }
+        break;
+    }
+    Ok(())
+}
+
 /// Visits the ids of `table`'s buckets in state `state` (its name) from `BUCKETS_BY_STATE`,
 /// longest in the state first: keys only, no bucket's row is read.
 pub(super) fn visit_ids_in_state(
