@@ -36,6 +36,7 @@ TARGETS = {
     "formats": [("ratio_min", 1 / 3)],  # a cold query of one bucket within 3x of the hot query
     "delta": [("ratio_min", 0.9)],  # archive throughput with the Delta log at >= 90% of without
     "scale": [("ratio_min", 0.5)],  # a pass over 1,000,000 buckets within 2x of one over 1,000
+    "scale-archived": [("ratio_min", 0.5)],  # work over 1,000,000 archived buckets within 2x of 1,000
     "read": [
         ("ratio_min", 1.0),  # hot reads at least as fast as archived ones
         ("ratio_min", 0.5),  # a ten-year query of archived Parquet at >= 0.5 of DuckDB on the same files

@@ -177,3 +177,26 @@ pub fn release_binary() -> std::result::Result<PathBuf, String> {
         Err(format!("{} is missing: build it with `cargo build --release` (scripts/bench does)", binary.display()))
     }
 }
+
+/// The bytes of every file below `dir`.
+pub fn dir_bytes(dir: &Path) -> Result<u64> {
+    let mut total = 0;
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let meta = entry.metadata()?;
+        total += if meta.is_dir() { dir_bytes(&entry.path())? } else { meta.len() };
+    }
+    Ok(total)
+}
+
+/// `frostline verify --sample n` as an operator runs it; fails unless `n` buckets verified.
+pub fn verify_sample(runtime: &tokio::runtime::Runtime, engine: &Arc<Engine>, n: usize) -> Result<()> {
+    let report = runtime.block_on(frostline::ops::archives::verify(engine, None, Some(n), |_| {}))?;
+    anyhow::ensure!(
+        report.verdicts.len() == n && report.failed == 0,
+        "a verification of {} buckets, {} failed",
+        report.verdicts.len(),
+        report.failed
+    );
+    Ok(())
+}

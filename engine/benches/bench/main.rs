@@ -47,6 +47,7 @@ mod read;
 mod reload;
 mod report;
 mod scale;
+mod scale_archived;
 mod small_files;
 
 use std::path::PathBuf;
@@ -124,6 +125,11 @@ const SCENARIOS: &[Scenario] = &[
         name: "scale",
         about: "a pass over 1,000,000 buckets of which 64 are due against a pass over 1,000 buckets with the same 64 due",
         run: scale::scale,
+    },
+    Scenario {
+        name: "scale-archived",
+        about: "the work an engine repeats (passes, sweeps, status, a query, a verification, the metadata per bucket) on a store of 1,000,000 archived buckets against one of 1,000",
+        run: scale_archived::scale_archived,
     },
     Scenario {
         name: "read",

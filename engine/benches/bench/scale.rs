@@ -37,7 +37,7 @@ use frostline::model::{Micros, Record};
 use frostline::settings::Settings;
 use frostline_civil::days_from_civil;
 
-use crate::data::{Dirs, MEGABYTE, TIMES_SEED, passes_until_idle, reading_body, splitmix64};
+use crate::data::{Dirs, MEGABYTE, TIMES_SEED, dir_bytes, passes_until_idle, reading_body, splitmix64, verify_sample};
 use crate::harness::{Bench, Figure, Unit, with_peak_memory};
 
 const SCALE_TABLE: &str = "readings";
@@ -229,17 +229,7 @@ pub fn scale(bench: &mut Bench) -> Result<()> {
                  {VERIFY_SAMPLE}) over {buckets} buckets"
             ),
             repeats,
-            &mut || {
-                let report =
-                    runtime.block_on(frostline::ops::archives::verify(&engine, None, Some(VERIFY_SAMPLE), |_| {}))?;
-                ensure!(
-                    report.verdicts.len() == VERIFY_SAMPLE && report.failed == 0,
-                    "a verification of {} buckets, {} failed",
-                    report.verdicts.len(),
-                    report.failed
-                );
-                Ok(())
-            },
+            &mut || verify_sample(&runtime, &engine, VERIFY_SAMPLE),
         )?);
         statuses.push(timed(
             "a status summary",
@@ -520,14 +510,4 @@ fn scale_policy(archive_after: &str) -> String {
         "[[table]]\nid = \"{SCALE_TABLE}\"\nstrategy = {{ plugin = \"builtin:calendar-day-utc\" }}\n\
          retention = {{ plugin = \"builtin:eligible-before\", config = {{ archive_after = \"{archive_after}\" }} }}\n"
     )
-}
-
-fn dir_bytes(dir: &std::path::Path) -> Result<u64> {
-    let mut total = 0;
-    for entry in std::fs::read_dir(dir)? {
-        let entry = entry?;
-        let meta = entry.metadata()?;
-        total += if meta.is_dir() { dir_bytes(&entry.path())? } else { meta.len() };
-    }
-    Ok(total)
 }
