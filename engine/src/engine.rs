@@ -162,9 +162,9 @@ pub(crate) struct PassMemory {
     /// Per webhook sink: its HTTP client, kept so deliveries reuse connections and the trust
     /// store is built once, and the configuration it was made for.
     pub webhook_agents: std::sync::Mutex<HashMap<String, (crate::policy::SinkConfig, ureq::Agent)>>,
-    /// One catalog write at a time per table, holding what its writes keep between them
-    /// (`archive::catalog`): `None` until a write of this life rewrote every day.
-    pub catalogs: std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<Option<CatalogKept>>>>>,
+    /// One catalog write at a time per table (`archive::catalog`): two at once could each
+    /// delete a day's catalog the other just made.
+    pub catalog_locks: std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// What the previous pass did, which paces the next one's planning (`archive::plan_budget`)
     /// and estimates when the plan queue is empty (`ops::status`).
     pub planning: std::sync::Mutex<Planning>,
@@ -173,14 +173,6 @@ pub(crate) struct PassMemory {
 /// A table's Delta sync lock, holding what its syncs keep between them.
 #[cfg(feature = "delta")]
 pub(crate) type DeltaSyncLock = Arc<tokio::sync::Mutex<Option<Box<dyn std::any::Any + Send>>>>;
-
-/// What a table's catalog writes keep between them: the target they wrote to and the last
-/// publication change they took in.
-#[derive(Debug, Clone)]
-pub(crate) struct CatalogKept {
-    pub target: String,
-    pub changes_read: u64,
-}
 
 /// What the previous pass of this life did, as far as planning cares.
 #[derive(Debug, Default, Clone, Copy)]

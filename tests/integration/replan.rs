@@ -478,18 +478,25 @@ fn each_installation_on_a_shared_target_keeps_a_catalog_of_its_own() {
 /// bucket beside 20,000 archived ones took 16 times as long as beside 1,000): every pass that
 /// published rewrote the table's whole catalog from every recorded manifest. A pass now
 /// rewrites the catalogs of the days whose buckets' publication changed, and deletes those of
-/// days left with none; a new process's first write rewrites every day and agrees with them.
+/// days left with none, across restarts too; a write of every day (the first, or one whose
+/// changes a Delta log dropped) agrees with them and deletes what earlier builds wrote.
 #[test]
 fn a_pass_rewrites_only_the_catalogs_of_the_days_that_changed() {
     let e = TestEngine::new(&expiring_policy("30d"), "2024-03-01T12:00:00Z");
+    let installation = e.engine.installation_id().to_string();
+    let folder = frostline::archive::catalog::catalogs_folder("r", &installation);
+    // A day this installation has no bucket of, and an earlier build's single catalog.
+    for stale in ["2023-01-01_catalog.json", "_catalog.json"] {
+        let (backend, key) = (e.backend("r"), format!("{folder}{stale}"));
+        runtime().block_on(backend.put_create(&key, bytes::Bytes::from_static(b"{}"))).unwrap();
+    }
     let day = |n: u32| format!("2024-02-{n:02}T06:00:00Z");
     for n in 1..=20 {
         e.engine.append("r", USER_KEYS[..2].iter().map(|key| record(key, &day(n), None)).collect()).unwrap();
     }
     assert_eq!(e.pass().archived, 40);
-    let installation = e.engine.installation_id().to_string();
     let first = catalogs_of(&e.backend("r"), "r", &installation);
-    assert_eq!(first.len(), 20, "one catalog per day: {first:?}");
+    assert_eq!(first.len(), 20, "one catalog per day, none of a day without buckets: {first:?}");
     assert!(first.values().all(|(_, manifests)| manifests.len() == 2), "{first:?}");
     assert!(first.contains_key("2024-02-05_catalog.json"), "{first:?}");
 
@@ -502,8 +509,10 @@ fn a_pass_rewrites_only_the_catalogs_of_the_days_that_changed() {
     e.clock.set(written);
     assert_eq!(e.pass().archived, 2);
     let second = catalogs_of(&e.backend("r"), "r", &installation);
-    let rewritten: Vec<&String> = second.iter().filter(|(_, (at, _))| *at == written).map(|(name, _)| name).collect();
-    assert_eq!(rewritten, ["2024-02-05_catalog.json", "2024-02-28_catalog.json"], "{second:?}");
+    let rewritten = |catalogs: &std::collections::BTreeMap<String, (i64, Vec<String>)>, at: i64| -> Vec<String> {
+        catalogs.iter().filter(|(_, (written, _))| *written == at).map(|(name, _)| name.clone()).collect()
+    };
+    assert_eq!(rewritten(&second, written), ["2024-02-05_catalog.json", "2024-02-28_catalog.json"], "{second:?}");
     assert_ne!(second["2024-02-05_catalog.json"].1, first["2024-02-05_catalog.json"].1, "the new generation is listed");
     assert_eq!(second.len(), 21);
 
@@ -519,34 +528,31 @@ fn a_pass_rewrites_only_the_catalogs_of_the_days_that_changed() {
     assert_eq!(third.len(), 19, "{third:?}");
     assert!(third.iter().all(|(name, listed)| second[name] == *listed), "untouched days stay as written");
 
-    // A new process rewrites every day: the same manifests, and nothing of a day it no longer
-    // has or of an earlier build's single catalog.
-    let folder = frostline::archive::catalog::catalogs_folder("r", &installation);
-    for stale in ["2023-01-01_catalog.json", "_catalog.json"] {
-        let (backend, key) = (e.backend("r"), format!("{folder}{stale}"));
-        runtime().block_on(backend.put_create(&key, bytes::Bytes::from_static(b"{}"))).unwrap();
-    }
+    // After a restart, a new day is the only one written.
     let e = e.restart().unwrap();
+    e.clock.set(t("2024-03-04T13:00:00Z"));
     e.engine.append("r", vec![record(USER_KEYS[1], "2024-03-01T06:00:00Z", None)]).unwrap();
     assert_eq!(e.pass().archived, 1);
-    let whole = catalogs_of(&e.backend("r"), "r", &installation);
-    let mut expected: std::collections::BTreeMap<String, Vec<String>> =
-        third.into_iter().map(|(name, (_, manifests))| (name, manifests)).collect();
-    let published = e.engine.store().published("r").unwrap();
-    let new_day = published
-        .iter()
-        .find(|(meta, _)| {
-            meta.id.partition_key == USER_KEYS[1].as_bytes() && meta.descriptor.start == t("2024-03-01T00:00:00Z")
-        })
-        .unwrap();
-    expected.insert("2024-03-01_catalog.json".into(), vec![new_day.0.manifest_key.clone().unwrap()]);
-    let whole: std::collections::BTreeMap<String, Vec<String>> =
-        whole.into_iter().map(|(name, (_, manifests))| (name, manifests)).collect();
-    assert_eq!(whole, expected);
-    let listed: std::collections::BTreeSet<String> = whole.into_values().flatten().collect();
+    let fourth = catalogs_of(&e.backend("r"), "r", &installation);
+    assert_eq!(rewritten(&fourth, t("2024-03-04T13:00:00Z")), ["2024-03-01_catalog.json"], "{fourth:?}");
+    assert_eq!(fourth.len(), 20);
+
+    // A Delta sync's drop of the changes takes the cursor: the next write is of every day,
+    // and lists what the writes of changed days did, every published manifest once.
+    e.engine.store().drop_publication_changes("r", 0).unwrap();
+    let whole = runtime().block_on(frostline::archive::catalog::write(&e.engine.context(), "r")).unwrap();
+    assert!(whole.whole && whole.days == 20 && whole.manifests == 38, "{whole:?}");
+    let listed = |catalogs: std::collections::BTreeMap<String, (i64, Vec<String>)>| {
+        catalogs
+            .into_iter()
+            .map(|(name, (_, manifests))| (name, manifests))
+            .collect::<std::collections::BTreeMap<_, _>>()
+    };
+    let after = listed(catalogs_of(&e.backend("r"), "r", &installation));
+    assert_eq!(after, listed(fourth));
     let recorded: std::collections::BTreeSet<String> =
-        published.into_iter().map(|(meta, _)| meta.manifest_key.unwrap()).collect();
-    assert_eq!(listed, recorded, "the catalogs list every published manifest, once");
+        e.engine.store().published("r").unwrap().into_iter().map(|(meta, _)| meta.manifest_key.unwrap()).collect();
+    assert_eq!(after.into_values().flatten().collect::<std::collections::BTreeSet<_>>(), recorded);
 }
 
 /// Regression: a partition key whose encoded form exceeded a file name (255 bytes) failed the

@@ -9,17 +9,19 @@
 //!
 //! It is derived data, never the only copy of anything: it is written from the recorded
 //! manifests after every pass that published or expired something, and after an adoption.
-//! A write rewrites only the days whose buckets' publication changed since the last write of
-//! the process (`Store::publication_changes`), each from the published buckets that start on
-//! it (`Store::published_starting_on`), so its cost grows with what changed and one day's
-//! buckets, not with the table's history. The first write of a process (or the first to
-//! another target, or after one failed) rewrites every day and deletes the days it no longer
-//! has, one day in memory at a time. Backends are create-only, so a rewrite deletes a day's
-//! catalog and creates the new one; a reader that finds none in between can retry or list the
-//! manifests. The catalogs of earlier builds, one per installation
-//! (`table=<table>/_catalogs/<installation>/_catalog.json`) or one per table
-//! (`table=<table>/_catalog.json`, whichever installation wrote last), are deleted by the
-//! first write of a process.
+//! A write rewrites only the days whose buckets' publication changed since the last write
+//! (`Store::publication_changes`, after the cursor the store keeps with them,
+//! `Store::catalog_cursor`), each from the published buckets that start on it
+//! (`Store::published_starting_on`), so its cost grows with what changed and one day's
+//! buckets, not with the table's history, across restarts too. A write with no cursor (the
+//! first of a table, the first to another target, or after a Delta log read and dropped the
+//! changes) rewrites every day and deletes the days it no longer has, one day in memory at a
+//! time. A crash between a write and its cursor writes the same days again. Backends are
+//! create-only, so a rewrite deletes a day's catalog and creates the new one; a reader that
+//! finds none in between can retry or list the manifests. The catalogs of earlier builds, one
+//! per installation (`table=<table>/_catalogs/<installation>/_catalog.json`) or one per table
+//! (`table=<table>/_catalog.json`, whichever installation wrote last), are deleted by a write
+//! of every day.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -28,7 +30,7 @@ use bytes::Bytes;
 use serde::Serialize;
 
 use super::blocking;
-use crate::engine::{CatalogKept, Context};
+use crate::engine::Context;
 use crate::error::Result;
 use crate::model::Micros;
 use crate::model::time::MICROS_PER_DAY;
@@ -112,18 +114,15 @@ fn earlier_catalog_keys(table: &str, installation: &str) -> [String; 2] {
     ]
 }
 
-/// Writes the table's catalogs of the days whose publication changed since the last write of
-/// this process, or of every day (module documentation).
+/// Writes the table's catalogs of the days whose publication changed since the last write,
+/// or of every day (module documentation).
 pub async fn write(ctx: &Arc<Context>, table: &str) -> Result<CatalogWrite> {
-    let lock = ctx.memory().catalogs.lock().expect("catalog locks").entry(table.to_string()).or_default().clone();
-    let mut kept = lock.lock().await;
+    let lock = ctx.memory().catalog_locks.lock().expect("catalog locks").entry(table.to_string()).or_default().clone();
+    let _one_at_a_time = lock.lock().await;
     let backend = ctx.policies.clone().table(table)?.backend.clone();
     let target = backend.target().to_string();
-    // Taken: a write that fails leaves nothing kept, so the next one writes every day.
-    let previous = kept.take().filter(|k| k.target == target);
-    let whole = previous.is_none();
-    let (store, id) = (ctx.store.clone(), table.to_string());
-    let (days, through) = blocking(move || match previous {
+    let (store, id, on) = (ctx.store.clone(), table.to_string(), target.clone());
+    let (days, through, whole) = blocking(move || match store.catalog_cursor(&id)?.filter(|c| c.target == on) {
         Some(previous) => {
             let (changed, through) = store.publication_changes(&id, previous.changes_read)?;
             let mut days = BTreeSet::new();
@@ -131,12 +130,12 @@ pub async fn write(ctx: &Arc<Context>, table: &str) -> Result<CatalogWrite> {
                 days.extend(recorded.meta.iter().map(|meta| day_of(meta.descriptor.start)));
                 days.extend(recorded.manifests.iter().map(|manifest| day_of(manifest.bucket.start)));
             }
-            Ok((days, through))
+            Ok((days, through, false))
         }
         // The changes are counted first: one made while the days are read is read again.
         None => {
             let through = store.publication_changes_seq()?;
-            Ok((store.published_start_days(&id)?, through))
+            Ok((store.published_start_days(&id)?, through, true))
         }
     })
     .await?;
@@ -200,11 +199,8 @@ pub async fn write(ctx: &Arc<Context>, table: &str) -> Result<CatalogWrite> {
     for key in stale {
         backend.delete(&key).await?;
     }
-    *kept = Some(CatalogKept { target, changes_read: through });
     // What the catalogs have taken in is dropped from the store's list of changes.
     let (store, id) = (ctx.store.clone(), table.to_string());
-    if let Err(e) = blocking(move || store.drop_publication_changes(&id, through)).await {
-        tracing::warn!(table, error = %e, "cannot drop the publication changes a catalog write read");
-    }
+    blocking(move || store.catalogs_written(&id, &target, through)).await?;
     Ok(written)
 }

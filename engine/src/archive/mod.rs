@@ -150,12 +150,11 @@ pub async fn run_pass(ctx: &Arc<Context>, owner: &str) -> Result<PassReport> {
     } else {
         Default::default()
     };
-    // The Delta syncs and the catalog writes of a table each drop the changes they read, so
-    // whichever kind the table had before a reload made it change kind starts again from every
-    // manifest, not from changes the other kind dropped.
+    // A table whose changes are dropped also loses what its syncs kept: should it have a log
+    // again (a reload), its next sync starts from every manifest, not from changes never kept.
+    // (A Delta sync's drop takes the table's catalog cursor with it, for the same reason.)
     #[cfg(feature = "delta")]
     ctx.memory().delta_locks.lock().expect("delta sync locks").retain(|table, _| with_log.contains(table));
-    ctx.memory().catalogs.lock().expect("catalog locks").retain(|table, _| !with_log.contains(table));
     let read: std::collections::BTreeSet<String> = ctx.policies.tables.keys().cloned().collect();
     let store = ctx.store.clone();
     if let Err(e) = blocking(move || store.drop_unread_publication_changes(&read)).await {

@@ -47,7 +47,7 @@ use self::holds::all_holds;
 pub use self::holds::{HoldPlacement, PolicyHoldSync};
 pub use self::ownership::BucketReferences;
 pub use self::protocol::{CleanupSlice, PlanOutcome, Publication};
-pub use self::publications::BucketManifests;
+pub use self::publications::{BucketManifests, CatalogCursor};
 pub use self::reads::{BucketChunk, DueWork, RangeOrder, Snapshot};
 pub use self::recovery::{RECOVERY_PROBE_BYTES, RECOVERY_WAIT_MS_MAX};
 use self::schema::{

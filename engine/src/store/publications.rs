@@ -130,12 +130,45 @@ impl Store {
         Ok(out)
     }
 
-    /// Drops the publication changes of `table` up to sequence `through`: a sync has read them.
+    /// Drops the publication changes of `table` up to sequence `through`: a Delta sync has read
+    /// them. The table's catalog cursor goes with them, as its catalogs never saw them.
     pub fn drop_publication_changes(&self, table: &str, through: u64) -> Result<()> {
         let (start, end) = (publication_change_key(table, 0), publication_change_key(table, through));
+        let cursor = catalog_cursor_key(table);
         self.write(move |txn| {
             let mut changes = txn.open_table(PUBLICATION_CHANGES)?;
             changes.retain_in(start.as_slice()..=end.as_slice(), |_, _| false)?;
+            txn.open_table(META)?.remove(cursor.as_str())?;
+            Ok(())
+        })
+    }
+
+    /// Where `table`'s catalogs stand (`archive::catalog`): the target they were written to and
+    /// the last publication change they took in; `None` until a write took in every day (or
+    /// since changes they never saw were dropped).
+    pub fn catalog_cursor(&self, table: &str) -> Result<Option<CatalogCursor>> {
+        let txn = self.read()?;
+        let meta = txn.open_table(META)?;
+        let Some(value) = meta.get(catalog_cursor_key(table).as_str())? else { return Ok(None) };
+        let mut reader = Reader::new(value.value());
+        let changes_read = reader.u64()?;
+        let target = String::from_utf8(reader.bytes()?)
+            .map_err(|_| Error::Corruption(format!("the catalog cursor of table {table:?} names no target")))?;
+        Ok(Some(CatalogCursor { target, changes_read }))
+    }
+
+    /// Records that `table`'s catalogs on `target` took in the publication changes up to
+    /// `through`, and drops those changes, in one transaction.
+    pub fn catalogs_written(&self, table: &str, target: &str, through: u64) -> Result<()> {
+        let (start, end) = (publication_change_key(table, 0), publication_change_key(table, through));
+        let cursor = catalog_cursor_key(table);
+        let mut value = Vec::new();
+        super::encoding::put_u64(&mut value, through);
+        super::encoding::put_bytes(&mut value, target.as_bytes());
+        self.write(move |txn| {
+            let mut changes = txn.open_table(PUBLICATION_CHANGES)?;
+            changes.retain_in(start.as_slice()..=end.as_slice(), |_, _| false)?;
+            txn.open_table(META)?.insert(cursor.as_str(), value.as_slice())?;
             Ok(())
         })
     }
@@ -160,9 +193,22 @@ impl Store {
         }
         let keep = keep.clone();
         self.write(move |txn| {
+            let mut dropped = std::collections::BTreeSet::new();
             txn.open_table(PUBLICATION_CHANGES)?.retain(|key, _| {
-                Reader::new(key).bytes().is_ok_and(|table| keep.contains(String::from_utf8_lossy(&table).as_ref()))
+                let table = Reader::new(key).bytes().map(|table| String::from_utf8_lossy(&table).into_owned());
+                match table {
+                    Ok(table) if keep.contains(&table) => true,
+                    Ok(table) => {
+                        dropped.insert(table);
+                        false
+                    }
+                    Err(_) => false,
+                }
             })?;
+            let mut meta = txn.open_table(META)?;
+            for table in dropped {
+                meta.remove(catalog_cursor_key(&table).as_str())?;
+            }
             Ok(())
         })
     }
@@ -176,3 +222,15 @@ const PUBLISHING_STATES: [BucketState; 4] = [
     BucketState::Archived { hot_deleted: true },
     BucketState::ArchivedPending,
 ];
+
+/// Where a table's catalogs stand (`Store::catalog_cursor`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CatalogCursor {
+    pub target: String,
+    pub changes_read: u64,
+}
+
+/// The `META` key of `table`'s catalog cursor.
+fn catalog_cursor_key(table: &str) -> String {
+    format!("catalog_cursor/{table}")
+}

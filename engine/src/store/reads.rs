@@ -840,6 +840,43 @@ mod tests {
     use super::*;
     use crate::model::BucketDescriptor;
 
+    /// Saves bucket `meta` with manifests of generations 1 to `generations` recorded.
+    fn save_with_manifests(store: &Store, meta: BucketMeta, descriptor: &BucketDescriptor, generations: u64) {
+        let descriptor = descriptor.clone();
+        store
+            .write(move |txn| {
+                index_new_bucket(txn, &meta)?;
+                save_meta(txn, &meta)?;
+                let mut manifests = txn.open_table(MANIFESTS)?;
+                let id = &meta.id;
+                for generation in 1..=generations {
+                    let manifest = crate::format::manifest::Manifest {
+                        version: 1,
+                        table: id.table.clone(),
+                        partition_key: String::from_utf8_lossy(&id.partition_key).into_owned(),
+                        bucket: descriptor.clone(),
+                        strategy: String::new(),
+                        generation,
+                        format: Default::default(),
+                        schema: String::new(),
+                        target: String::new(),
+                        target_name: String::new(),
+                        policy: None,
+                        summary: crate::model::rows::summarize([]),
+                        bytes: 0,
+                        segments: Vec::new(),
+                        created_at: 0,
+                        amends: None,
+                        erasures: None,
+                    };
+                    let key = super::super::schema::generation_key(id, generation);
+                    manifests.insert(key.as_slice(), super::super::schema::encode_value(&manifest)?.as_slice())?;
+                }
+                Ok(())
+            })
+            .unwrap();
+    }
+
     /// `published_after` pages through exactly what `published` returns, each bucket once with
     /// its newest generation, whatever the page size: buckets of one to three generations,
     /// recorded manifests of buckets that are not published between them, and keys with `/`,
@@ -863,37 +900,7 @@ mod tests {
             }
             meta.manifest_key = Some(format!("manifest-{i}"));
             let generations = 1 + i % 3;
-            store
-                .write(move |txn| {
-                    index_new_bucket(txn, &meta)?;
-                    save_meta(txn, &meta)?;
-                    let mut manifests = txn.open_table(MANIFESTS)?;
-                    for generation in 1..=generations {
-                        let manifest = crate::format::manifest::Manifest {
-                            version: 1,
-                            table: id.table.clone(),
-                            partition_key: String::from_utf8_lossy(&id.partition_key).into_owned(),
-                            bucket: descriptor.clone(),
-                            strategy: String::new(),
-                            generation,
-                            format: Default::default(),
-                            schema: String::new(),
-                            target: String::new(),
-                            target_name: String::new(),
-                            policy: None,
-                            summary: crate::model::rows::summarize([]),
-                            bytes: 0,
-                            segments: Vec::new(),
-                            created_at: 0,
-                            amends: None,
-                            erasures: None,
-                        };
-                        let key = super::super::schema::generation_key(&id, generation);
-                        manifests.insert(key.as_slice(), super::super::schema::encode_value(&manifest)?.as_slice())?;
-                    }
-                    Ok(())
-                })
-                .unwrap();
+            save_with_manifests(&store, meta, &descriptor, generations);
         }
         let every = store.published(table).unwrap();
         let seen = |page: &[(BucketMeta, crate::format::manifest::Manifest)]| -> Vec<(String, u64)> {
@@ -913,6 +920,67 @@ mod tests {
             }
             assert_eq!(paged, seen(&every), "pages of {limit}");
         }
+    }
+
+    /// The catalogs' reads by day (`published_start_days`, `published_starting_on`) answer
+    /// what filtering `published` answers: buckets in every state (a next generation being
+    /// archived keeps the last one published; hot, expired or unpublished ones are left out),
+    /// several a day, days before 1970, keys with `/`, `%`, `=`, spaces and non-ASCII.
+    #[test]
+    fn the_published_buckets_of_a_day_are_those_that_start_on_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("hot.redb")).unwrap();
+        let table = "t/a %=é";
+        let day = crate::model::time::MICROS_PER_DAY;
+        let states = [
+            BucketState::Archived { hot_deleted: true },
+            BucketState::Archived { hot_deleted: false },
+            BucketState::ArchivedPending,
+            BucketState::Archiving,
+            BucketState::Hot,
+            BucketState::Expired,
+        ];
+        for i in 0..60i64 {
+            let id = BucketId {
+                table: table.into(),
+                partition_key: format!("site {}/é%=", i % 5).into_bytes(),
+                bucket_key: format!("b:{i:02}"),
+            };
+            // Days -3 to 8, a few hours in; the 8th bucket of each six is an hour long.
+            let start = (i % 12 - 3) * day + (i % 7) * 3_600_000_000;
+            let descriptor = BucketDescriptor { key: id.bucket_key.clone(), start, end: start + day };
+            let mut meta = bucket_for_tests(id.clone(), &descriptor);
+            meta.state = states[i as usize % states.len()];
+            // Every eleventh has no manifest key: nothing published, whatever its state.
+            if i % 11 != 10 {
+                meta.manifest_key = Some(format!("manifest-{i}"));
+            }
+            save_with_manifests(&store, meta, &descriptor, 2);
+        }
+        let every = store.published(table).unwrap();
+        let day_of = |start: i64| start.div_euclid(day);
+        let days: std::collections::BTreeSet<i64> =
+            every.iter().map(|(meta, _)| day_of(meta.descriptor.start)).collect();
+        assert!(days.contains(&-3) && days.len() >= 6 && every.len() > 30, "{days:?} {}", every.len());
+        assert_eq!(store.published_start_days(table).unwrap(), days);
+        for d in -5..11 {
+            let mut expected: Vec<(String, u64)> = every
+                .iter()
+                .filter(|(meta, _)| day_of(meta.descriptor.start) == d)
+                .map(|(meta, manifest)| (meta.id.display(), manifest.generation))
+                .collect();
+            expected.sort();
+            let mut found: Vec<(String, u64)> = store
+                .published_starting_on(table, d)
+                .unwrap()
+                .iter()
+                .map(|(meta, manifest)| (meta.id.display(), manifest.generation))
+                .collect();
+            found.sort();
+            assert_eq!(found, expected, "day {d}");
+            assert!(found.iter().all(|(_, generation)| *generation == 2), "the newest generation");
+        }
+        assert!(store.published_start_days("t").unwrap().is_empty(), "another table's are its own");
     }
 
     /// Buckets of any lengths, overlapping within and across partitions (what a strategy
