@@ -85,7 +85,14 @@ pub fn catalogs_folder(table: &str, installation: &str) -> String {
 
 /// The catalog of `installation`'s archives of `table` whose buckets start on the day of `start`.
 pub fn catalog_key(table: &str, installation: &str, start: Micros) -> String {
-    format!("{}{}{CATALOG_FILE}", catalogs_folder(table, installation), day_name(day_of(start)))
+    day_catalog_key(table, installation, day_of(start))
+}
+
+/// The catalog of `installation`'s archives of `table` whose buckets start on UTC day number
+/// `day` (a day number, not a time: a bucket may start as early as `Micros::MIN`, whose day
+/// has no time of its own).
+fn day_catalog_key(table: &str, installation: &str, day: i64) -> String {
+    format!("{}{}{CATALOG_FILE}", catalogs_folder(table, installation), day_name(day))
 }
 
 /// The UTC day number `time` falls on.
@@ -143,8 +150,7 @@ pub async fn write(ctx: &Arc<Context>, table: &str) -> Result<CatalogWrite> {
     let mut written = CatalogWrite { whole, ..CatalogWrite::default() };
     let mut stale = Vec::new();
     if whole {
-        let wanted: BTreeSet<String> =
-            days.iter().map(|day| catalog_key(table, &installation, day * MICROS_PER_DAY)).collect();
+        let wanted: BTreeSet<String> = days.iter().map(|day| day_catalog_key(table, &installation, *day)).collect();
         for object in backend.list(&catalogs_folder(table, &installation)).await? {
             if object.key.ends_with(CATALOG_FILE) && !wanted.contains(&object.key) {
                 stale.push(object.key);
@@ -159,7 +165,7 @@ pub async fn write(ctx: &Arc<Context>, table: &str) -> Result<CatalogWrite> {
     for day in days {
         let (store, id) = (ctx.store.clone(), table.to_string());
         let published = blocking(move || store.published_starting_on(&id, day)).await?;
-        let key = catalog_key(table, &installation, day * MICROS_PER_DAY);
+        let key = day_catalog_key(table, &installation, day);
         backend.delete(&key).await?;
         written.days += 1;
         if published.is_empty() {

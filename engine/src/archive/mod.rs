@@ -143,18 +143,17 @@ pub async fn run_pass(ctx: &Arc<Context>, owner: &str) -> Result<PassReport> {
         }
         report.seconds.add(Phase::DeltaLog, lap.lap());
     }
-    // The store lists the buckets whose publication changed for the Delta syncs and the
-    // catalog writes; a table no longer defined has nobody to read its list.
-    let with_log: std::collections::BTreeSet<String> = if cfg!(feature = "delta") {
-        ctx.policies.tables.values().filter(|t| t.delta_log()).map(|t| t.id.clone()).collect()
-    } else {
-        Default::default()
-    };
     // A table whose changes are dropped also loses what its syncs kept: should it have a log
     // again (a reload), its next sync starts from every manifest, not from changes never kept.
     // (A Delta sync's drop takes the table's catalog cursor with it, for the same reason.)
     #[cfg(feature = "delta")]
-    ctx.memory().delta_locks.lock().expect("delta sync locks").retain(|table, _| with_log.contains(table));
+    {
+        let with_log: std::collections::BTreeSet<&String> =
+            ctx.policies.tables.values().filter(|t| t.delta_log()).map(|t| &t.id).collect();
+        ctx.memory().delta_locks.lock().expect("delta sync locks").retain(|table, _| with_log.contains(table));
+    }
+    // The store lists the buckets whose publication changed for the Delta syncs and the
+    // catalog writes; a table no longer defined has nobody to read its list.
     let read: std::collections::BTreeSet<String> = ctx.policies.tables.keys().cloned().collect();
     let store = ctx.store.clone();
     if let Err(e) = blocking(move || store.drop_unread_publication_changes(&read)).await {
