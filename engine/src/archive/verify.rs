@@ -1,8 +1,10 @@
 //! `frostline verify`, the scrub: re-reads every published manifest and segment (of one
 //! table, or a random sample), checks every hash, count and row checksum, and reports per
-//! bucket. The buckets to check are chosen from the tallies' index by state (keys only), and
-//! their rows read a few hundred at a time from fresh snapshots: a verification of a sample
-//! reads about the sample, and none holds the store open while it reads the archives.
+//! bucket. The buckets to check are chosen from the tallies' indexes (keys only: every
+//! archived bucket by state, or a random sample by seeking random points of the index by
+//! hash), and their rows read a few hundred at a time from fresh snapshots: a verification
+//! of a sample reads about the sample, and none holds the store open while it reads the
+//! archives.
 
 use std::sync::Arc;
 
@@ -34,53 +36,63 @@ pub struct BucketVerdict {
 
 /// How many archived buckets `table` (every table: `None`) holds, from the tallies.
 pub fn archived_count(store: &Store, table: Option<&str>) -> Result<u64> {
-    Ok(archived_tables(&store.snapshot()?, table)?.1 as u64)
+    Ok(archived_slots(&store.snapshot()?, table)?.iter().map(|(_, _, count)| count).sum())
 }
 
-/// The tables a verification of `table` (every table: `None`) reads, and how many archived
-/// buckets they hold, from the tallies.
-fn archived_tables(snapshot: &Snapshot, table: Option<&str>) -> Result<(Vec<String>, usize)> {
+/// The tables and states a verification of `table` (every table: `None`) reads, each with
+/// how many archived buckets it holds, from the tallies.
+fn archived_slots(snapshot: &Snapshot, table: Option<&str>) -> Result<Vec<(String, BucketState, u64)>> {
     let tables = match table {
         Some(table) => vec![table.to_string()],
         None => snapshot.tallied_tables()?,
     };
-    let mut total = 0;
-    for table in &tables {
+    let mut slots = Vec::new();
+    for table in tables {
         for state in VERIFIED_STATES {
-            total += snapshot.count_in_state(table, state)? as usize;
+            let count = snapshot.count_in_state(&table, state)?;
+            if count > 0 {
+                slots.push((table.clone(), state, count));
+            }
         }
     }
-    Ok((tables, total))
+    Ok(slots)
 }
 
 /// The archived buckets a verification checks: every one of `table` (every table: `None`),
-/// or `sample` of them chosen at random (positions drawn from the tallies' count, then picked
-/// on one walk of the index by state). Keys only; it holds the chosen ids, nothing more.
+/// or `sample` of them chosen at random. A sample draws how many come from each table and
+/// state by their tallies, then seeks that many random points of the index by hash: it reads
+/// about the sample's keys, whatever the archive's size. Keys only; it holds the chosen ids.
 pub fn chosen(store: &Store, table: Option<&str>, sample: Option<usize>, seed: u64) -> Result<Vec<BucketId>> {
     let snapshot = store.snapshot()?;
-    let (tables, total) = archived_tables(&snapshot, table)?;
-    let positions = sample.map(|n| {
-        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-        let mut positions = rand::seq::index::sample(&mut rng, total, n.min(total)).into_vec();
-        positions.sort_unstable();
-        positions
-    });
-    let mut ids = Vec::with_capacity(positions.as_ref().map_or(total, Vec::len));
-    let (mut position, mut next) = (0usize, 0usize);
-    for table in &tables {
-        for state in VERIFIED_STATES {
-            snapshot.visit_ids_in_state(table, state, |id| {
-                match &positions {
-                    None => ids.push(id),
-                    Some(positions) if positions.get(next) == Some(&position) => {
-                        ids.push(id);
-                        next += 1;
-                    }
-                    Some(_) => {}
-                }
-                position += 1;
+    let slots = archived_slots(&snapshot, table)?;
+    let total: u64 = slots.iter().map(|(_, _, count)| count).sum();
+    let mut ids = Vec::new();
+    let Some(sample) = sample else {
+        for (table, state, _) in &slots {
+            snapshot.visit_ids_in_state(table, *state, |id| {
+                ids.push(id);
                 Ok(())
             })?;
+        }
+        return Ok(ids);
+    };
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    // Positions over every archived bucket, counted per slot: each slot's share of the sample
+    // is drawn as a uniform sample of the whole would draw it.
+    let mut shares = vec![0usize; slots.len()];
+    for position in rand::seq::index::sample(&mut rng, total as usize, sample.min(total as usize)) {
+        let mut before = 0;
+        for (share, (_, _, count)) in shares.iter_mut().zip(&slots) {
+            if (position as u64) < before + count {
+                *share += 1;
+                break;
+            }
+            before += count;
+        }
+    }
+    for ((table, state, count), share) in slots.iter().zip(shares) {
+        if share > 0 {
+            ids.extend(snapshot.sample_archived_ids(table, *state, *count, share, &mut rng)?);
         }
     }
     Ok(ids)

@@ -314,7 +314,7 @@ impl BucketState {
         }
     }
 
-    pub fn name(self) -> &'static str {
+    pub const fn name(self) -> &'static str {
         match self {
             BucketState::Hot => "hot",
             BucketState::Archiving => "archiving",

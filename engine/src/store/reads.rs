@@ -594,6 +594,20 @@ impl Snapshot {
         super::tally::buckets_in_state_by_start(&self.txn, table, state.name(), limit)
     }
 
+    /// `n` distinct ids, chosen at random, of the `count` (its tally) archived buckets of
+    /// `table` in `state`, from the index by hash (schema 7): a small sample costs about `n`
+    /// seeks, whatever `count` (`tally::sample_ids_in_state`).
+    pub fn sample_archived_ids(
+        &self,
+        table: &str,
+        state: BucketState,
+        count: u64,
+        n: usize,
+        rng: &mut impl rand::Rng,
+    ) -> Result<Vec<BucketId>> {
+        super::tally::sample_ids_in_state(&self.txn, table, state.name(), count, n, rng)
+    }
+
     /// Visits the ids of `table`'s buckets in `state` from the tallies' index by state (keys
     /// only: no bucket's row is read), longest in the state first.
     pub fn visit_ids_in_state(

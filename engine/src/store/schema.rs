@@ -24,6 +24,7 @@
 //! | `state_tallies`  | (table, state)                                   | (buckets, rows)|
 //! | `buckets_by_state`| table ‖ state ‖ state_since ‖ bucket id         | ()             |
 //! | `buckets_by_state_and_start` | table ‖ state ‖ start ‖ bucket id    | ()             |
+//! | `archived_by_hash` | table ‖ state ‖ hash of the id ‖ bucket id (archived states only) | () |
 //! | `held_tallies`   | table                                            | buckets        |
 //! | `deferred_buckets`, `leased_buckets` | bucket id                    | ()             |
 //! | `longest_buckets`| table                                            | microseconds   |
@@ -36,7 +37,8 @@
 //! `unplanned`) and adds `buckets_by_end`. Schema 4 adds the status tallies (`tally`), and
 //! schema 5 the length of each table's longest bucket beside them, which lets a query seek
 //! the first bucket a time range can reach (`reads`); schema 6 indexes each state's buckets by
-//! start, the order a listing of one state pages in.
+//! start, the order a listing of one state pages in; schema 7 indexes each archived bucket by
+//! a hash of its id, where a verification's random sample seeks.
 
 use redb::TableDefinition;
 use serde::{Deserialize, Serialize};
@@ -54,7 +56,7 @@ use crate::model::{BucketDescriptor, BucketFacts, BucketState, Micros, Retention
 
 /// Bumped on any incompatible change of a table or value; `Store::open` refuses a newer one
 /// and upgrades an older one.
-pub const SCHEMA_VERSION: u32 = 6;
+pub const SCHEMA_VERSION: u32 = 7;
 
 pub const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
 pub const TABLES: TableDefinition<&str, &[u8]> = TableDefinition::new("tables");
@@ -121,7 +123,12 @@ pub const LONGEST_BUCKETS: TableDefinition<&str, i64> = TableDefinition::new("lo
 /// Each bucket by table, state, start, then id (schema 6, kept with the tallies): a listing of
 /// one state's buckets (`/buckets?state=`) reads its page and no other bucket.
 pub const BUCKETS_BY_STATE_AND_START: TableDefinition<&[u8], ()> = TableDefinition::new("buckets_by_state_and_start");
-/// Present while the tallies are being built from every bucket (the upgrades to schemas 4 to 6): the
+/// Each archived bucket (both states of a published archive) by table, state, the first 8
+/// bytes of the SHA-256 of its encoded id, then the id (schema 7, kept with the tallies): the
+/// hashes spread the buckets evenly over the key space, so a verification's random sample
+/// seeks random points of it instead of walking every archived bucket.
+pub const ARCHIVED_BY_HASH: TableDefinition<&[u8], ()> = TableDefinition::new("archived_by_hash");
+/// Present while the tallies are being built from every bucket (the upgrades to schemas 4 to 7): the
 /// last bucket tallied (empty: none yet), so a restart goes on from it.
 pub const META_TALLY_CURSOR: &str = "tally_cursor";
 /// The sequence of the last entry written to `PUBLICATION_CHANGES`.

@@ -1,4 +1,4 @@
-//! The status tallies (schema 4, 5 for the longest bucket, 6 for each state's buckets by start): what `status` shows of the buckets, kept in the transaction
+//! The status tallies (schema 4, 5 for the longest bucket, 6 for each state's buckets by start, 7 for the archived buckets by hash): what `status` shows of the buckets, kept in the transaction
 //! of every change of a bucket's row, so a status costs the same on 1,000 buckets and on
 //! 1,000,000 instead of reading every bucket.
 //!
@@ -11,7 +11,9 @@
 //! - `LONGEST_BUCKETS` (schema 5): per table, the length of its longest bucket, which queries
 //!   seek by (`Snapshot::buckets_in_range`);
 //! - `BUCKETS_BY_STATE_AND_START` (schema 6): each bucket by table, state and start, the
-//!   order a listing of one state's buckets pages in (`buckets_in_state_by_start`).
+//!   order a listing of one state's buckets pages in (`buckets_in_state_by_start`);
+//! - `ARCHIVED_BY_HASH` (schema 7): each archived bucket by table, state and a hash of its id,
+//!   where a verification's random sample seeks (`sample_ids_in_state`).
 //!
 //! Every write of a bucket's row goes through `save_meta` or the append's batch, and both
 //! call `Tallies::account` with the row before and after; `Store::check_tallies` recomputes
@@ -23,13 +25,14 @@ use redb::{ReadableTable, ReadableTableMetadata, Table, WriteTransaction};
 
 use super::encoding;
 use super::schema::{
-    BUCKETS, BUCKETS_BY_STATE, BUCKETS_BY_STATE_AND_START, BucketId, BucketMeta, DEFERRED_BUCKETS, HELD_TALLIES,
-    LEASED_BUCKETS, LONGEST_BUCKETS, META, META_SCHEMA_VERSION, META_TALLY_CURSOR, STATE_TALLIES, decode_value,
+    ARCHIVED_BY_HASH, BUCKETS, BUCKETS_BY_STATE, BUCKETS_BY_STATE_AND_START, BucketId, BucketMeta, DEFERRED_BUCKETS,
+    HELD_TALLIES, LEASED_BUCKETS, LONGEST_BUCKETS, META, META_SCHEMA_VERSION, META_TALLY_CURSOR, STATE_TALLIES,
+    decode_value,
 };
 use crate::error::{Error, Result};
-use crate::model::Micros;
+use crate::model::{BucketState, Micros};
 
-/// Buckets tallied per transaction by the upgrades to schemas 4, 5 and 6.
+/// Buckets tallied per transaction by the upgrades to schemas 4 to 7.
 pub const TALLY_BUCKETS_PER_TRANSACTION: usize = 50_000;
 
 /// What the tallies count of one bucket's row.
@@ -68,6 +71,7 @@ pub(super) struct Tallies<'txn> {
     states: Table<'txn, (&'static str, &'static str), (u64, u64)>,
     by_state: Table<'txn, &'static [u8], ()>,
     by_state_and_start: Table<'txn, &'static [u8], ()>,
+    archived_by_hash: Table<'txn, &'static [u8], ()>,
     held: Table<'txn, &'static str, u64>,
     deferred: Table<'txn, &'static [u8], ()>,
     leased: Table<'txn, &'static [u8], ()>,
@@ -80,6 +84,7 @@ impl<'txn> Tallies<'txn> {
             states: txn.open_table(STATE_TALLIES)?,
             by_state: txn.open_table(BUCKETS_BY_STATE)?,
             by_state_and_start: txn.open_table(BUCKETS_BY_STATE_AND_START)?,
+            archived_by_hash: txn.open_table(ARCHIVED_BY_HASH)?,
             held: txn.open_table(HELD_TALLIES)?,
             deferred: txn.open_table(DEFERRED_BUCKETS)?,
             leased: txn.open_table(LEASED_BUCKETS)?,
@@ -117,6 +122,15 @@ impl<'txn> Tallies<'txn> {
                 self.by_state_and_start.remove(by_state_key(table, b.state, b.start, &encoded).as_slice())?;
             }
             self.by_state_and_start.insert(by_state_key(table, after.state, after.start, &encoded).as_slice(), ())?;
+        }
+        let hashed = |tally: Tally| is_sampled(tally.state).then_some(tally.state);
+        if before.and_then(hashed) != hashed(after) {
+            if let Some(state) = before.and_then(hashed) {
+                self.archived_by_hash.remove(by_hash_key(table, state, &encoded).as_slice())?;
+            }
+            if let Some(state) = hashed(after) {
+                self.archived_by_hash.insert(by_hash_key(table, state, &encoded).as_slice(), ())?;
+            }
         }
         let held_before = before.is_some_and(|b| b.held);
         if held_before != after.held {
@@ -178,6 +192,25 @@ fn signed_add(count: u64, delta: i128, table: &str, tally: &str) -> u64 {
 fn by_state_key(table: &str, state: &str, time: Micros, encoded_id: &[u8]) -> Vec<u8> {
     let mut out = state_prefix(table, state);
     encoding::put_i64(&mut out, time);
+    out.extend_from_slice(encoded_id);
+    out
+}
+
+/// The states `ARCHIVED_BY_HASH` indexes: those of a published archive, which a verification
+/// samples.
+pub(super) const SAMPLED_STATES: [&str; 2] =
+    [BucketState::Archived { hot_deleted: true }.name(), BucketState::Archived { hot_deleted: false }.name()];
+
+fn is_sampled(state: &str) -> bool {
+    SAMPLED_STATES.contains(&state)
+}
+
+/// A bucket's key in `ARCHIVED_BY_HASH`: its table, its state, the first 8 bytes of the
+/// SHA-256 of its encoded id, then the encoded id.
+fn by_hash_key(table: &str, state: &str, encoded_id: &[u8]) -> Vec<u8> {
+    use sha2::Digest;
+    let mut out = state_prefix(table, state);
+    out.extend_from_slice(&sha2::Sha256::digest(encoded_id)[..8]);
     out.extend_from_slice(encoded_id);
     out
 }
@@ -324,6 +357,73 @@ pub(super) fn visit_ids_in_state(
     Ok(())
 }
 
+/// Keys a sample steps past a random point of `ARCHIVED_BY_HASH` before it takes one (a
+/// random number below this). One random point would choose each bucket with a weight of
+/// the gap between its hash and the one before, which is fixed and varies a hundredfold
+/// between buckets; the mean of up to this many gaps varies far less, so every bucket is
+/// checked about as often over repeated samples.
+const SAMPLE_STEPS: u64 = 32;
+
+/// `n` distinct ids, chosen at random, of the `count` buckets of `table` in state `state` (a
+/// name of `SAMPLED_STATES`; `count` from its tally). A small sample seeks random points of
+/// `ARCHIVED_BY_HASH` (about `n` seeks and `SAMPLE_STEPS` keys each, whatever `count`); one
+/// of more than a quarter of the buckets walks the state's keys and picks exact positions.
+/// Fewer than `n` if the index holds fewer.
+pub(super) fn sample_ids_in_state(
+    txn: &redb::ReadTransaction,
+    table: &str,
+    state: &str,
+    count: u64,
+    n: usize,
+    rng: &mut impl rand::Rng,
+) -> Result<Vec<BucketId>> {
+    debug_assert!(is_sampled(state), "{state} buckets are not indexed by hash");
+    let index = txn.open_table(ARCHIVED_BY_HASH)?;
+    let prefix = state_prefix(table, state);
+    let end = encoding::prefix_end(&prefix);
+    let id_of = |key: &[u8]| BucketId::decode(&mut encoding::Reader::new(&key[prefix.len() + 8..]));
+    let mut out = Vec::with_capacity(n.min(count as usize));
+    if n as u64 >= count / 4 {
+        let mut positions = rand::seq::index::sample(rng, count as usize, n.min(count as usize)).into_vec();
+        positions.sort_unstable();
+        let mut positions = positions.into_iter().peekable();
+        for (position, entry) in index.range(prefix.as_slice()..end.as_slice())?.enumerate() {
+            let Some(&next) = positions.peek() else { break };
+            let (key, _) = entry?;
+            if next == position {
+                out.push(id_of(key.value())?);
+                positions.next();
+            }
+        }
+        return Ok(out);
+    }
+    let mut taken = std::collections::HashSet::with_capacity(n);
+    while out.len() < n {
+        let mut point = prefix.clone();
+        point.extend_from_slice(&rng.random::<u64>().to_be_bytes());
+        // Fewer steps than keys left untaken, so a step never runs past them all.
+        let steps = rng.random_range(0..SAMPLE_STEPS.min(count - n as u64)) as usize;
+        // From the point to the end of the state's keys, then around from their start.
+        let keys = index
+            .range(point.as_slice()..end.as_slice())?
+            .chain(index.range(prefix.as_slice()..point.as_slice())?)
+            .skip(steps);
+        let mut found = false;
+        for entry in keys {
+            let (key, _) = entry?;
+            if taken.insert(key.value().to_vec()) {
+                out.push(id_of(key.value())?);
+                found = true;
+                break;
+            }
+        }
+        if !found {
+            break; // The index holds fewer than the tally: `check_tallies` says so.
+        }
+    }
+    Ok(out)
+}
+
 /// The tables the tallies count buckets of, a removed table's included, in name order.
 pub(super) fn tallied_tables(txn: &redb::ReadTransaction) -> Result<Vec<String>> {
     let states = txn.open_table(STATE_TALLIES)?;
@@ -416,7 +516,7 @@ fn tally_from_cursor(db: &redb::Database, per_transaction: usize, transactions_m
 /// writing rows the tallies would miss.
 pub(super) fn begin_tally(db: &redb::Database, version: u32) -> Result<()> {
     let txn = db.begin_write()?;
-    for table in [BUCKETS_BY_STATE, BUCKETS_BY_STATE_AND_START, DEFERRED_BUCKETS, LEASED_BUCKETS] {
+    for table in [BUCKETS_BY_STATE, BUCKETS_BY_STATE_AND_START, ARCHIVED_BY_HASH, DEFERRED_BUCKETS, LEASED_BUCKETS] {
         txn.delete_table(table)?;
         txn.open_table(table)?;
     }
@@ -444,9 +544,13 @@ pub(super) fn differences(txn: &redb::ReadTransaction) -> Result<Vec<String>> {
     let mut longest: BTreeMap<String, Micros> = BTreeMap::new();
     // Buckets whose entry in an index by state is not where their row says (with the lengths
     // checked below, each index then holds exactly the rows' entries).
-    let (by_state, by_state_and_start) =
-        (txn.open_table(BUCKETS_BY_STATE)?, txn.open_table(BUCKETS_BY_STATE_AND_START)?);
-    let (mut misplaced_by_state, mut misplaced_by_start) = (0u64, 0u64);
+    let (by_state, by_state_and_start, by_hash) = (
+        txn.open_table(BUCKETS_BY_STATE)?,
+        txn.open_table(BUCKETS_BY_STATE_AND_START)?,
+        txn.open_table(ARCHIVED_BY_HASH)?,
+    );
+    let (mut misplaced_by_state, mut misplaced_by_start, mut misplaced_by_hash) = (0u64, 0u64, 0u64);
+    let mut sampled = 0u64;
     for entry in txn.open_table(BUCKETS)?.iter()? {
         let (key, value) = entry?;
         let bucket: BucketMeta = decode_value(value.value())?;
@@ -457,6 +561,12 @@ pub(super) fn differences(txn: &redb::ReadTransaction) -> Result<Vec<String>> {
         }
         if by_state_and_start.get(by_state_key(table_id, tally.state, tally.start, key.value()).as_slice())?.is_none() {
             misplaced_by_start += 1;
+        }
+        if is_sampled(tally.state) {
+            sampled += 1;
+            if by_hash.get(by_hash_key(table_id, tally.state, key.value()).as_slice())?.is_none() {
+                misplaced_by_hash += 1;
+            }
         }
         let table_longest = longest.entry(bucket.id.table.clone()).or_insert(0);
         *table_longest = (*table_longest).max(tally.span);
@@ -495,20 +605,24 @@ pub(super) fn differences(txn: &redb::ReadTransaction) -> Result<Vec<String>> {
             out.push(format!("table {table:?}: tallied {stored:?}, the rows say {expected:?}"));
         }
     }
-    for (name, misplaced) in
-        [("buckets_by_state", misplaced_by_state), ("buckets_by_state_and_start", misplaced_by_start)]
-    {
+    for (name, misplaced) in [
+        ("buckets_by_state", misplaced_by_state),
+        ("buckets_by_state_and_start", misplaced_by_start),
+        ("archived_by_hash", misplaced_by_hash),
+    ] {
         if misplaced > 0 {
             out.push(format!("{name} lacks the entry of {misplaced} buckets where their rows put it"));
         }
     }
     let bucket_count = txn.open_table(BUCKETS)?.len()?;
-    for (name, index) in
-        [("buckets_by_state", BUCKETS_BY_STATE), ("buckets_by_state_and_start", BUCKETS_BY_STATE_AND_START)]
-    {
+    for (name, index, expected) in [
+        ("buckets_by_state", BUCKETS_BY_STATE, bucket_count),
+        ("buckets_by_state_and_start", BUCKETS_BY_STATE_AND_START, bucket_count),
+        ("archived_by_hash", ARCHIVED_BY_HASH, sampled),
+    ] {
         let len = txn.open_table(index)?.len()?;
-        if len != bucket_count {
-            out.push(format!("{name} holds {len} entries for {bucket_count} buckets"));
+        if len != expected {
+            out.push(format!("{name} holds {len} entries for {expected} buckets"));
         }
     }
     for (name, set, expected) in [("deferred", DEFERRED_BUCKETS, &deferred), ("leased", LEASED_BUCKETS, &leased)] {
@@ -636,5 +750,68 @@ mod tests {
         let store = Store::open(&path).unwrap();
         assert_eq!(store.tally_differences().unwrap(), Vec::<String>::new());
         assert_eq!(store.status_tallies(["t", "a/b %=é"]).unwrap().tables, before);
+    }
+
+    /// A sample seeks random points of the index by hash; over many samples every archived
+    /// bucket is chosen about as often (with one step past the point instead of up to
+    /// `SAMPLE_STEPS`, the least-chosen bucket of these is chosen about once), never one that
+    /// left the archived states, and each bucket once per sample.
+    #[test]
+    fn a_sample_from_the_index_by_hash_checks_every_archived_bucket_about_as_often() {
+        use rand::SeedableRng;
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("hot.redb")).unwrap();
+        let archived = BucketState::Archived { hot_deleted: true };
+        let buckets = 260;
+        for i in 0..buckets {
+            let id = BucketId {
+                table: "t".into(),
+                partition_key: format!("site {}/p%=é {}", i % 7, i / 7).into_bytes(),
+                bucket_key: format!("2024-01-{:02}", i % 28 + 1),
+            };
+            let descriptor = BucketDescriptor { key: id.bucket_key.clone(), start: i as i64, end: i as i64 + 1 };
+            let mut meta = bucket_for_tests(id, &descriptor);
+            meta.state = archived;
+            store
+                .write(move |txn| {
+                    index_new_bucket(txn, &meta)?;
+                    save_meta(txn, &meta)
+                })
+                .unwrap();
+        }
+        // Sixty leave the archived state, as an expiry or a late record takes them.
+        let mut left = std::collections::BTreeSet::new();
+        for meta in store.buckets("t", None).unwrap().into_iter().step_by(4).take(60) {
+            left.insert(meta.id.clone());
+            let mut meta = meta;
+            meta.state = if left.len() % 2 == 0 { BucketState::Expired } else { BucketState::ArchivedPending };
+            store.write(move |txn| save_meta(txn, &meta)).unwrap();
+        }
+        assert_eq!(store.tally_differences().unwrap(), Vec::<String>::new());
+        let count = buckets as u64 - 60;
+        let snapshot = store.snapshot().unwrap();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        let mut chosen: std::collections::BTreeMap<BucketId, u32> = std::collections::BTreeMap::new();
+        let draws = 20_000;
+        for _ in 0..draws {
+            for id in snapshot.sample_archived_ids("t", archived, count, 1, &mut rng).unwrap() {
+                *chosen.entry(id).or_default() += 1;
+            }
+        }
+        assert!(chosen.keys().all(|id| !left.contains(id)), "a sample chose a bucket no longer archived");
+        assert_eq!(chosen.len() as u64, count, "every archived bucket is chosen at some point");
+        let mean = f64::from(draws) / count as f64;
+        let (least, most) = (chosen.values().min().unwrap(), chosen.values().max().unwrap());
+        assert!(
+            f64::from(*least) > mean / 4.0 && f64::from(*most) < mean * 4.0,
+            "chosen between {least} and {most} times, against {mean:.0} on average"
+        );
+        // Each bucket once per sample, by seeks (a small sample) or by a walk (a large one).
+        for n in [1, 10, 49, 50, 120, count as usize, count as usize + 5] {
+            let ids = snapshot.sample_archived_ids("t", archived, count, n, &mut rng).unwrap();
+            let distinct: std::collections::BTreeSet<_> = ids.iter().collect();
+            assert_eq!((ids.len(), distinct.len()), (n.min(count as usize), n.min(count as usize)), "{n}");
+            assert!(ids.iter().all(|id| !left.contains(id)));
+        }
     }
 }

@@ -18,7 +18,8 @@
 //! key) and records version 3.
 //!
 //! Schema 4 adds the status tallies (`tally`), schema 5 each table's longest bucket beside
-//! them, and schema 6 each state's buckets by start: the upgrade to any of them records the new version with an empty cursor, then tallies
+//! them, schema 6 each state's buckets by start, and schema 7 each archived bucket by a hash
+//! of its id: the upgrade to any of them records the new version with an empty cursor, then tallies
 //! every bucket anew in transactions that each move the cursor, and removes the cursor last;
 //! an open that finds the cursor goes on from it.
 
