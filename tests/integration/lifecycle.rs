@@ -287,6 +287,73 @@ fn drain_outbox(e: &TestEngine) {
     panic!("the backlog never drained in 600 passes, 10 minutes of the engine's clock");
 }
 
+/// A backlog of more events than one batch drains in one pass once its sink takes them, and
+/// at once with no sink: a pass goes on batch after batch while every sink takes each whole
+/// (a pass used to take 500 events, so an engine archiving more than that per pass grew its
+/// outbox without bound).
+#[test]
+fn a_backlog_of_events_drains_in_one_pass_with_or_without_a_sink() {
+    let dir = tempfile::tempdir().unwrap();
+    // Its folder does not exist yet: every delivery fails until it does.
+    let sink_path = dir.path().join("not yet/events.jsonl");
+    let settings = frostline::settings::Settings { scan_limit: 2_000, ..Default::default() };
+    for with_sink in [true, false] {
+        let extra = match with_sink {
+            true => format!("[[sink]]\nname = \"audit\"\nkind = \"jsonl\"\npath = \"{}\"\n", sink_path.display()),
+            false => String::new(),
+        };
+        let e = TestEngine::open_with_settings(
+            &policy(&extra),
+            "2024-03-01T12:00:00Z",
+            &[],
+            Default::default(),
+            settings.clone(),
+        )
+        .unwrap();
+        // 900 buckets: 450 partitions over two days.
+        let input: Vec<frostline::model::Record> = (0..900)
+            .map(|n| frostline::model::Record {
+                partition_key: format!("{} {}", USER_KEYS[n % 3], n % 450).into_bytes(),
+                event_time: t("2024-03-01T06:00:00Z") + (n / 450) as i64 * DAY_US,
+                sort_key: b"s".to_vec(),
+                tenant: None,
+                kind: None,
+                body: format!("{{\"n\":{n}}}"),
+            })
+            .collect();
+        e.engine.append("r", input).unwrap();
+        e.clock.set(t("2024-03-10T00:00:00Z"));
+        let (mut archived, mut passes) = (0, 0);
+        loop {
+            let report = e.pass();
+            archived += report.archived;
+            passes += 1;
+            if !report.made_progress() {
+                break;
+            }
+        }
+        assert_eq!(archived, 900);
+        let backlog = e.engine.store().outbox_len().unwrap();
+        if !with_sink {
+            // The last pass, which found nothing to do, took every event the others made.
+            assert_eq!(backlog, 0, "events left after {passes} passes");
+            continue;
+        }
+        assert!(backlog >= 2 * 900, "every event waits for the sink: {backlog} after {passes} passes");
+        std::fs::create_dir_all(sink_path.parent().unwrap()).unwrap();
+        e.clock.advance(frostline::archive::outbox::SINK_BACKOFF_MS_MAX as i64 * 1_000);
+        let report = e.pass();
+        assert_eq!(report.outbox_delivered, backlog, "{report:?}");
+        assert_eq!(e.engine.store().outbox_len().unwrap(), 0);
+        let lines = std::fs::read_to_string(&sink_path).unwrap();
+        let sequences: std::collections::BTreeSet<u64> = lines
+            .lines()
+            .map(|line| serde_json::from_str::<serde_json::Value>(line).unwrap()["sequence"].as_u64().unwrap())
+            .collect();
+        assert_eq!((lines.lines().count(), sequences.len()), (backlog as usize, backlog as usize), "each once");
+    }
+}
+
 #[test]
 fn a_sink_that_is_down_delays_delivery_but_never_blocks_archival() {
     // A port that nothing listens on.

@@ -13,8 +13,12 @@ use crate::error::{Error, Result};
 use crate::policy::{SinkConfig, SinkKind};
 use crate::store::schema::OutboxEvent;
 
-/// Events looked at per pass.
-pub const OUTBOX_EVENTS_PER_PASS_MAX: usize = 500;
+/// Events read from the outbox and delivered at a time.
+pub const OUTBOX_EVENTS_PER_BATCH: usize = 500;
+/// Events a pass completes at most: batch after batch, while every sink took the last batch
+/// whole, so a backlog drains at the sinks' pace (and at once with no sink), not a batch per
+/// pass, which an engine archiving more than that per pass outgrows.
+pub const OUTBOX_EVENTS_PER_PASS_MAX: usize = 100_000;
 pub const SINK_BACKOFF_MS_MIN: u64 = 1_000;
 pub const SINK_BACKOFF_MS_MAX: u64 = 300_000;
 
@@ -129,13 +133,31 @@ fn delivered(sink: &SinkConfig, response: &ureq::http::Response<ureq::Body>) -> 
     )))
 }
 
-/// Delivers pending events; returns how many events were completed (delivered everywhere).
+/// Delivers pending events a batch at a time, up to `OUTBOX_EVENTS_PER_PASS_MAX`; returns how
+/// many events were completed (delivered everywhere). It stops after a batch that a sink did
+/// not take whole (down, backed off, or failing part-way): the next batch would begin with the
+/// same events.
 pub async fn deliver(ctx: &Arc<Context>) -> Result<u64> {
-    let store = ctx.store.clone();
-    let events = blocking(move || store.outbox(OUTBOX_EVENTS_PER_PASS_MAX)).await?;
-    if events.is_empty() {
-        return Ok(0);
+    let mut completed = 0u64;
+    while (completed as usize) < OUTBOX_EVENTS_PER_PASS_MAX {
+        let (read, done) = deliver_batch_of_outbox(ctx).await?;
+        completed += done;
+        if read < OUTBOX_EVENTS_PER_BATCH || done < read as u64 {
+            break;
+        }
     }
+    Ok(completed)
+}
+
+/// Delivers the outbox's first `OUTBOX_EVENTS_PER_BATCH` events to every sink not backed off;
+/// returns how many it read and how many were completed.
+async fn deliver_batch_of_outbox(ctx: &Arc<Context>) -> Result<(usize, u64)> {
+    let store = ctx.store.clone();
+    let events = blocking(move || store.outbox(OUTBOX_EVENTS_PER_BATCH)).await?;
+    if events.is_empty() {
+        return Ok((0, 0));
+    }
+    let read = events.len();
     let sequences: Vec<u64> = events.iter().map(|e| e.sequence).collect();
     let sinks = ctx.policies.clone().sinks.clone();
     let backoffs = &ctx.memory().sink_backoffs;
@@ -179,5 +201,5 @@ pub async fn deliver(ctx: &Arc<Context>) -> Result<u64> {
         let store = ctx.store.clone();
         blocking(move || store.ack_outbox(done)).await?;
     }
-    Ok(completed)
+    Ok((read, completed))
 }

@@ -60,25 +60,35 @@ impl Store {
     }
 
     /// Removes delivered outbox events and their delivery records (those of sinks since
-    /// removed from the policy too), in one transaction and one walk of the records.
+    /// removed from the policy too), in one transaction: a seek per sink recorded and event,
+    /// never a walk of every record (a backlog's are many while a sink is down).
     pub fn ack_outbox(&self, sequences: Vec<u64>) -> Result<()> {
         self.write(move |txn| {
             let mut t = txn.open_table(OUTBOX)?;
             let mut deliveries = txn.open_table(DELIVERIES)?;
-            let acked: std::collections::HashSet<[u8; 8]> = sequences.iter().map(|s| s.to_be_bytes()).collect();
             for s in &sequences {
                 t.remove(s.to_be_bytes().as_slice())?;
             }
-            let mut stale: Vec<Vec<u8>> = Vec::new();
-            for entry in deliveries.iter()? {
-                let key = entry?.0.value().to_vec();
-                let sequence: Option<[u8; 8]> = key.len().checked_sub(8).and_then(|at| key[at..].try_into().ok());
-                if sequence.is_some_and(|s| acked.contains(&s)) {
-                    stale.push(key);
+            // Each sink's records are one range of keys (its name, then the sequence): from
+            // the first key of a sink, its prefix, then on past the end of that prefix.
+            let mut from: Vec<u8> = Vec::new();
+            loop {
+                let prefix = match deliveries.range::<&[u8]>(from.as_slice()..)?.next() {
+                    Some(entry) => {
+                        let key = entry?.0.value().to_vec();
+                        let at = key.len().checked_sub(8).ok_or_else(|| {
+                            Error::Corruption(format!("a delivery record's key is too short: {}", hex::encode(&key)))
+                        })?;
+                        key[..at].to_vec()
+                    }
+                    None => break,
+                };
+                for s in &sequences {
+                    let mut key = prefix.clone();
+                    encoding::put_u64(&mut key, *s);
+                    deliveries.remove(key.as_slice())?;
                 }
-            }
-            for k in stale {
-                deliveries.remove(k.as_slice())?;
+                from = encoding::prefix_end(&prefix);
             }
             Ok(())
         })
@@ -149,6 +159,8 @@ mod tests {
         assert_eq!(sequences.len(), 5);
         store.record_deliveries("audit".into(), sequences[..3].to_vec(), 1).unwrap();
         store.record_deliveries("removed sink".into(), sequences.clone(), 1).unwrap();
+        // A name that begins with another's: each sink's records are a range of their own.
+        store.record_deliveries("audit/2 %=é".into(), sequences.clone(), 1).unwrap();
         let audit = store.delivered_among("audit", &sequences).unwrap();
         assert_eq!(audit, sequences[..3].iter().copied().collect());
         assert_eq!(store.delivered_among("removed sink", &sequences).unwrap().len(), 5);
@@ -158,5 +170,6 @@ mod tests {
         assert!(store.delivered_among("audit", &sequences).unwrap().is_empty());
         let left = store.delivered_among("removed sink", &sequences).unwrap();
         assert_eq!(left, sequences[3..].iter().copied().collect(), "only the acknowledged events' records go");
+        assert_eq!(store.delivered_among("audit/2 %=é", &sequences).unwrap(), left);
     }
 }
