@@ -103,13 +103,7 @@ impl Store {
         let mut out = Vec::new();
         for state in PUBLISHING_STATES {
             super::tally::visit_starts_in_state(&txn, table, state.name(), from, to, |_, encoded| {
-                let row = buckets.get(encoded)?.ok_or_else(|| {
-                    Error::Corruption(format!(
-                        "buckets_by_state_and_start names bucket {}, which is not stored",
-                        hex::encode(encoded)
-                    ))
-                })?;
-                let meta: BucketMeta = decode_value(row.value())?;
+                let meta = super::tally::indexed_bucket(&buckets, encoded)?;
                 if meta.has_published_archive() {
                     let (first, last) = (generation_key(&meta.id, 0), generation_key(&meta.id, u64::MAX));
                     // The newest manifest recorded is the published one.

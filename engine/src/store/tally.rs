@@ -289,16 +289,24 @@ pub(super) fn buckets_in_state_by_start(
             return Ok((out, true));
         }
         let (key, _) = entry?;
-        let encoded = &key.value()[prefix.len() + 8..];
-        let row = buckets.get(encoded)?.ok_or_else(|| {
-            Error::Corruption(format!(
-                "buckets_by_state_and_start names bucket {}, which is not stored",
-                hex::encode(encoded)
-            ))
-        })?;
-        out.push(decode_value(row.value())?);
+        out.push(indexed_bucket(&buckets, &key.value()[prefix.len() + 8..])?);
     }
     Ok((out, false))
+}
+
+/// The row of the bucket (its encoded id) that `BUCKETS_BY_STATE_AND_START` names; its absence
+/// is corruption.
+pub(super) fn indexed_bucket(
+    buckets: &impl ReadableTable<&'static [u8], &'static [u8]>,
+    encoded: &[u8],
+) -> Result<BucketMeta> {
+    let row = buckets.get(encoded)?.ok_or_else(|| {
+        Error::Corruption(format!(
+            "buckets_by_state_and_start names bucket {}, which is not stored",
+            hex::encode(encoded)
+        ))
+    })?;
+    decode_value(row.value())
 }
 
 /// Visits, by start, the starts and encoded ids of `table`'s buckets in state `state` (its
