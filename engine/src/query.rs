@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::engine::Context;
 use crate::error::{Error, Result};
+use crate::format::manifest::Manifest;
 use crate::format::reader::Want;
 use crate::model::{BucketState, Micros, Record};
 use crate::policy::{PolicySet, TablePolicy};
@@ -147,7 +148,7 @@ pub async fn query(ctx: &Arc<Context>, request: QueryRequest) -> Result<QueryPag
     let mut collected: Vec<Record> = Vec::new();
     let mut collected_bytes = 0usize;
     let mut sorted = true;
-    while let Some(bucket) = buckets.next().await? {
+    while let Some((bucket, recorded)) = buckets.next().await? {
         if collected.len() >= limit || collected_bytes > QUERY_PAGE_BYTES_MAX {
             collected_bytes = settle(&mut collected, &mut sorted, want);
             let full = collected.len() >= limit || collected_bytes > QUERY_PAGE_BYTES_MAX;
@@ -166,7 +167,7 @@ pub async fn query(ctx: &Arc<Context>, request: QueryRequest) -> Result<QueryPag
         let pending = bucket.has_published_archive() && !matches!(bucket.state, BucketState::Archived { .. });
         let mut rows = match bucket.state {
             _ if bucket.has_published_archive() => {
-                match read_published(&policies, &table, &snapshot, &bucket, lower, &filter, want_read).await {
+                match read_published(&policies, &table, &bucket, recorded, lower, &filter, want_read).await {
                     Ok(rows) => rows,
                     Err(e) => {
                         // An expiry that ran after the snapshot deletes what the snapshot still
@@ -236,13 +237,14 @@ pub async fn query(ctx: &Arc<Context>, request: QueryRequest) -> Result<QueryPag
 }
 
 /// The buckets a query's range reaches, read from the snapshot's index a chunk at a time
-/// (`Snapshot::buckets_in_range`).
+/// (`Snapshot::buckets_in_range`), each with the store's copy of its published manifest if it
+/// has one, read in the same call: one hand-off to a blocking thread per chunk, not per bucket.
 struct BucketsInRange {
     snapshot: Snapshot,
     table: String,
     partition: Option<Vec<u8>>,
     range: (Option<Micros>, Option<Micros>),
-    chunk: std::collections::VecDeque<BucketMeta>,
+    chunk: std::collections::VecDeque<(BucketMeta, Option<Manifest>)>,
     next: Option<Vec<u8>>,
     exhausted: bool,
     /// The order of the last chunk read (the same for every chunk of one range).
@@ -250,18 +252,30 @@ struct BucketsInRange {
 }
 
 impl BucketsInRange {
-    async fn next(&mut self) -> Result<Option<BucketMeta>> {
+    async fn next(&mut self) -> Result<Option<(BucketMeta, Option<Manifest>)>> {
         while self.chunk.is_empty() && !self.exhausted {
             let (snapshot, table, partition, range, after) =
                 (self.snapshot.clone(), self.table.clone(), self.partition.clone(), self.range, self.next.take());
-            let chunk = blocking(move || {
-                snapshot.buckets_in_range(&table, partition.as_deref(), range, after.as_deref(), QUERY_BUCKETS_PER_READ)
+            let (chunk, manifests) = blocking(move || {
+                let chunk = snapshot.buckets_in_range(
+                    &table,
+                    partition.as_deref(),
+                    range,
+                    after.as_deref(),
+                    QUERY_BUCKETS_PER_READ,
+                )?;
+                let manifests = chunk
+                    .buckets
+                    .iter()
+                    .map(|b| if b.has_published_archive() { snapshot.latest_manifest(&b.id) } else { Ok(None) })
+                    .collect::<Result<Vec<_>>>()?;
+                Ok((chunk, manifests))
             })
             .await?;
             self.exhausted = chunk.next.is_none();
             self.next = chunk.next;
             self.order = chunk.order;
-            self.chunk.extend(chunk.buckets);
+            self.chunk.extend(chunk.buckets.into_iter().zip(manifests));
         }
         Ok(self.chunk.pop_front())
     }
@@ -345,13 +359,13 @@ fn hot_rows(
 }
 
 /// Up to `want` rows of a published bucket that the page may hold, in clustering order, read
-/// segment by segment from `lower` on (`read_archive_until`) from the target its manifest (as
-/// recorded in the snapshot) names.
+/// segment by segment from `lower` on (`read_segments_until`) from the target its manifest (as
+/// recorded in the snapshot, the store's copy of the published object) names.
 async fn read_published(
     policies: &PolicySet,
     table: &TablePolicy,
-    snapshot: &Snapshot,
     bucket: &BucketMeta,
+    recorded: Option<Manifest>,
     lower: Option<Micros>,
     filter: &PageFilter,
     want: Want,
@@ -360,12 +374,19 @@ async fn read_published(
         .manifest_key
         .clone()
         .ok_or_else(|| Error::Internal(format!("bucket {} is archived but names no manifest", bucket.id)))?;
-    let (lookup, id) = (snapshot.clone(), bucket.id.clone());
-    let recorded = blocking(move || lookup.latest_manifest(&id))
-        .await?
+    let recorded = recorded
         .ok_or_else(|| Error::Internal(format!("bucket {} is archived but has no recorded manifest", bucket.id)))?;
     let backend = policies.archive_backend(table, &recorded.archive_target())?;
-    crate::format::reader::read_archive_until(backend.as_ref(), &key, lower, filter.to, |r| filter.keeps(r), want).await
+    crate::format::reader::read_segments_until(
+        backend.as_ref(),
+        &key,
+        &recorded,
+        lower,
+        filter.to,
+        |r| filter.keeps(r),
+        want,
+    )
+    .await
 }
 
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {

@@ -316,11 +316,13 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 cursor: cursor.as_deref(),
             };
             let page = remote::open(&engine)?.query(&table, &request)?;
-            let mut out = std::io::stdout().lock();
+            // Buffered: stdout alone flushes at every line, a write call per record.
+            let mut out = std::io::BufWriter::with_capacity(1 << 16, std::io::stdout().lock());
             for line in &page.lines {
                 use std::io::Write;
                 writeln!(out, "{line}")?;
             }
+            std::io::Write::flush(&mut out)?;
             for gone in &page.expired {
                 eprintln!("{gone}");
             }

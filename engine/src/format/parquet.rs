@@ -1,6 +1,7 @@
 //! Apache Parquet segments that other engines read directly (DuckDB, Spark, Trino): one row
-//! group per segment, zstd compression, row-group statistics, event time as
-//! TIMESTAMP(MICROS) adjusted to UTC, the body as a JSON string.
+//! group per segment, zstd compression (but for the columns of few values in a small
+//! segment), row-group statistics, event time as TIMESTAMP(MICROS) adjusted to UTC, the body
+//! as a JSON string.
 
 use std::sync::Arc;
 
@@ -12,11 +13,22 @@ use parquet::arrow::ArrowWriter;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
+use parquet::schema::types::ColumnPath;
 
 use crate::error::{Error, Result};
 use crate::model::Record;
 
 pub const ZSTD_LEVEL: i32 = 3;
+/// Rows from which every column of a segment is compressed. Below it the columns whose pages
+/// are dictionary-encoded runs of a few values (`UNCOMPRESSED_WHEN_SMALL`) are not: a reader
+/// makes a zstd codec (a compression and a decompression context) for each compressed column
+/// of each file, which cost a read of many small day buckets more than those pages hold
+/// (measured: 18 % of `frostline query` over 1,095 segments of 100 rows, whose
+/// `partition_key`, `tenant` and `kind` pages are smaller uncompressed: 49 bytes against 67).
+pub const SMALL_COLUMNS_COMPRESSED_ROWS_MIN: usize = 10_000;
+/// The columns left uncompressed in a segment of fewer rows than that: one partition per
+/// bucket, and tenants and kinds of a few values each.
+const UNCOMPRESSED_WHEN_SMALL: [&str; 3] = ["partition_key", "tenant", "kind"];
 pub const SCHEMA_DESCRIPTION: &str = "parquet: partition_key UTF8, event_time TIMESTAMP(MICROS, UTC), sort_key UTF8, \
      tenant UTF8 (nullable), kind UTF8 (nullable), body UTF8 (JSON text)";
 
@@ -62,8 +74,14 @@ pub fn encode(records: &[Record]) -> Result<Vec<u8>> {
         ],
     )
     .map_err(encoding_error)?;
-    let properties = WriterProperties::builder()
-        .set_compression(Compression::ZSTD(ZstdLevel::try_new(ZSTD_LEVEL).map_err(encoding_error)?))
+    let mut properties = WriterProperties::builder()
+        .set_compression(Compression::ZSTD(ZstdLevel::try_new(ZSTD_LEVEL).map_err(encoding_error)?));
+    if records.len() < SMALL_COLUMNS_COMPRESSED_ROWS_MIN {
+        for name in UNCOMPRESSED_WHEN_SMALL {
+            properties = properties.set_column_compression(ColumnPath::from(name), Compression::UNCOMPRESSED);
+        }
+    }
+    let properties = properties
         .set_statistics_enabled(EnabledStatistics::Chunk)
         .set_max_row_group_row_count(Some(crate::format::SEGMENT_ROWS_MAX))
         .set_created_by("frostline".into())

@@ -33,6 +33,21 @@ pub async fn read_archive_until(
     want: Want,
 ) -> Result<Vec<Record>> {
     let manifest = read_manifest(backend, manifest_key).await?;
+    read_segments_until(backend, manifest_key, &manifest, from, to, keep, want).await
+}
+
+/// `read_archive_until` from a manifest already at hand (a query's, from the store's copy of
+/// the published one, which is the object at `manifest_key`: a manifest is written once):
+/// the same segments, verified the same, without reading the manifest again.
+pub async fn read_segments_until(
+    backend: &dyn ArchiveBackend,
+    manifest_key: &str,
+    manifest: &Manifest,
+    from: Option<Micros>,
+    to: Option<Micros>,
+    keep: impl Fn(&Record) -> bool,
+    want: Want,
+) -> Result<Vec<Record>> {
     let mut rows = Vec::new();
     let mut kept_bytes = 0usize;
     for segment in &manifest.segments {
