@@ -354,6 +354,56 @@ fn a_backlog_of_events_drains_in_one_pass_with_or_without_a_sink() {
     }
 }
 
+/// A pass stops delivering `OUTBOX_DELIVERY_SECONDS_MAX` after its first batch: a backlog
+/// to a slow webhook (one request per event) goes on at the next pass instead of holding this
+/// one, and archival after it, for as long as the sink takes.
+#[test]
+fn a_backlog_to_a_slow_webhook_is_delivered_over_passes_within_the_time_limit() {
+    use frostline::archive::outbox::{OUTBOX_DELIVERY_SECONDS_MAX, OUTBOX_EVENTS_PER_BATCH};
+    // Bound, not yet answering: deliveries time out and the sink backs off meanwhile.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let address = listener.local_addr().unwrap();
+    let sink = format!(
+        "[[sink]]\nname = \"hook\"\nkind = \"webhook\"\nurl = \"http://{address}/events\"\ntimeout_ms = 1000\n"
+    );
+    let settings = frostline::settings::Settings { scan_limit: 2_000, ..Default::default() };
+    let e = TestEngine::open_with_settings(&policy(&sink), "2024-03-01T12:00:00Z", &[], Default::default(), settings)
+        .unwrap();
+    let input: Vec<frostline::model::Record> = (0..1_000)
+        .map(|n| frostline::model::Record {
+            partition_key: format!("{} {n}", USER_KEYS[n % 3]).into_bytes(),
+            event_time: t("2024-03-01T06:00:00Z"),
+            sort_key: b"s".to_vec(),
+            tenant: None,
+            kind: None,
+            body: format!("{{\"n\":{n}}}"),
+        })
+        .collect();
+    e.engine.append("r", input).unwrap();
+    e.clock.set(t("2024-03-10T00:00:00Z"));
+    while e.pass().made_progress() {}
+    let backlog = e.engine.store().outbox_len().unwrap();
+    assert!(backlog >= 2_000, "{backlog}");
+    // Now it answers, 10 ms a request: the backlog takes at least twice the limit.
+    assert!(backlog * 10 >= 2 * OUTBOX_DELIVERY_SECONDS_MAX * 1_000, "{backlog}");
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            answer_webhook(stream);
+        }
+    });
+    let mut delivered = Vec::new();
+    while e.engine.store().outbox_len().unwrap() > 0 && delivered.len() < 20 {
+        e.clock.advance(frostline::archive::outbox::SINK_BACKOFF_MS_MAX as i64 * 1_000);
+        delivered.push(e.pass().outbox_delivered);
+    }
+    assert_eq!(e.engine.store().outbox_len().unwrap(), 0, "delivered over passes: {delivered:?}");
+    assert_eq!(delivered.iter().sum::<u64>(), backlog);
+    // Without the limit the first pass takes the whole backlog, about 20 s of the sink's time.
+    assert!(delivered.len() > 1, "the limit cut the first pass short: {delivered:?}");
+    assert!(delivered[0] >= OUTBOX_EVENTS_PER_BATCH as u64, "a pass delivers a batch at least: {delivered:?}");
+}
+
 #[test]
 fn a_sink_that_is_down_delays_delivery_but_never_blocks_archival() {
     // A port that nothing listens on.

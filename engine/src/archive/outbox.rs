@@ -19,6 +19,10 @@ pub const OUTBOX_EVENTS_PER_BATCH: usize = 500;
 /// whole, so a backlog drains at the sinks' pace (and at once with no sink), not a batch per
 /// pass, which an engine archiving more than that per pass outgrows.
 pub const OUTBOX_EVENTS_PER_PASS_MAX: usize = 100_000;
+/// How long a pass goes on delivering after its first batch: a webhook answers one request
+/// per event, so a large backlog to a slow sink would otherwise hold the pass (and archival
+/// after it) for as long as the sink takes; the rest waits for the next pass.
+pub const OUTBOX_DELIVERY_SECONDS_MAX: u64 = 5;
 pub const SINK_BACKOFF_MS_MIN: u64 = 1_000;
 pub const SINK_BACKOFF_MS_MAX: u64 = 300_000;
 
@@ -133,16 +137,19 @@ fn delivered(sink: &SinkConfig, response: &ureq::http::Response<ureq::Body>) -> 
     )))
 }
 
-/// Delivers pending events a batch at a time, up to `OUTBOX_EVENTS_PER_PASS_MAX`; returns how
+/// Delivers pending events a batch at a time, up to `OUTBOX_EVENTS_PER_PASS_MAX` and for at
+/// most `OUTBOX_DELIVERY_SECONDS_MAX` after the first batch; returns how
 /// many events were completed (delivered everywhere). It stops after a batch that a sink did
 /// not take whole (down, backed off, or failing part-way): the next batch would begin with the
 /// same events.
 pub async fn deliver(ctx: &Arc<Context>) -> Result<u64> {
+    let started = std::time::Instant::now();
+    let budget = Duration::from_secs(OUTBOX_DELIVERY_SECONDS_MAX);
     let mut completed = 0u64;
     while (completed as usize) < OUTBOX_EVENTS_PER_PASS_MAX {
         let (read, done) = deliver_batch_of_outbox(ctx).await?;
         completed += done;
-        if read < OUTBOX_EVENTS_PER_BATCH || done < read as u64 {
+        if read < OUTBOX_EVENTS_PER_BATCH || done < read as u64 || started.elapsed() >= budget {
             break;
         }
     }
