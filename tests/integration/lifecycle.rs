@@ -287,6 +287,21 @@ fn drain_outbox(e: &TestEngine) {
     panic!("the backlog never drained in 600 passes, 10 minutes of the engine's clock");
 }
 
+/// `count` buckets of one record each: `per_day` partitions (users' keys, with `/`, `%`, `=`,
+/// spaces and non-ASCII) a day from 2024-03-01.
+fn one_record_buckets(count: usize, per_day: usize) -> Vec<frostline::model::Record> {
+    (0..count)
+        .map(|n| frostline::model::Record {
+            partition_key: format!("{} {}", USER_KEYS[n % 3], n % per_day).into_bytes(),
+            event_time: t("2024-03-01T06:00:00Z") + (n / per_day) as i64 * DAY_US,
+            sort_key: b"s".to_vec(),
+            tenant: None,
+            kind: None,
+            body: format!("{{\"n\":{n}}}"),
+        })
+        .collect()
+}
+
 /// A backlog of more events than one batch drains in one pass once its sink takes them, and
 /// at once with no sink: a pass goes on batch after batch while every sink takes each whole
 /// (a pass used to take 500 events, so an engine archiving more than that per pass grew its
@@ -311,17 +326,7 @@ fn a_backlog_of_events_drains_in_one_pass_with_or_without_a_sink() {
         )
         .unwrap();
         // 900 buckets: 450 partitions over two days.
-        let input: Vec<frostline::model::Record> = (0..900)
-            .map(|n| frostline::model::Record {
-                partition_key: format!("{} {}", USER_KEYS[n % 3], n % 450).into_bytes(),
-                event_time: t("2024-03-01T06:00:00Z") + (n / 450) as i64 * DAY_US,
-                sort_key: b"s".to_vec(),
-                tenant: None,
-                kind: None,
-                body: format!("{{\"n\":{n}}}"),
-            })
-            .collect();
-        e.engine.append("r", input).unwrap();
+        e.engine.append("r", one_record_buckets(900, 450)).unwrap();
         e.clock.set(t("2024-03-10T00:00:00Z"));
         let (mut archived, mut passes) = (0, 0);
         loop {
@@ -369,17 +374,7 @@ fn a_backlog_to_a_slow_webhook_is_delivered_over_passes_within_the_time_limit() 
     let settings = frostline::settings::Settings { scan_limit: 2_000, ..Default::default() };
     let e = TestEngine::open_with_settings(&policy(&sink), "2024-03-01T12:00:00Z", &[], Default::default(), settings)
         .unwrap();
-    let input: Vec<frostline::model::Record> = (0..1_000)
-        .map(|n| frostline::model::Record {
-            partition_key: format!("{} {n}", USER_KEYS[n % 3]).into_bytes(),
-            event_time: t("2024-03-01T06:00:00Z"),
-            sort_key: b"s".to_vec(),
-            tenant: None,
-            kind: None,
-            body: format!("{{\"n\":{n}}}"),
-        })
-        .collect();
-    e.engine.append("r", input).unwrap();
+    e.engine.append("r", one_record_buckets(1_000, 1_000)).unwrap();
     e.clock.set(t("2024-03-10T00:00:00Z"));
     while e.pass().made_progress() {}
     let backlog = e.engine.store().outbox_len().unwrap();
