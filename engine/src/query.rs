@@ -361,6 +361,12 @@ fn hot_rows(
 /// Up to `want` rows of a published bucket that the page may hold, in clustering order, read
 /// segment by segment from `lower` on (`read_segments_until`) from the target its manifest (as
 /// recorded in the snapshot, the store's copy of the published object) names.
+///
+/// The copy stands for the object at the bucket's manifest key only when it is of the
+/// generation that key names (the newest recorded copy is the published one, and a manifest is
+/// written once). Any other copy, or none, means the store broke that rule somewhere (a file
+/// edited by hand, a bug): the page then reads the manifest from the target, one GET, rather
+/// than another generation's records.
 async fn read_published(
     policies: &PolicySet,
     table: &TablePolicy,
@@ -374,13 +380,38 @@ async fn read_published(
         .manifest_key
         .clone()
         .ok_or_else(|| Error::Internal(format!("bucket {} is archived but names no manifest", bucket.id)))?;
-    let recorded = recorded
-        .ok_or_else(|| Error::Internal(format!("bucket {} is archived but has no recorded manifest", bucket.id)))?;
-    let backend = policies.archive_backend(table, &recorded.archive_target())?;
+    let named = crate::storage::keys::manifest_origin(&key).map(|(_, generation)| generation);
+    let (manifest, backend) = match recorded {
+        Some(copy) if Some(copy.generation) == named => {
+            let backend = policies.archive_backend(table, &copy.archive_target())?;
+            (copy, backend)
+        }
+        other => {
+            tracing::warn!(bucket = %bucket.id, manifest_key = %key,
+                recorded_generation = ?other.as_ref().map(|m| m.generation),
+                "the store's copy of the published manifest is not the one its key names; reading it from the target");
+            // Where a generation is written: the table's target, unless it moved since; then
+            // the one the copy names.
+            let mut backends = vec![table.backend.clone()];
+            if let Some(copy) = &other {
+                backends.push(policies.archive_backend(table, &copy.archive_target())?);
+            }
+            let mut found = None;
+            for backend in backends {
+                if let Some(bytes) = backend.get(&key).await? {
+                    found = Some((crate::format::reader::manifest_from_bytes(&key, &bytes)?, backend));
+                    break;
+                }
+            }
+            found.ok_or_else(|| {
+                Error::Corruption(format!("published manifest `{key}` of bucket {} is missing", bucket.id))
+            })?
+        }
+    };
     crate::format::reader::read_segments_until(
         backend.as_ref(),
         &key,
-        &recorded,
+        &manifest,
         lower,
         filter.to,
         |r| filter.keeps(r),

@@ -1130,6 +1130,13 @@ fn a_late_record_replaces_its_buckets_file_in_one_delta_commit() {
     assert!(before.contains_key(removed[0]) && !before.contains_key(added[0]), "{commit}");
     let after = live_files(&table_dir);
     assert_eq!(after.len(), ENGINES * 9, "one file replaced, none added beside it");
+    // The store keeps one manifest per bucket: the replaced archive's copy went once the sync
+    // had removed its file from the log.
+    let store = e.engine.store();
+    for meta in store.buckets("events", None).unwrap() {
+        let copies = store.snapshot().unwrap().manifests_of(&meta.id).unwrap().len();
+        assert_eq!(copies, 1, "{}: {copies} manifests recorded", meta.id);
+    }
     let expected = fleet.expected();
     assert_eq!(expected.len(), ENGINES * 36 + 1);
     for reader in ["deltalake", "polars"] {

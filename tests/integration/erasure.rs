@@ -761,3 +761,39 @@ fn a_restored_copy_never_records_as_expired_an_archive_that_a_later_generation_r
     let meta = &e.engine.store().buckets("r", None).unwrap()[0];
     assert_eq!(meta.state, BucketState::ArchivedPending, "left as it is, not expired");
 }
+
+/// An erasure reaches a generation written to the table's previous target. The table moved
+/// from the default target to `t2` between the bucket's first generation and its second; the
+/// first's manifest copy was dropped when the second's cleanup released its objects, so the
+/// released keys alone say the first lies on the old target. The erasure deletes it there,
+/// proves it absent, and leaves no byte of the erased records on either target.
+#[test]
+fn an_erasure_deletes_a_replaced_generation_on_the_tables_previous_target() {
+    let (t2, on_default, on_t2) = policies_moving_to_t2(&expiring_policy("3650d"));
+    let mut e = TestEngine::new(&on_default, "2024-03-01T12:00:00Z");
+    let first_target = target_dir(&e);
+    e.engine.append("r", vec![record("2024-03-01T01:00:00Z", "a", "acme")]).unwrap();
+    e.pass();
+    e.clock.set(t("2024-03-04T00:00:00Z"));
+    assert_eq!(e.pass().archived, 1);
+    std::fs::write(e.policies_dir().join("tables.toml"), &on_t2).unwrap();
+    e = e.restart().unwrap();
+    e.engine.append("r", vec![record("2024-03-01T02:00:00Z", "b", "globex")]).unwrap();
+    e.clock.advance(LATE_GRACE_US);
+    assert_eq!(e.pass().archived, 1, "the second generation, on t2");
+    let id = e.engine.store().buckets("r", None).unwrap()[0].id.clone();
+    assert_eq!(e.engine.store().snapshot().unwrap().manifests_of(&id).unwrap().len(), 1, "one copy recorded");
+    assert!(!files_holding(&first_target, "acme-a").is_empty(), "the first generation waits for the sweep");
+
+    let selector = ErasureSelector { tenant: Some("acme".into()), ..Default::default() };
+    let placed = e.engine.store().place_erasure(request(selector), e.clock.now()).unwrap();
+    let receipt = passes_until_finished(&e, &placed.id);
+    assert_eq!(receipt.buckets.len(), 1);
+    let bucket = &receipt.buckets[0];
+    assert_eq!(bucket.progress, ErasureProgress::Done, "{bucket:?}");
+    assert!(bucket.proved_absent_at.is_some(), "{bucket:?}");
+    for dir in [&first_target, &t2.path().to_path_buf()] {
+        assert_eq!(files_holding(dir, "acme-a"), Vec::<std::path::PathBuf>::new(), "`acme-a` under {}", dir.display());
+    }
+    assert_eq!(e.query_all("r"), vec![record("2024-03-01T02:00:00Z", "b", "globex")]);
+}

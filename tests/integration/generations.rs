@@ -31,6 +31,12 @@ fn record(time: &str, sort_key: &str, body: &str) -> Record {
     }
 }
 
+/// An engine on `policy` whose late records make the next generation at the next pass.
+fn without_late_grace(policy: &str) -> TestEngine {
+    let settings = frostline::settings::Settings { late_grace_us: 0, ..Default::default() };
+    TestEngine::open_with_settings(policy, "2024-03-01T12:00:00Z", &[], Default::default(), settings).unwrap()
+}
+
 fn objects(e: &TestEngine) -> Vec<String> {
     runtime().block_on(e.backend("r").list("")).unwrap().into_iter().map(|o| o.key).collect()
 }
@@ -94,6 +100,12 @@ fn a_late_record_for_an_archived_bucket_is_read_at_once_and_archived_as_the_next
     assert_eq!((amends.generation, amends.manifest_key.as_str()), (first_manifest.generation, first_key.as_str()));
     assert_eq!(amends.hot_rows.rows, 2);
     assert!(store.rows(&id, None, usize::MAX).unwrap().is_empty(), "the late rows were cleaned up");
+    let copies = store.snapshot().unwrap().manifests_of(&id).unwrap();
+    assert_eq!(
+        copies.iter().map(|m| m.generation).collect::<Vec<_>>(),
+        vec![manifest.generation],
+        "the cleanup dropped the replaced archive's copy"
+    );
     assert_eq!(e.query_all("r"), expected);
     let read = runtime()
         .block_on(frostline::format::reader::read_archive(
@@ -488,21 +500,14 @@ fn a_backfill_while_passes_run_makes_one_generation_per_bucket() {
     assert_eq!(e.query_all("r").len(), 11);
 }
 
-/// What an expired bucket keeps in the store is bounded: its row (queries still say the range
-/// expired), and, until its tombstone is purged, the tombstone and its manifests. The purge
-/// takes the copies of every generation's manifest with it, so the store does not keep a
-/// manifest per generation for every bucket that ever expired.
+/// What an archived bucket keeps in the store is bounded: the copy of its published manifest,
+/// not one per generation (each cleanup drops the copy of the archive it replaced, whose
+/// objects its released keys name from then on). Once it expires: its row (queries still say
+/// the range expired), and, until its tombstone is purged, the tombstone and that copy, which
+/// the purge takes with it.
 #[test]
 fn a_purged_tombstone_takes_the_copies_of_every_generation_s_manifest_with_it() {
-    let settings = frostline::settings::Settings { late_grace_us: 0, ..Default::default() };
-    let e = TestEngine::open_with_settings(
-        &expiring_policy("10d"),
-        "2024-03-01T12:00:00Z",
-        &[],
-        Default::default(),
-        settings,
-    )
-    .unwrap();
+    let e = without_late_grace(&expiring_policy("10d"));
     e.engine.append("r", vec![record("2024-03-01T01:00:00Z", "a", r#"{"n":1}"#)]).unwrap();
     e.pass(); // plan
     e.clock.set(t("2024-03-03T00:00:00Z"));
@@ -515,11 +520,11 @@ fn a_purged_tombstone_takes_the_copies_of_every_generation_s_manifest_with_it() 
     let store = e.engine.store().clone();
     let id = store.buckets("r", None).unwrap()[0].id.clone();
     let recorded = |id| store.snapshot().unwrap().manifests_of(id).unwrap().len();
-    assert_eq!(recorded(&id), 3, "a manifest recorded per generation");
+    assert_eq!(recorded(&id), 1, "each cleanup drops the copy of the archive it replaced");
 
     e.clock.set(t("2024-03-20T00:00:00Z"));
     assert_eq!(e.pass().expired, 1);
-    assert_eq!(recorded(&id), 3, "the tombstone's replay period keeps them");
+    assert_eq!(recorded(&id), 1, "the tombstone's replay period keeps it");
     e.clock.advance(frostline::settings::TOMBSTONE_RETENTION_SECONDS_DEFAULT as i64 * 1_000_000 + DAY_US);
     let report = e.pass();
     assert_eq!(report.tombstones_purged, 1, "{report:?}");
@@ -538,4 +543,85 @@ fn a_purged_tombstone_takes_the_copies_of_every_generation_s_manifest_with_it() 
     let report = e.pass();
     assert!(report.errors.is_empty(), "{report:?}");
     assert!(e.engine.store().tally_differences().unwrap().is_empty());
+}
+
+/// A query reads a published bucket's segments from the store's copy of its manifest only while
+/// that copy is of the generation the bucket's manifest key names. A store whose copy is of
+/// another generation (a file edited by hand, a bug) makes the page read the published manifest
+/// from the target, so it still holds the late record, instead of the replaced generation's
+/// records alone.
+#[test]
+fn a_query_reads_the_published_manifest_from_the_target_when_the_store_s_copy_is_of_another_generation() {
+    use redb::{ReadableDatabase as _, ReadableTable as _, ReadableTableMetadata as _};
+    let e = without_late_grace(&expiring_policy("3650d"));
+    let first = record("2024-03-01T01:00:00Z", "a", r#"{"n":1}"#);
+    e.engine.append("r", vec![first.clone()]).unwrap();
+    e.pass(); // plan
+    e.clock.set(t("2024-03-03T00:00:00Z"));
+    assert_eq!(e.pass().archived, 1);
+    let id = e.engine.store().buckets("r", None).unwrap()[0].id.clone();
+    let first_key = e.engine.store().bucket(&id).unwrap().unwrap().manifest_key.unwrap();
+    let late = record("2024-03-01T02:00:00Z", "b", "{}");
+    e.engine.append("r", vec![late.clone()]).unwrap();
+    assert_eq!(e.pass().archived, 1, "the next generation");
+    let expected = vec![first, late];
+    assert_eq!(e.query_all("r"), expected);
+
+    // The store's copy is replaced by the first generation's manifest (still on the target:
+    // the sweep's grace keeps its objects).
+    let replaced = runtime().block_on(frostline::format::reader::read_manifest(e.backend("r").as_ref(), &first_key));
+    let replaced = frostline::store::schema::encode_value(&replaced.unwrap()).unwrap();
+    let data = e.data_dir();
+    let e = e
+        .stopped_while(|| {
+            let db = redb::Database::open(data.join("hot.redb")).unwrap();
+            let newest = {
+                let read = db.begin_read().unwrap();
+                let manifests = read.open_table(frostline::store::schema::MANIFESTS).unwrap();
+                assert_eq!(manifests.len().unwrap(), 1, "one copy: the published manifest's");
+                manifests.last().unwrap().unwrap().0.value().to_vec()
+            };
+            let write = db.begin_write().unwrap();
+            write
+                .open_table(frostline::store::schema::MANIFESTS)
+                .unwrap()
+                .insert(newest.as_slice(), replaced.as_slice())
+                .unwrap();
+            write.commit().unwrap();
+        })
+        .unwrap();
+    assert_eq!(e.query_all("r"), expected, "the published generation is read, from the target");
+}
+
+/// The full orphan sweep deletes a replaced generation written to the table's previous target:
+/// the generation's manifest copy was dropped when its objects were released, and the released
+/// keys alone say where they lie.
+#[test]
+fn the_full_sweep_deletes_a_replaced_generation_on_the_tables_previous_target() {
+    let (_t2, on_default, on_t2) = policies_moving_to_t2(&expiring_policy("3650d"));
+    let mut e = TestEngine::new(&on_default, "2024-03-01T12:00:00Z");
+    let first = record("2024-03-01T01:00:00Z", "a", r#"{"n":1}"#);
+    e.engine.append("r", vec![first.clone()]).unwrap();
+    e.pass(); // plan
+    e.clock.set(t("2024-03-03T00:00:00Z"));
+    assert_eq!(e.pass().archived, 1);
+    let on_first: Vec<String> = objects(&e).into_iter().filter(|k| !k.contains("/_catalogs/")).collect();
+    assert_eq!(on_first.len(), 2, "a segment and a manifest: {on_first:?}");
+    std::fs::write(e.policies_dir().join("tables.toml"), &on_t2).unwrap();
+    e = e.restart().unwrap();
+    let late = record("2024-03-01T02:00:00Z", "b", "{}");
+    e.engine.append("r", vec![late.clone()]).unwrap();
+    e.clock.advance(LATE_GRACE_US);
+    assert_eq!(e.pass().archived, 1, "the second generation, on t2");
+    let id = e.engine.store().buckets("r", None).unwrap()[0].id.clone();
+    assert_eq!(e.engine.store().snapshot().unwrap().manifests_of(&id).unwrap().len(), 1);
+
+    e.clock.set(frostline::clock::SystemClock.now() + 2 * DAY_US);
+    let swept = runtime().block_on(frostline::archive::sweep::sweep(&e.engine.context(), false)).unwrap();
+    assert_eq!(swept.deleted, 2, "{swept:?}");
+    let old_target = e.data_dir().join("archive");
+    for key in &on_first {
+        assert!(!old_target.join(key).exists(), "`{key}` is left on the previous target");
+    }
+    assert_eq!(e.query_all("r"), vec![first, late]);
 }

@@ -475,3 +475,12 @@ pub fn catalogs_of(
     }
     out
 }
+
+/// `policy` (its table on the default target) and the same with its table moved to a second
+/// local target `t2`, both declaring `t2`: (t2's folder, on the default target, on `t2`).
+pub fn policies_moving_to_t2(policy: &str) -> (tempfile::TempDir, String, String) {
+    let t2 = tempfile::tempdir().unwrap();
+    let target = format!("[[target]]\nname = \"t2\"\nurl = \"file://{}\"\n", t2.path().display());
+    let on_t2 = format!("{target}{}", policy.replace("[[table]]", "[[table]]\ntarget = \"t2\""));
+    (t2, format!("{target}{policy}"), on_t2)
+}

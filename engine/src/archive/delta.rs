@@ -53,7 +53,7 @@ use crate::format::manifest::{Manifest, SegmentInfo};
 use crate::model::Micros;
 use crate::policy::TablePolicy;
 use crate::storage::keys;
-use crate::store::schema::{BucketId, DeltaLogState};
+use crate::store::schema::{BucketId, BucketMeta, DeltaLogState};
 
 /// The Delta table's partition columns, in the order of the folders below its root.
 pub const DELTA_PARTITION_COLUMNS: [&str; 3] = ["installation", "bucket", "partition"];
@@ -126,7 +126,7 @@ pub async fn sync(ctx: &Arc<Context>, table: &Arc<TablePolicy>) -> Result<DeltaS
     let KeptSync { index, mut log } =
         kept.take().and_then(|k| k.downcast::<KeptSync>().ok()).map_or_else(KeptSync::default, |k| *k);
     let result = match file_index(ctx, table, index).await {
-        Ok(index) => {
+        Ok(mut index) => {
             if log.is_some() && index.updates == 0 {
                 log = None; // a whole index: the log is read whole too
             }
@@ -134,10 +134,20 @@ pub async fn sync(ctx: &Arc<Context>, table: &Arc<TablePolicy>) -> Result<DeltaS
             // Kept only after a sync that succeeded: a failed one reads everything again.
             if result.is_ok() {
                 let (store, id, through) = (ctx.store.clone(), table.id.clone(), index.changes_read);
+                let replaced = std::mem::take(&mut index.replaced);
                 *kept = Some(Box::new(KeptSync { index: Some(index), log }));
-                // What the index has taken in is dropped from the store's list of changes.
-                if let Err(e) = blocking(move || store.drop_publication_changes(&id, through)).await {
-                    tracing::warn!(table = %table.id, error = %e, "cannot drop the publication changes a Delta sync read");
+                // What the index has taken in is dropped from the store's list of changes, and
+                // the copies of replaced archives whose files the log no longer lists with it.
+                let dropped = blocking(move || {
+                    store.drop_publication_changes(&id, through)?;
+                    store.drop_replaced_copies_after_sync(replaced)
+                })
+                .await;
+                match dropped {
+                    Ok(0) => {}
+                    Ok(copies) => tracing::debug!(table = %table.id, copies, "replaced manifests' copies dropped"),
+                    Err(e) => tracing::warn!(table = %table.id, error = %e,
+                        "cannot drop the publication changes a Delta sync read, or the replaced manifests' copies"),
                 }
             }
             result
@@ -728,6 +738,10 @@ struct FileIndex {
     updates: u32,
     /// Buckets read to make or update it, in the last `file_index`.
     buckets_read: usize,
+    /// Buckets read then whose replaced archives were released, with more than one manifest
+    /// recorded: (bucket, generation of its newest manifest). Once a sync with this index
+    /// has committed, their older copies go (`Store::drop_replaced_copies_after_sync`).
+    replaced: Vec<(BucketId, u64)>,
 }
 
 /// A kept index is made whole again after this many updates: a change that reached the store
@@ -746,6 +760,18 @@ impl FileIndex {
             changes_read,
             updates: 0,
             buckets_read: 0,
+            replaced: Vec::new(),
+        }
+    }
+
+    /// Notes bucket `id` for `replaced` when its cleanup released the archives its newest
+    /// manifest replaced and their copies are still recorded.
+    fn note_replaced(&mut self, id: &BucketId, meta: Option<&BucketMeta>, manifests: &[Manifest]) {
+        if manifests.len() > 1
+            && meta.is_some_and(BucketMeta::replaced_archives_released)
+            && let Some(newest) = manifests.last()
+        {
+            self.replaced.push((id.clone(), newest.generation));
         }
     }
 
@@ -837,8 +863,10 @@ async fn file_index(ctx: &Arc<Context>, table: &Arc<TablePolicy>, kept: Option<F
         let Some(mut index) = kept else { return whole_index(&store, &id, &target, &root) };
         let (changed, through) = store.publication_changes(&id, index.changes_read)?;
         index.touched = Some(BTreeSet::new());
+        index.replaced.clear();
         for (bucket, recorded) in &changed {
             index.set_bucket(&root, bucket, &recorded.manifests, recorded.published());
+            index.note_replaced(bucket, recorded.meta.as_ref(), &recorded.manifests);
         }
         index.changes_read = through;
         index.updates += 1;
@@ -874,13 +902,15 @@ fn whole_index(store: &crate::store::Store, id: &str, target: &str, root: &str) 
         manifests.entry(bucket).or_default().push(manifest);
         Ok(())
     })?;
-    let published: HashMap<BucketId, Manifest> =
-        store.published(id)?.into_iter().map(|(meta, manifest)| (meta.id, manifest)).collect();
+    let published: HashMap<BucketId, (BucketMeta, Manifest)> =
+        store.published(id)?.into_iter().map(|(meta, manifest)| (meta.id.clone(), (meta, manifest))).collect();
     let buckets: BTreeSet<&BucketId> = manifests.keys().chain(published.keys()).collect();
     index.buckets_read = buckets.len();
     for bucket in buckets {
         let recorded = manifests.get(bucket).map(Vec::as_slice).unwrap_or_default();
-        index.set_bucket(root, bucket, recorded, published.get(bucket));
+        let published = published.get(bucket);
+        index.set_bucket(root, bucket, recorded, published.map(|(_, manifest)| manifest));
+        index.note_replaced(bucket, published.map(|(meta, _)| meta), recorded);
     }
     Ok(index)
 }

@@ -21,7 +21,7 @@ use super::blocking;
 use crate::engine::Context;
 use crate::error::{Error, Result};
 use crate::format::manifest::Manifest;
-use crate::model::BucketState;
+use crate::model::{ArchiveTarget, BucketState};
 use crate::storage::{ArchiveBackend, keys};
 use crate::store::erasure::{ErasureBucket, ErasureProgress, ErasureRequest, ErasureSelector, selectors_by_bucket};
 use crate::store::schema::{BucketId, BucketMeta, Hold};
@@ -221,11 +221,21 @@ async fn delete_replaced(
         .collect::<BTreeSet<_>>()
         .into_iter()
         .collect();
-    // Every target the bucket's generations were written to, and the table's own.
+    // What this data directory released in the bucket's folders, and every target the
+    // bucket's generations were written to: the recorded manifests' and the released keys'
+    // (a replaced archive's copy goes once its objects are released), and the table's own.
+    let (store, bucket, table_id, wanted) = (ctx.store.clone(), id.clone(), id.table.clone(), folders.clone());
+    let (targets, released) = blocking(move || {
+        let mut targets: Vec<ArchiveTarget> =
+            store.snapshot()?.manifests_of(&bucket)?.iter().map(Manifest::archive_target).collect();
+        let released = store.released_under(&table_id, &wanted)?;
+        targets.extend(released.iter().map(|key| ArchiveTarget { name: String::new(), url: key.target.clone() }));
+        Ok((targets, released))
+    })
+    .await?;
     let mut backends: Vec<Arc<dyn ArchiveBackend>> = vec![table.backend.clone()];
-    let (store, bucket) = (ctx.store.clone(), id.clone());
-    for recorded in blocking(move || store.snapshot()?.manifests_of(&bucket)).await? {
-        if let Ok(backend) = policies.archive_backend(&table, &recorded.archive_target())
+    for target in &targets {
+        if let Ok(backend) = policies.archive_backend(&table, target)
             && !backends.iter().any(|b| b.target() == backend.target())
         {
             backends.push(backend);
@@ -251,8 +261,6 @@ async fn delete_replaced(
             }
         }
     }
-    let (store, table_id, wanted) = (ctx.store.clone(), id.table.clone(), folders.clone());
-    let released = blocking(move || store.released_under(&table_id, &wanted)).await?;
     let now = ctx.clock.now();
     for key in &released {
         let Some(backend) = backends.iter().find(|b| b.target() == key.target) else {

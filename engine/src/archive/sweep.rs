@@ -99,11 +99,16 @@ async fn sweep_inputs(ctx: &Arc<Context>) -> Result<SweepInputs> {
             targets.insert((manifest.table.clone(), manifest.archive_target()));
             Ok(())
         })?;
-        let released = snapshot
+        let released: HashMap<(String, String), ReleasedKey> = snapshot
             .released(SWEEP_RELEASED_PER_RUN_MAX)?
             .into_iter()
             .map(|r| ((r.target.clone(), r.key.clone()), r))
             .collect();
+        // A replaced archive's manifest copy goes once its objects are released: their keys
+        // say where they lie.
+        for r in released.values() {
+            targets.insert((r.table.clone(), ArchiveTarget { name: String::new(), url: r.target.clone() }));
+        }
         Ok(SweepInputs { targets, released, epochs: snapshot.epochs()? })
     })
     .await

@@ -101,8 +101,14 @@ pub async fn read_manifest(backend: &dyn ArchiveBackend, manifest_key: &str) -> 
         .get(manifest_key)
         .await?
         .ok_or_else(|| Error::Corruption(format!("published manifest `{manifest_key}` is missing")))?;
-    keys::check_content_address(manifest_key, &sha256_hex(&bytes))?;
-    let manifest = Manifest::from_bytes(&bytes)?;
+    manifest_from_bytes(manifest_key, &bytes)
+}
+
+/// The manifest stored at `manifest_key`, from its bytes: checked against its content address,
+/// parsed, and consistent.
+pub fn manifest_from_bytes(manifest_key: &str, bytes: &[u8]) -> Result<Manifest> {
+    keys::check_content_address(manifest_key, &sha256_hex(bytes))?;
+    let manifest = Manifest::from_bytes(bytes)?;
     manifest.check_consistent()?;
     Ok(manifest)
 }

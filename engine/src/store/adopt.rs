@@ -14,7 +14,7 @@ use crate::model::lifecycle::{self, Step};
 use crate::model::{ArchiveTarget, BucketState, Micros, Record};
 
 use super::outbox::push_outbox;
-use super::ownership::{release_archive, release_intents};
+use super::ownership::{drop_replaced_copies, in_delta_table, release_archive, release_intents};
 use super::schema::{
     BUCKETS, BucketId, BucketMeta, MANIFESTS, Shared, Tombstone, decode_row_key, decode_row_ref, decode_value,
     encode_value, generation_key, row_key, rows_table, rows_table_name,
@@ -149,6 +149,7 @@ impl Store {
                 None => None,
             };
             let mut released = 0;
+            let mut recorded_released = false;
             let mut kept = KeptRows::default();
             let mut meta = match existing {
                 None => {
@@ -190,6 +191,7 @@ impl Store {
                         let mut kept: HashSet<&str> = manifest.segments.iter().map(|s| s.key.as_str()).collect();
                         kept.insert(manifest_key.as_str());
                         release_archive(txn, &id, recorded, recorded_key, &kept, now)?;
+                        recorded_released = true;
                     }
                     let adopted = adopted_meta(&id, &manifest_key, &manifest, &facts, now);
                     let mut meta = meta;
@@ -223,6 +225,11 @@ impl Store {
             };
             txn.open_table(MANIFESTS)?
                 .insert(generation_key(&id, meta.generation).as_slice(), encode_value(&manifest)?.as_slice())?;
+            if recorded_released {
+                // As a cleanup does: the released archive's copy goes (a Delta table's after a
+                // sync, which the adoption's publication change sends to the bucket).
+                drop_replaced_copies(txn, &id, |copy| !in_delta_table(copy))?;
+            }
             // A stale plan never acts: the policy is asked again with the archive's facts.
             record_step(txn, &mut meta, Step::Adopt, now)?;
             if kept.rows > 0 {

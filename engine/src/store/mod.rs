@@ -395,7 +395,9 @@ fn record_step_with(
     Ok(())
 }
 
-/// Appends bucket `id` to `PUBLICATION_CHANGES`. Only `record_step` calls it.
+/// Appends bucket `id` to `PUBLICATION_CHANGES`: `record_step` for a publication, an adoption
+/// or an expiry, and the dropping of replaced manifests' copies (`ownership`), which changes
+/// the files a Delta sync answers for.
 fn note_publication_change(txn: &WriteTransaction, id: &BucketId) -> Result<()> {
     let mut meta = txn.open_table(META)?;
     let seq = meta

@@ -233,7 +233,100 @@ pub(super) fn release_replaced(
         tracing::warn!(bucket = %id, replaced = %amends.manifest_key, "the replaced archive is not the one recorded; its objects are kept");
         return Ok(());
     };
-    release_archive(txn, id, &old, &amends.manifest_key, &kept, now)
+    release_archive(txn, id, &old, &amends.manifest_key, &kept, now)?;
+    // Its copy (and any older one's) would otherwise stay for every generation the bucket ever
+    // had. From here on its objects are found by their released keys, which name their target,
+    // so the copy goes now, unless a Delta log may still list its files: the Delta sync drops
+    // those copies once a commit of its has removed them (`drop_replaced_copies_after_sync`),
+    // and this change sends it back to the bucket after the cleanup.
+    if drop_replaced_copies(txn, id, |copy| !in_delta_table(copy))? > 0 {
+        super::note_publication_change(txn, id)?;
+    }
+    Ok(())
+}
+
+/// Whether a Delta log may list archive `manifest`'s segments: they lie below its table's
+/// Delta root (`keys::delta_table_root`).
+pub(super) fn in_delta_table(manifest: &crate::format::manifest::Manifest) -> bool {
+    let root = crate::storage::keys::delta_table_root(&manifest.table);
+    manifest.segments.iter().any(|segment| segment.key.starts_with(&root))
+}
+
+/// Drops the copies of bucket `id`'s manifests older than its newest recorded one that `drop`
+/// accepts. Returns how many older copies are left.
+pub(super) fn drop_replaced_copies(
+    txn: &WriteTransaction,
+    id: &BucketId,
+    drop: impl Fn(&crate::format::manifest::Manifest) -> bool,
+) -> Result<usize> {
+    let prefix = id.encode();
+    let end = encoding::prefix_end(&prefix);
+    let mut manifests = txn.open_table(MANIFESTS)?;
+    let mut older: Vec<(Vec<u8>, bool)> = Vec::new();
+    for entry in manifests.range(prefix.as_slice()..end.as_slice())? {
+        let (key, value) = entry?;
+        older.push((key.value().to_vec(), drop(&decode_value(value.value())?)));
+    }
+    older.pop(); // the newest stays: it is the published archive
+    let mut left = 0;
+    for (key, dropped) in older {
+        if dropped {
+            manifests.remove(key.as_slice())?;
+        } else {
+            left += 1;
+        }
+    }
+    Ok(left)
+}
+
+impl Store {
+    /// Drops the copies of the manifests each bucket's newest one replaced, after a Delta sync
+    /// that read the bucket as `(id, newest)` (`newest`: the generation of its newest recorded
+    /// manifest then) committed: every file of theirs that the sync's log listed is removed,
+    /// so no reader of the log is sent to them, and their objects are found by their released
+    /// keys. A bucket whose newest manifest changed since, or whose cleanup has not released
+    /// the replaced archive yet, keeps its copies. Each bucket whose copies go is noted as a
+    /// publication change, so the next sync's index drops their files too. Returns how many
+    /// copies went.
+    pub fn drop_replaced_copies_after_sync(&self, buckets: Vec<(BucketId, u64)>) -> Result<usize> {
+        if buckets.is_empty() {
+            return Ok(0);
+        }
+        self.write(move |txn| {
+            let mut dropped = 0;
+            for (id, newest) in &buckets {
+                let meta: Option<super::schema::BucketMeta> = txn
+                    .open_table(BUCKETS)?
+                    .get(id.encode().as_slice())?
+                    .map(|v| decode_value(v.value()))
+                    .transpose()?;
+                if !meta.as_ref().is_some_and(super::schema::BucketMeta::replaced_archives_released) {
+                    continue;
+                }
+                let (copies, newest_recorded) = copies_and_newest(txn, id)?;
+                if copies < 2 || newest_recorded.map(|m| m.generation) != Some(*newest) {
+                    continue;
+                }
+                drop_replaced_copies(txn, id, |_| true)?;
+                dropped += copies - 1;
+                super::note_publication_change(txn, id)?;
+            }
+            Ok(dropped)
+        })
+    }
+}
+
+/// How many manifests are recorded for bucket `id`, and the newest of them.
+fn copies_and_newest(
+    txn: &WriteTransaction,
+    id: &BucketId,
+) -> Result<(usize, Option<crate::format::manifest::Manifest>)> {
+    let prefix = id.encode();
+    let end = encoding::prefix_end(&prefix);
+    let manifests = txn.open_table(MANIFESTS)?;
+    let copies = manifests.range(prefix.as_slice()..end.as_slice())?.count();
+    let newest = manifests.range(prefix.as_slice()..end.as_slice())?.next_back().transpose()?;
+    Ok((copies, newest.map(|(_, v)| decode_value(v.value())).transpose()?))
 }
 
 /// Releases the objects of archive `old` (at `old_key`) that `kept` does not name: its

@@ -936,6 +936,48 @@ mod tests {
         }
     }
 
+    /// After a Delta sync, the copies of replaced manifests go only where the sync saw what is
+    /// still true: the bucket's newest manifest is the one it read, and its cleanup released the
+    /// archives that one replaced. A newer generation recorded since (whose own cleanup still
+    /// needs the copy it replaced), a cleanup not done yet, a bucket unpublished since: each
+    /// keeps every copy. Keys with `/`, `%`, `=`, spaces and non-ASCII.
+    #[test]
+    fn a_sync_drops_replaced_copies_only_of_buckets_it_read_as_they_still_are() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("hot.redb")).unwrap();
+        let bucket = |i: u64, state: BucketState| {
+            let id = BucketId {
+                table: "t/a %=é".into(),
+                partition_key: format!("site {i}/é%=").into_bytes(),
+                bucket_key: format!("day:{i:02}"),
+            };
+            let descriptor = BucketDescriptor { key: id.bucket_key.clone(), start: 0, end: 1 };
+            let mut meta = bucket_for_tests(id.clone(), &descriptor);
+            meta.state = state;
+            meta.manifest_key = Some(format!("manifest-{i}"));
+            save_with_manifests(&store, meta, &descriptor, 3);
+            id
+        };
+        let cleaned = bucket(0, BucketState::Archived { hot_deleted: true });
+        let pending = bucket(1, BucketState::ArchivedPending);
+        let not_cleaned = bucket(2, BucketState::Archived { hot_deleted: false });
+        let expired = bucket(3, BucketState::Expired);
+        let copies = |id: &BucketId| store.snapshot().unwrap().manifests_of(id).unwrap().len();
+        let read_as =
+            |generation: u64| [&cleaned, &pending, &not_cleaned, &expired].map(|id| (id.clone(), generation)).to_vec();
+        // Read when generation 2 was the newest: generation 3 was recorded since.
+        assert_eq!(store.drop_replaced_copies_after_sync(read_as(2)).unwrap(), 0);
+        assert!([&cleaned, &pending, &not_cleaned, &expired].iter().all(|id| copies(id) == 3));
+        let changes_before = store.publication_changes_seq().unwrap();
+        assert_eq!(store.drop_replaced_copies_after_sync(read_as(3)).unwrap(), 4);
+        assert_eq!((copies(&cleaned), copies(&pending)), (1, 1));
+        assert_eq!((copies(&not_cleaned), copies(&expired)), (3, 3), "not cleaned up, or not published");
+        let newest = store.snapshot().unwrap().latest_manifest(&cleaned).unwrap().unwrap();
+        assert_eq!(newest.generation, 3, "the newest copy stays");
+        assert_eq!(store.publication_changes_seq().unwrap(), changes_before + 2, "the next sync reads both again");
+        assert_eq!(store.drop_replaced_copies_after_sync(read_as(3)).unwrap(), 0, "nothing more to drop");
+    }
+
     /// The catalogs' reads by day (`published_start_days`, `published_starting_on`) answer
     /// what filtering `published` answers: buckets in every state (a next generation being
     /// archived keeps the last one published; hot, expired or unpublished ones are left out),

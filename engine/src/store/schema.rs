@@ -341,6 +341,12 @@ impl BucketMeta {
         self.manifest_key.is_some() && (self.state.has_archive() || self.state == crate::model::BucketState::Archiving)
     }
 
+    /// Whether the archives its published one replaced were released to the sweep: it is
+    /// published and its cleanup, which releases them, is done.
+    pub fn replaced_archives_released(&self) -> bool {
+        self.has_published_archive() && self.state != (crate::model::BucketState::Archived { hot_deleted: false })
+    }
+
     /// The lifecycle's view of this bucket under the retention policy in force (`None`: its
     /// table has no definition), with the holds that cover it and its expiry's tombstone.
     pub fn view<'a>(
