@@ -7,7 +7,10 @@
 //!
 //! A key is released when a bucket's upload intents are dropped (the cleanup that finishes an
 //! archival, an adoption): every key an intent recorded (so this directory uploaded under it,
-//! invariant 10) that the bucket's published archive does not reference.
+//! invariant 10) that the bucket's published archive does not reference. So is every object of
+//! an archive a next generation replaced; its manifest's copy is then dropped (a Delta table's
+//! once a sync removed its files from the log), since the released keys name where its objects
+//! lie: a bucket keeps one copy, whatever its generations.
 
 use std::collections::HashSet;
 
