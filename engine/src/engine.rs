@@ -428,7 +428,10 @@ impl Engine {
                  still archived under its last definition, but it accepts no appends"
             )));
         }
-        let mut total = AppendOutcome::default();
+        // Every record is checked against the table's columns before any batch is written:
+        // a refusal writes nothing.
+        let column_misses = crate::model::columns::check_records(policy.columns(), &records)?;
+        let mut total = AppendOutcome { column_misses, ..AppendOutcome::default() };
         let mut rest = records;
         while !rest.is_empty() {
             let tail = rest.split_off(rest.len().min(APPEND_BATCH_RECORDS_MAX));

@@ -5,6 +5,7 @@ mod adopt;
 mod api;
 mod archival;
 mod archivers;
+mod columns;
 mod crash;
 #[cfg(feature = "delta")]
 mod delta;

@@ -287,7 +287,7 @@ async fn append(
             }
             let engine = state.engine.clone();
             blocking(move || ops::records::end_backfill(&engine, &table)).await?;
-            return Ok(ops::wire::AppendCounts { appended: 0, duplicates: 0, already_archived: 0 });
+            return Ok(ops::wire::AppendCounts::default());
         }
         let records = parse_batch(&bytes)?;
         drop(bytes);
@@ -314,6 +314,7 @@ async fn append(
         Ok(outcome) => {
             state.metrics.records_appended.inc_by(outcome.appended);
             state.metrics.records_duplicate.inc_by(outcome.duplicates);
+            state.metrics.column_misses.inc_by(outcome.column_misses);
             Ok(Json(outcome).into_response())
         }
         Err(refusal) => {

@@ -37,6 +37,8 @@ pub struct Metrics {
     registry: Registry,
     pub records_appended: IntCounter,
     pub records_duplicate: IntCounter,
+    /// Values of declared columns stored as null (`on_mismatch = "null"`).
+    pub column_misses: IntCounter,
     /// Refused appends by reason: an error kind, or `body_too_large` / `too_many_records`.
     pub append_refusals: IntCounterVec,
     passes: IntCounter,
@@ -132,6 +134,11 @@ impl Metrics {
             records_duplicate: counter(
                 "frostline_records_duplicate_total",
                 "Records accepted unchanged because an identical record was already stored.",
+            )?,
+            column_misses: counter(
+                "frostline_column_misses_total",
+                "Values of declared columns that did not fit and were stored as null (on_mismatch = \"null\"); \
+                 the body keeps them.",
             )?,
             append_refusals,
             passes: counter("frostline_archive_passes_total", "Archival passes run.")?,

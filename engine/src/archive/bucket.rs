@@ -294,7 +294,7 @@ async fn upload_and_publish(
         tracing::info!(hot = hot.unwrap_or(0), "erasure: hot records deleted before the next generation");
     }
     let (receiver, reader) =
-        pipeline::start(ctx.clone(), id.clone(), owner.to_string(), generation, table.format, base_rows);
+        pipeline::start(ctx.clone(), id.clone(), owner.to_string(), generation, table.clone(), base_rows);
     let claimed = Claimed { owner, meta, base: base.as_ref(), answered: answered.as_ref() };
     let uploaded = upload_segments(ctx, table, claimed, heartbeat, seconds, receiver).await;
     // The receiver is gone: a reader still running stops at its next segment.
@@ -387,6 +387,7 @@ async fn upload_segments(
             min_event_time: segment.min_event_time,
             max_event_time: segment.max_event_time,
             summary: segment.summary,
+            columns: segment.columns,
         };
         segments.push(info.clone());
         let mut intent_keys = vec![key];
@@ -479,7 +480,7 @@ fn prepare_manifest(
         strategy: format!("{} {}", table.strategy.identity().name, table.strategy.identity().fingerprint()),
         generation: meta.generation,
         format: table.format,
-        schema: table.format.schema().to_string(),
+        schema: table.format.schema_with(table.columns()),
         target: table.backend.target().to_string(),
         target_name: table.target_name.clone(),
         policy: meta.plan.clone(),

@@ -51,6 +51,7 @@ use crate::engine::Context;
 use crate::error::{Error, Result};
 use crate::format::manifest::{Manifest, SegmentInfo};
 use crate::model::Micros;
+use crate::model::columns::{ColumnSpec, ColumnType};
 use crate::policy::TablePolicy;
 use crate::storage::keys;
 use crate::store::schema::{BucketId, BucketMeta, DeltaLogState};
@@ -91,6 +92,9 @@ pub struct DeltaSync {
     /// reader's VACUUM) or failed, and were made again after reading the log.
     #[serde(default)]
     pub retried_commits: usize,
+    /// Declared columns this sync added to the log's schema (a metadata commit of their own).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub columns_added: Vec<String>,
 }
 
 /// Syncs when the table's log may lag its manifests: `changed` (the pass published or expired
@@ -292,6 +296,9 @@ struct KeptLog {
 struct LogView {
     files: BTreeMap<String, i64>,
     app_version: i64,
+    /// The table's metadata action at this version (JSON, as the log holds it): its schema
+    /// says which declared columns the log lacks (`evolved_metadata`).
+    metadata: serde_json::Value,
 }
 
 impl LogView {
@@ -309,7 +316,8 @@ impl LogView {
         let state = delta.snapshot()?;
         let files = state.log_data().into_iter().map(|file| (file.path().into_owned(), file.size())).collect();
         let app_version = state.transaction_version(log_store.as_ref(), app_id).await?.unwrap_or(0);
-        Ok((state.version(), LogView { files, app_version }))
+        let metadata = serde_json::to_value(state.metadata()).unwrap_or_default();
+        Ok((state.version(), LogView { files, app_version, metadata }))
     }
 
     /// Applies one commit's actions, putting the paths they add or remove in `touched`; `false`
@@ -393,7 +401,7 @@ async fn sync_serialized(
     let mut scope = kept.as_ref().and(index.touched.clone());
     let created = match kept {
         Some(_) => false,
-        None => create_if_absent(&log_store, &table.id, ctx.clock.now()).await?,
+        None => create_if_absent(&log_store, table, ctx.clock.now()).await?,
     };
     let mut report =
         DeltaSync { table: table.id.clone(), created, buckets_read: index.buckets_read, ..Default::default() };
@@ -418,6 +426,30 @@ async fn sync_serialized(
             scope = None;
         }
         let now_ms = ctx.clock.now().div_euclid(1_000);
+        // Declared columns the log's schema lacks are added first, in a commit of their own, so
+        // that the files added next, which carry them, are read with them.
+        if let Some((metadata, added)) = evolved_metadata(&log.view.metadata, table.columns()) {
+            let commit = metadata_commit(metadata, &added, now_ms);
+            let version = log.version + 1;
+            match log_store
+                .write_commit_entry(version, CommitOrBytes::LogBytes(commit.into()), uuid::Uuid::new_v4())
+                .await
+            {
+                Ok(()) => {
+                    tracing::info!(table = %table.id, version, columns = ?added, "Delta log schema: columns added");
+                    report.columns_added.extend(added);
+                }
+                Err(e) if attempt < DELTA_COMMIT_ATTEMPTS_MAX => {
+                    report.retried_commits += 1;
+                    tracing::debug!(table = %table.id, attempt, error = %e, "Delta schema commit lost a race; reading the log again");
+                }
+                Err(e) => return Err(unavailable(&table.id, "cannot add its declared columns to its Delta log", e)),
+            }
+            // A metadata commit is not followed commit by commit (`LogView::apply`).
+            log = load_log(&log_store, &location, &app_id).await.map_err(read_log)?;
+            scope = None;
+            continue;
+        }
         let planned = plan(&log.view, index, scope.as_ref(), now_ms);
         report.files_compared += planned.compared;
         if cfg!(debug_assertions) && scope.is_some() {
@@ -953,7 +985,8 @@ fn doubly_encoded(key: &str) -> String {
 
 /// Writes the table's first version unless it exists: protocol, schema and partition columns,
 /// created conditionally, so that engines creating the table at once agree on one.
-async fn create_if_absent(log_store: &LogStoreRef, table: &str, now: Micros) -> Result<bool> {
+async fn create_if_absent(log_store: &LogStoreRef, table: &TablePolicy, now: Micros) -> Result<bool> {
+    let (id, table) = (table.id.as_str(), table);
     let exists = log_store
         .get_latest_version(0)
         .await
@@ -962,36 +995,62 @@ async fn create_if_absent(log_store: &LogStoreRef, table: &str, now: Micros) -> 
             deltalake::DeltaTableError::InvalidVersion(_) | deltalake::DeltaTableError::NotATable(_) => Ok(false),
             other => Err(other),
         })
-        .map_err(|e| unavailable(table, "cannot read its Delta log", e))?;
+        .map_err(|e| unavailable(id, "cannot read its Delta log", e))?;
     if exists {
         return Ok(false);
     }
-    let bytes = first_version(table, now);
+    let bytes = first_version(id, table.columns(), now);
     match log_store.write_commit_entry(0, CommitOrBytes::LogBytes(bytes.into()), uuid::Uuid::new_v4()).await {
         Ok(()) => {
-            tracing::info!(table, "Delta table created");
+            tracing::info!(table = id, "Delta table created");
             Ok(true)
         }
         Err(deltalake::kernel::transaction::TransactionError::VersionAlreadyExists(_)) => Ok(false),
-        Err(e) => Err(unavailable(table, "cannot create its Delta table", e)),
+        Err(e) => Err(unavailable(id, "cannot create its Delta table", e)),
+    }
+}
+
+/// The fields of a Delta schema: frostline's columns, the table's typed columns (nullable:
+/// older files hold none) and the partition columns of the layout.
+fn schema_fields(columns: &[ColumnSpec]) -> Vec<serde_json::Value> {
+    let mut fields = vec![
+        schema_field("partition_key", "string", false),
+        schema_field("event_time", "timestamp", false),
+        schema_field("sort_key", "string", false),
+        schema_field("tenant", "string", true),
+        schema_field("kind", "string", true),
+        schema_field("body", "string", false),
+    ];
+    fields.extend(columns.iter().map(typed_field));
+    fields.extend(DELTA_PARTITION_COLUMNS.iter().map(|name| schema_field(name, "string", true)));
+    fields
+}
+
+fn schema_field(name: &str, kind: &str, nullable: bool) -> serde_json::Value {
+    serde_json::json!({"name": name, "type": kind, "nullable": nullable, "metadata": {}})
+}
+
+/// A declared column's field: nullable whatever its declaration, since older files hold none.
+fn typed_field(column: &ColumnSpec) -> serde_json::Value {
+    schema_field(&column.name, delta_type(column.kind), true)
+}
+
+/// The Delta primitive type of a declared column's type.
+fn delta_type(kind: ColumnType) -> &'static str {
+    match kind {
+        ColumnType::String => "string",
+        ColumnType::Int64 => "long",
+        ColumnType::Float64 => "double",
+        ColumnType::Bool => "boolean",
+        ColumnType::Timestamp => "timestamp",
     }
 }
 
 /// The first version of a table's log, as the Delta protocol writes it: commit info,
 /// protocol (reader 1, writer 2), metadata with the schema of frostline's Parquet segments
-/// and the partition columns of the layout.
-fn first_version(table: &str, now: Micros) -> Vec<u8> {
-    let column = |name: &str, kind: &str, nullable: bool| serde_json::json!({"name": name, "type": kind, "nullable": nullable, "metadata": {}});
-    let mut fields = vec![
-        column("partition_key", "string", false),
-        column("event_time", "timestamp", false),
-        column("sort_key", "string", false),
-        column("tenant", "string", true),
-        column("kind", "string", true),
-        column("body", "string", false),
-    ];
-    fields.extend(DELTA_PARTITION_COLUMNS.iter().map(|name| column(name, "string", true)));
-    let schema = serde_json::json!({"type": "struct", "fields": fields});
+/// (with the table's typed `columns`) and the partition columns of the layout.
+fn first_version(table: &str, columns: &[ColumnSpec], now: Micros) -> Vec<u8> {
+    let schema = serde_json::json!({"type": "struct", "fields": schema_fields(columns)});
     let now_ms = now.div_euclid(1_000);
     let lines = [
         serde_json::json!({"commitInfo": {
@@ -1015,6 +1074,42 @@ fn first_version(table: &str, now: Micros) -> Vec<u8> {
     lines.iter().map(|line| format!("{line}\n")).collect::<String>().into_bytes()
 }
 
+/// The log's metadata with the declared `columns` its schema lacks added (nullable, at the end
+/// of its fields), and their names; `None` when it has them all. A column is only ever added:
+/// one the log has and the table no longer declares stays (another installation, or an older
+/// policy, may still write it), so installations on different policies never undo each other.
+fn evolved_metadata(metadata: &serde_json::Value, columns: &[ColumnSpec]) -> Option<(serde_json::Value, Vec<String>)> {
+    if columns.is_empty() {
+        return None;
+    }
+    let mut schema: serde_json::Value = serde_json::from_str(metadata.get("schemaString")?.as_str()?).ok()?;
+    let fields = schema.get_mut("fields")?.as_array_mut()?;
+    let has = |name: &str| fields.iter().any(|f| f.get("name").and_then(|n| n.as_str()) == Some(name));
+    let missing: Vec<&ColumnSpec> = columns.iter().filter(|c| !has(&c.name)).collect();
+    if missing.is_empty() {
+        return None;
+    }
+    fields.extend(missing.iter().map(|c| typed_field(c)));
+    let mut metadata = metadata.clone();
+    metadata["schemaString"] = serde_json::Value::String(schema.to_string());
+    Some((metadata, missing.iter().map(|c| c.name.clone()).collect()))
+}
+
+/// A commit that changes the table's metadata only (`evolved_metadata`), as Delta's `ADD
+/// COLUMNS` writes it.
+fn metadata_commit(metadata: serde_json::Value, added: &[String], now_ms: i64) -> Vec<u8> {
+    let lines = [
+        serde_json::json!({"commitInfo": {
+            "timestamp": now_ms,
+            "operation": "ADD COLUMNS",
+            "operationParameters": {"columns": serde_json::to_string(added).unwrap_or_default()},
+            "clientVersion": format!("frostline-{}", env!("CARGO_PKG_VERSION")),
+        }}),
+        serde_json::json!({"metaData": metadata}),
+    ];
+    lines.iter().map(|line| format!("{line}\n")).collect::<String>().into_bytes()
+}
+
 fn partition_values(file: &PublishedFile) -> HashMap<String, Option<String>> {
     let value = |v: &str| (!v.is_empty()).then(|| v.to_string());
     HashMap::from([
@@ -1032,10 +1127,39 @@ fn add_action(path: &str, file: &PublishedFile, data_change: bool) -> Add {
     // skips files by these bounds never skips a row.
     let min = segment.min_event_time.div_euclid(1_000) * 1_000;
     let max = (segment.max_event_time + 999).div_euclid(1_000) * 1_000;
+    let (mut min_values, mut max_values, mut null_count) =
+        (serde_json::Map::new(), serde_json::Map::new(), serde_json::Map::new());
+    min_values.insert("event_time".into(), stats_time(min).into());
+    max_values.insert("event_time".into(), stats_time(max).into());
+    // Every column's null count, where it is known: a reader that prunes by a column's bounds
+    // without its null count can skip a file whose rows are null there.
+    for never_null in ["partition_key", "event_time", "sort_key", "body"] {
+        null_count.insert(never_null.into(), 0.into());
+    }
+    for column in &segment.columns {
+        null_count.insert(column.name.clone(), column.nulls.into());
+        let bound = |value: &Option<serde_json::Value>, round_up: bool| {
+            let value = value.as_ref()?;
+            Some(match column.kind {
+                // Microseconds, written to the millisecond outward as `event_time` is.
+                ColumnType::Timestamp => {
+                    let micros = value.as_i64()?;
+                    let ms = if round_up { (micros + 999).div_euclid(1_000) } else { micros.div_euclid(1_000) };
+                    stats_time(ms * 1_000).into()
+                }
+                _ => value.clone(),
+            })
+        };
+        if let (Some(low), Some(high)) = (bound(&column.min, false), bound(&column.max, true)) {
+            min_values.insert(column.name.clone(), low);
+            max_values.insert(column.name.clone(), high);
+        }
+    }
     let stats = serde_json::json!({
         "numRecords": segment.rows,
-        "minValues": {"event_time": stats_time(min)},
-        "maxValues": {"event_time": stats_time(max)},
+        "minValues": min_values,
+        "maxValues": max_values,
+        "nullCount": null_count,
     });
     Add {
         path: path.to_string(),
@@ -1096,6 +1220,7 @@ mod tests {
                 min_event_time: times.0,
                 max_event_time: times.1,
                 summary: crate::model::rows::RowSummary { rows: 2, first: None, last: None, checksum: String::new() },
+                columns: Vec::new(),
             },
             installation: installation.into(),
             bucket_key: bucket.into(),
@@ -1115,6 +1240,77 @@ mod tests {
         assert_eq!(stats["maxValues"]["event_time"], "2023-11-14T22:13:20.125Z");
         assert_eq!(add.path, "installation=i/bucket=b/partition=__HIVE_DEFAULT_PARTITION__/seg-a%b.parquet");
         assert_eq!(add.partition_values["partition"], None, "an empty partition key is a null partition value");
+    }
+
+    #[test]
+    fn a_files_statistics_bound_its_typed_columns_and_count_every_columns_nulls() {
+        use crate::model::columns::ColumnStats;
+        let mut file = published_file((0, 0), "i", "b", "p");
+        let stats = |name: &str, kind, min: Option<serde_json::Value>, max: Option<serde_json::Value>, nulls| {
+            ColumnStats { name: name.into(), kind, min, max, nulls }
+        };
+        file.segment.columns = vec![
+            stats("tenant", ColumnType::String, None, None, 2),
+            stats("carrier", ColumnType::String, Some("AA".into()), Some("UA".into()), 0),
+            stats(
+                "sched_dep",
+                ColumnType::Timestamp,
+                Some(1_700_000_000_123_456i64.into()),
+                Some(1_700_000_000_124_001i64.into()),
+                1,
+            ),
+            stats("long_text", ColumnType::String, None, None, 0),
+        ];
+        let add = add_action("a.parquet", &file, true);
+        let stats: serde_json::Value = serde_json::from_str(add.stats.as_deref().unwrap()).unwrap();
+        assert_eq!(stats["minValues"]["carrier"], "AA");
+        assert_eq!(stats["maxValues"]["carrier"], "UA");
+        // Times outward to the millisecond, as `event_time`.
+        assert_eq!(stats["minValues"]["sched_dep"], "2023-11-14T22:13:20.123Z");
+        assert_eq!(stats["maxValues"]["sched_dep"], "2023-11-14T22:13:20.125Z");
+        // A column without bounds (all null, or strings too long to keep) has its null count only.
+        assert!(stats["minValues"].get("tenant").is_none() && stats["maxValues"].get("long_text").is_none());
+        let nulls = &stats["nullCount"];
+        assert_eq!(
+            (nulls["tenant"].as_u64(), nulls["sched_dep"].as_u64(), nulls["long_text"].as_u64()),
+            (Some(2), Some(1), Some(0))
+        );
+        for never_null in ["partition_key", "event_time", "sort_key", "body"] {
+            assert_eq!(nulls[never_null], 0, "{never_null}");
+        }
+    }
+
+    #[test]
+    fn a_log_gains_the_declared_columns_it_lacks_and_keeps_the_ones_it_has() {
+        use crate::model::columns::{ColumnSpec, OnMismatch};
+        let column = |name: &str, kind| ColumnSpec {
+            name: name.into(),
+            kind,
+            from: format!("/{name}"),
+            nullable: true,
+            on_mismatch: OnMismatch::Refuse,
+        };
+        let first = String::from_utf8(first_version("t", &[column("carrier", ColumnType::String)], 0)).unwrap();
+        let metadata = first
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+            .find_map(|a| a.get("metaData").cloned())
+            .unwrap();
+        assert_eq!(evolved_metadata(&metadata, &[column("carrier", ColumnType::String)]), None);
+        assert_eq!(evolved_metadata(&metadata, &[]), None, "a column the table no longer declares stays");
+        let (evolved, added) =
+            evolved_metadata(&metadata, &[column("carrier", ColumnType::String), column("delay", ColumnType::Int64)])
+                .unwrap();
+        assert_eq!(added, ["delay"]);
+        assert_eq!(evolved["id"], metadata["id"], "the same table");
+        let schema: serde_json::Value = serde_json::from_str(evolved["schemaString"].as_str().unwrap()).unwrap();
+        let names: Vec<&str> =
+            schema["fields"].as_array().unwrap().iter().map(|f| f["name"].as_str().unwrap()).collect();
+        assert_eq!(&names[names.len() - 2..], ["partition", "delay"]);
+        assert_eq!(schema["fields"].as_array().unwrap().last().unwrap()["type"], "long");
+        let commit = String::from_utf8(metadata_commit(evolved, &added, 0)).unwrap();
+        let actions: Vec<Action> = commit.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        assert!(matches!(actions[..], [Action::CommitInfo(_), Action::Metadata(_)]), "{commit}");
     }
 
     /// The protocol's `path` is a URI: the key's `%` is written `%25`, once, by delta-rs's

@@ -21,9 +21,10 @@ use crate::engine::Context;
 use crate::error::{Error, Result};
 use crate::format::manifest::Manifest;
 use crate::format::reader::read_segment;
-use crate::format::{EncodedSegment, Format, SEGMENT_BYTES_MAX, SEGMENT_ROWS_MAX, encode_segments};
+use crate::format::{EncodedSegment, SEGMENT_BYTES_MAX, SEGMENT_ROWS_MAX, encode_segments};
 use crate::model::rows::{RowSummary, RowSummer};
 use crate::model::{Micros, Record};
+use crate::policy::TablePolicy;
 use crate::storage::ArchiveBackend;
 use crate::store::erasure::ArchivedErased;
 use crate::store::schema::BucketId;
@@ -138,7 +139,8 @@ impl BaseRows {
     }
 }
 
-/// Starts reading and encoding the claimed bucket `id` (as `owner`, `generation`) in `format`,
+/// Starts reading and encoding the claimed bucket `id` (as `owner`, `generation`) in `table`'s
+/// format, with its typed columns,
 /// merging its hot rows into `base` (the rows of its published archive, in clustering order)
 /// when it has one. The receiver yields its segments in order; the handle ends with the read
 /// side's outcome. Dropping the receiver stops the reader at its next segment.
@@ -147,12 +149,12 @@ pub fn start(
     id: BucketId,
     owner: String,
     generation: u64,
-    format: Format,
+    table: Arc<TablePolicy>,
     base: Option<BaseRows>,
 ) -> (mpsc::Receiver<Encoded>, JoinHandle<Result<ReadSide>>) {
     let (sender, receiver) = mpsc::channel(SEGMENTS_AHEAD);
     let reader =
-        tokio::task::spawn_blocking(move || read_and_encode(&ctx, &id, &owner, generation, format, base, sender));
+        tokio::task::spawn_blocking(move || read_and_encode(&ctx, &id, &owner, generation, &table, base, sender));
     (receiver, reader)
 }
 
@@ -204,7 +206,7 @@ fn read_and_encode(
     id: &BucketId,
     owner: &str,
     generation: u64,
-    format: Format,
+    table: &TablePolicy,
     mut base: Option<BaseRows>,
     sender: mpsc::Sender<Encoded>,
 ) -> Result<ReadSide> {
@@ -262,7 +264,7 @@ fn read_and_encode(
                 None => true,
             };
         let started = Instant::now();
-        let segments = encode_segments(format, &chunk)?;
+        let segments = encode_segments(table.format, table.columns(), &chunk)?;
         drop(chunk);
         let summaries = if last {
             // The cleanup's proof takes the hot summary for the table's rows only if the

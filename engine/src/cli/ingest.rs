@@ -121,6 +121,7 @@ pub fn append_batches(
         total.appended += outcome.appended;
         total.duplicates += outcome.duplicates;
         total.already_archived += outcome.already_archived;
+        total.column_misses += outcome.column_misses;
         text.clear();
         on_batch(count);
         Ok(())

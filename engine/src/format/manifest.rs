@@ -20,6 +20,11 @@ pub struct SegmentInfo {
     pub min_event_time: Micros,
     pub max_event_time: Micros,
     pub summary: RowSummary,
+    /// Statistics of the columns a Parquet segment carries beside the record (its typed
+    /// columns, `tenant` and `kind`), which a Delta log's `add` action repeats; empty for other
+    /// formats and in manifests written before they were kept.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub columns: Vec<crate::model::columns::ColumnStats>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -9,6 +9,7 @@ pub mod parquet;
 pub mod reader;
 
 use crate::error::Result;
+use crate::model::columns::{ColumnSpec, ColumnStats};
 use crate::model::rows::{RowSummary, summarize};
 use crate::model::{Micros, Record};
 
@@ -51,6 +52,17 @@ impl Format {
         }
     }
 
+    /// `schema`, with the typed columns a Parquet segment carries beside them.
+    pub fn schema_with(self, columns: &[ColumnSpec]) -> String {
+        let mut out = self.schema().to_string();
+        if self == Format::Parquet {
+            for column in columns {
+                out.push_str(&format!(", {} {} (nullable, from `{}`)", column.name, column.kind.name(), column.from));
+            }
+        }
+        out
+    }
+
     pub fn encode(self, records: &[Record]) -> Result<Vec<u8>> {
         match self {
             Format::Jsonl => {
@@ -60,7 +72,7 @@ impl Format {
                 }
                 Ok(out)
             }
-            Format::Parquet => parquet::encode(records),
+            Format::Parquet => parquet::encode(records, &[]).map(|(bytes, _)| bytes),
             Format::Msgpack => msgpack::encode(records),
         }
     }
@@ -90,11 +102,14 @@ pub struct EncodedSegment {
     pub min_event_time: Micros,
     pub max_event_time: Micros,
     pub summary: RowSummary,
+    /// Statistics of the columns a Parquet segment carries beside the record (`ColumnStats`).
+    pub columns: Vec<ColumnStats>,
 }
 
 /// Splits rows (already in clustering order) into segments of at most `SEGMENT_ROWS_MAX` rows
-/// and `SEGMENT_BYTES_MAX` bytes of JSON lines, and encodes each in `format`.
-pub fn encode_segments(format: Format, records: &[Record]) -> Result<Vec<EncodedSegment>> {
+/// and `SEGMENT_BYTES_MAX` bytes of JSON lines, and encodes each in `format` (a Parquet
+/// segment with the table's typed `columns`).
+pub fn encode_segments(format: Format, columns: &[ColumnSpec], records: &[Record]) -> Result<Vec<EncodedSegment>> {
     let mut segments = Vec::new();
     let mut start = 0;
     // The segment's rows as JSON lines: what the byte limit counts, and a JSON-lines segment's
@@ -106,23 +121,26 @@ pub fn encode_segments(format: Format, records: &[Record]) -> Result<Vec<Encoded
         jsonl::encode_line(record, &mut line)?;
         let full = i - start >= SEGMENT_ROWS_MAX || (!lines.is_empty() && lines.len() + line.len() > SEGMENT_BYTES_MAX);
         if full {
-            segments.push(finish(format, &records[start..i], std::mem::take(&mut lines))?);
+            segments.push(finish(format, columns, &records[start..i], std::mem::take(&mut lines))?);
             start = i;
         }
         lines.extend_from_slice(&line);
     }
     if start < records.len() {
-        segments.push(finish(format, &records[start..], lines)?);
+        segments.push(finish(format, columns, &records[start..], lines)?);
     }
     Ok(segments)
 }
 
-fn finish(format: Format, records: &[Record], lines: Vec<u8>) -> Result<EncodedSegment> {
+fn finish(format: Format, columns: &[ColumnSpec], records: &[Record], lines: Vec<u8>) -> Result<EncodedSegment> {
+    let (bytes, column_stats) = match format {
+        Format::Jsonl => (lines, Vec::new()),
+        Format::Parquet => parquet::encode(records, columns)?,
+        Format::Msgpack => (format.encode(records)?, Vec::new()),
+    };
     Ok(EncodedSegment {
-        bytes: match format {
-            Format::Jsonl => lines,
-            Format::Parquet | Format::Msgpack => format.encode(records)?,
-        },
+        bytes,
+        columns: column_stats,
         rows: records.len() as u64,
         min_event_time: records.iter().map(|r| r.event_time).min().unwrap_or(0),
         max_event_time: records.iter().map(|r| r.event_time).max().unwrap_or(0),
@@ -149,14 +167,14 @@ mod tests {
     fn every_format_round_trips_and_respects_the_limits() {
         let rows: Vec<Record> = (0..25_000).map(|i| record(i, 10)).collect();
         for format in [Format::Jsonl, Format::Parquet, Format::Msgpack] {
-            let segments = encode_segments(format, &rows).unwrap();
+            let segments = encode_segments(format, &[], &rows).unwrap();
             assert_eq!(segments.iter().map(|s| s.rows).collect::<Vec<_>>(), vec![10_000, 10_000, 5_000], "{format:?}");
             let decoded: Vec<Record> = segments.iter().flat_map(|s| format.decode(&s.bytes).unwrap()).collect();
             assert_eq!(decoded, rows, "{format:?}");
         }
         let big: Vec<Record> = (0..20).map(|i| record(i, 1024 * 1024)).collect();
         for format in [Format::Jsonl, Format::Parquet, Format::Msgpack] {
-            let segments = encode_segments(format, &big).unwrap();
+            let segments = encode_segments(format, &[], &big).unwrap();
             assert!(segments.len() >= 3, "{format:?}");
             assert!(segments.iter().all(|s| s.bytes.len() <= SEGMENT_BYTES_MAX), "{format:?}");
             assert_eq!(segments.iter().map(|s| s.rows).sum::<u64>(), 20);

@@ -5,8 +5,8 @@
 
 use std::sync::Arc;
 
-use arrow_array::builder::{StringBuilder, TimestampMicrosecondBuilder};
-use arrow_array::{Array, RecordBatch, StringArray, TimestampMicrosecondArray};
+use arrow_array::builder::{BooleanBuilder, Float64Builder, Int64Builder, StringBuilder, TimestampMicrosecondBuilder};
+use arrow_array::{Array, ArrayRef, RecordBatch, StringArray, TimestampMicrosecondArray};
 use arrow_schema::{DataType, Field, Schema, TimeUnit};
 use bytes::Bytes;
 use parquet::arrow::ArrowWriter;
@@ -17,6 +17,7 @@ use parquet::schema::types::ColumnPath;
 
 use crate::error::{Error, Result};
 use crate::model::Record;
+use crate::model::columns::{ColumnSpec, ColumnStats, ColumnType, ColumnValue, StatsBuilder};
 
 pub const ZSTD_LEVEL: i32 = 3;
 /// Rows from which every column of a segment is compressed. Below it the columns whose pages
@@ -32,28 +33,100 @@ const UNCOMPRESSED_WHEN_SMALL: [&str; 3] = ["partition_key", "tenant", "kind"];
 pub const SCHEMA_DESCRIPTION: &str = "parquet: partition_key UTF8, event_time TIMESTAMP(MICROS, UTC), sort_key UTF8, \
      tenant UTF8 (nullable), kind UTF8 (nullable), body UTF8 (JSON text)";
 
-fn schema() -> Arc<Schema> {
-    Arc::new(Schema::new(vec![
+/// The segment's columns: frostline's own, then the table's typed columns in declaration order.
+/// Typed columns are nullable whatever their declaration: rows appended before a column was
+/// declared, or stored under `on_mismatch = "null"`, hold none.
+fn schema(columns: &[ColumnSpec]) -> Arc<Schema> {
+    let mut fields = vec![
         Field::new("partition_key", DataType::Utf8, false),
         Field::new("event_time", DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())), false),
         Field::new("sort_key", DataType::Utf8, false),
         Field::new("tenant", DataType::Utf8, true),
         Field::new("kind", DataType::Utf8, true),
         Field::new("body", DataType::Utf8, false),
-    ]))
+    ];
+    fields.extend(columns.iter().map(|c| Field::new(&c.name, arrow_type(c.kind), true)));
+    Arc::new(Schema::new(fields))
+}
+
+fn arrow_type(kind: ColumnType) -> DataType {
+    match kind {
+        ColumnType::String => DataType::Utf8,
+        ColumnType::Int64 => DataType::Int64,
+        ColumnType::Float64 => DataType::Float64,
+        ColumnType::Bool => DataType::Boolean,
+        ColumnType::Timestamp => DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
+    }
+}
+
+/// One typed column's values as they are built.
+enum TypedBuilder {
+    String(StringBuilder),
+    Int64(Int64Builder),
+    Float64(Float64Builder),
+    Bool(BooleanBuilder),
+    Timestamp(TimestampMicrosecondBuilder),
+}
+
+impl TypedBuilder {
+    fn new(kind: ColumnType) -> TypedBuilder {
+        match kind {
+            ColumnType::String => TypedBuilder::String(StringBuilder::new()),
+            ColumnType::Int64 => TypedBuilder::Int64(Int64Builder::new()),
+            ColumnType::Float64 => TypedBuilder::Float64(Float64Builder::new()),
+            ColumnType::Bool => TypedBuilder::Bool(BooleanBuilder::new()),
+            ColumnType::Timestamp => TypedBuilder::Timestamp(TimestampMicrosecondBuilder::new().with_timezone("UTC")),
+        }
+    }
+
+    /// Appends `value` (of the column's type, or null).
+    fn append(&mut self, value: &ColumnValue) {
+        match (self, value) {
+            (TypedBuilder::String(b), ColumnValue::String(v)) => b.append_value(v),
+            (TypedBuilder::Int64(b), ColumnValue::Int64(v)) => b.append_value(*v),
+            (TypedBuilder::Float64(b), ColumnValue::Float64(v)) => b.append_value(*v),
+            (TypedBuilder::Bool(b), ColumnValue::Bool(v)) => b.append_value(*v),
+            (TypedBuilder::Timestamp(b), ColumnValue::Timestamp(v)) => b.append_value(*v),
+            (TypedBuilder::String(b), _) => b.append_null(),
+            (TypedBuilder::Int64(b), _) => b.append_null(),
+            (TypedBuilder::Float64(b), _) => b.append_null(),
+            (TypedBuilder::Bool(b), _) => b.append_null(),
+            (TypedBuilder::Timestamp(b), _) => b.append_null(),
+        }
+    }
+
+    fn finish(self) -> ArrayRef {
+        match self {
+            TypedBuilder::String(mut b) => Arc::new(b.finish()),
+            TypedBuilder::Int64(mut b) => Arc::new(b.finish()),
+            TypedBuilder::Float64(mut b) => Arc::new(b.finish()),
+            TypedBuilder::Bool(mut b) => Arc::new(b.finish()),
+            TypedBuilder::Timestamp(mut b) => Arc::new(b.finish()),
+        }
+    }
 }
 
 fn encoding_error(e: impl std::fmt::Display) -> Error {
     Error::Internal(format!("encoding a Parquet segment: {e}"))
 }
 
-pub fn encode(records: &[Record]) -> Result<Vec<u8>> {
+/// Encodes `records` as one Parquet segment with the table's typed `columns`, each taken from
+/// the body (null where it does not fit: `ColumnSpec::extract_or_null`). Returns the bytes and
+/// the statistics of the typed columns, `tenant` and `kind` (`ColumnStats`).
+pub fn encode(records: &[Record], columns: &[ColumnSpec]) -> Result<(Vec<u8>, Vec<ColumnStats>)> {
     let mut partition = StringBuilder::new();
     let mut time = TimestampMicrosecondBuilder::new().with_timezone("UTC");
     let mut sort = StringBuilder::new();
     let mut tenant = StringBuilder::new();
     let mut kind = StringBuilder::new();
     let mut body = StringBuilder::new();
+    let mut typed: Vec<TypedBuilder> = columns.iter().map(|c| TypedBuilder::new(c.kind)).collect();
+    let mut stats: Vec<StatsBuilder> = [("tenant", ColumnType::String), ("kind", ColumnType::String)]
+        .into_iter()
+        .chain(columns.iter().map(|c| (c.name.as_str(), c.kind)))
+        .map(|(name, kind)| StatsBuilder::new(name, kind))
+        .collect();
+    let text = |v: &Option<String>| v.clone().map_or(ColumnValue::Null, ColumnValue::String);
     for r in records {
         partition.append_value(String::from_utf8_lossy(&r.partition_key));
         time.append_value(r.event_time);
@@ -61,19 +134,29 @@ pub fn encode(records: &[Record]) -> Result<Vec<u8>> {
         tenant.append_option(r.tenant.as_deref());
         kind.append_option(r.kind.as_deref());
         body.append_value(&r.body);
+        stats[0].add(&text(&r.tenant));
+        stats[1].add(&text(&r.kind));
+        if !columns.is_empty() {
+            // A body that is not JSON was refused at append; should one come, its columns are null.
+            let parsed: serde_json::Value = serde_json::from_str(&r.body).unwrap_or_default();
+            for ((column, builder), stats) in columns.iter().zip(&mut typed).zip(&mut stats[2..]) {
+                let value = column.extract_or_null(&parsed);
+                builder.append(&value);
+                stats.add(&value);
+            }
+        }
     }
-    let batch = RecordBatch::try_new(
-        schema(),
-        vec![
-            Arc::new(partition.finish()),
-            Arc::new(time.finish()),
-            Arc::new(sort.finish()),
-            Arc::new(tenant.finish()),
-            Arc::new(kind.finish()),
-            Arc::new(body.finish()),
-        ],
-    )
-    .map_err(encoding_error)?;
+    let mut arrays: Vec<ArrayRef> = vec![
+        Arc::new(partition.finish()),
+        Arc::new(time.finish()),
+        Arc::new(sort.finish()),
+        Arc::new(tenant.finish()),
+        Arc::new(kind.finish()),
+        Arc::new(body.finish()),
+    ];
+    arrays.extend(typed.into_iter().map(TypedBuilder::finish));
+    let schema = schema(columns);
+    let batch = RecordBatch::try_new(schema.clone(), arrays).map_err(encoding_error)?;
     let mut properties = WriterProperties::builder()
         .set_compression(Compression::ZSTD(ZstdLevel::try_new(ZSTD_LEVEL).map_err(encoding_error)?));
     if records.len() < SMALL_COLUMNS_COMPRESSED_ROWS_MIN {
@@ -87,10 +170,10 @@ pub fn encode(records: &[Record]) -> Result<Vec<u8>> {
         .set_created_by("frostline".into())
         .build();
     let mut out = Vec::new();
-    let mut writer = ArrowWriter::try_new(&mut out, schema(), Some(properties)).map_err(encoding_error)?;
+    let mut writer = ArrowWriter::try_new(&mut out, schema, Some(properties)).map_err(encoding_error)?;
     writer.write(&batch).map_err(encoding_error)?;
     writer.close().map_err(encoding_error)?;
-    Ok(out)
+    Ok((out, stats.into_iter().map(StatsBuilder::finish).collect()))
 }
 
 fn corrupt(e: impl std::fmt::Display) -> Error {

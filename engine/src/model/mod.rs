@@ -3,6 +3,7 @@
 //! Imports nothing from tokio, redb, wasmtime or object_store, so it can be reasoned about and
 //! tested on its own. Every adapter depends on it; it depends on nobody.
 
+pub mod columns;
 pub mod invariants;
 pub mod lifecycle;
 pub mod rows;

@@ -60,6 +60,7 @@ pub fn append(
         appended: outcome.appended,
         duplicates: outcome.duplicates,
         already_archived: outcome.already_archived,
+        column_misses: outcome.column_misses,
     })
 }
 

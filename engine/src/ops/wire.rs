@@ -56,6 +56,15 @@ pub struct AppendCounts {
     /// Identical records found in their bucket's archive (a re-run ingest).
     #[serde(default)]
     pub already_archived: u64,
+    /// Values of declared columns that did not fit their column and are stored as null (the
+    /// column is declared with `on_mismatch = "null"`; the body keeps the value). Left out of
+    /// the answer when none.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub column_misses: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// The answer of `GET /v1/holds`.

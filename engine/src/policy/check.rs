@@ -82,6 +82,11 @@ pub fn check_against_store(set: &PolicySet, store: &Store) -> Result<()> {
                     identity.config
                 )));
             }
+            // Columns are only added: the archive's older files must agree with the new ones.
+            if let Some(recorded) = &state.declaration {
+                crate::model::columns::check_evolution(&recorded.columns, table.columns())
+                    .map_err(|e| Error::InvalidInput(format!("{}: table `{id}`: {e}", table.file.display())))?;
+            }
         }
     }
     // Archives stay where they were written: a set may move a table to another target, but not

@@ -61,6 +61,34 @@ struct RawTable {
     format: Option<Format>,
     retention: Option<RawPlugin>,
     target: Option<String>,
+    /// Typed columns (`model::columns`).
+    #[serde(default)]
+    column: Vec<RawColumn>,
+}
+
+/// One `[[table.column]]`: `from` defaults to the pointer of the name (`/name`), `nullable` to
+/// true and `on_mismatch` to `"refuse"`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawColumn {
+    name: String,
+    #[serde(rename = "type")]
+    kind: model::columns::ColumnType,
+    from: Option<String>,
+    nullable: Option<bool>,
+    on_mismatch: Option<model::columns::OnMismatch>,
+}
+
+impl RawColumn {
+    fn into_spec(self) -> model::columns::ColumnSpec {
+        model::columns::ColumnSpec {
+            from: self.from.unwrap_or_else(|| format!("/{}", self.name.replace('~', "~0").replace('/', "~1"))),
+            name: self.name,
+            kind: self.kind,
+            nullable: self.nullable.unwrap_or(true),
+            on_mismatch: self.on_mismatch.unwrap_or_default(),
+        }
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -136,6 +164,11 @@ impl TablePolicy {
     /// `delta` feature (an archiver plugin is no object store delta-rs can write to).
     pub fn delta_log(&self) -> bool {
         cfg!(feature = "delta") && self.format == Format::Parquet && self.backend.object_store().is_some()
+    }
+
+    /// The table's typed columns (`[[table.column]]`).
+    pub fn columns(&self) -> &[model::columns::ColumnSpec] {
+        &self.declaration.columns
     }
 
     /// Where the table's new archives go.
@@ -340,6 +373,8 @@ pub fn load_with(
                 format!("table `{}`: writable_buckets = {n} is outside 1..={WRITABLE_BUCKETS_MAX}", raw.id),
             ));
         }
+        let columns: Vec<model::columns::ColumnSpec> = raw.column.into_iter().map(RawColumn::into_spec).collect();
+        model::columns::validate(&columns).map_err(|e| invalid(&file, format!("table `{}`: {e}", raw.id)))?;
         let target_name = raw.target.clone().unwrap_or_else(|| DEFAULT_TARGET.to_string());
         let backend = targets.get(&target_name).cloned().ok_or_else(|| {
             invalid(&file, format!("table `{}`: no target named `{target_name}`; declare it with [[target]]", raw.id))
@@ -367,6 +402,7 @@ pub fn load_with(
             writable_buckets: raw.writable_buckets,
             target_name,
             file: file.display().to_string(),
+            columns,
         };
         let components = [&strategy, &retention].into_iter().filter_map(|p| p.component.clone()).collect();
         let table = build_table(&raw.id, &file, declaration, strategy, retention, backend, true)?;

@@ -84,6 +84,9 @@ pub struct AppendOutcome {
     /// Identical records whose bucket was archived since they were first appended (a re-run
     /// ingest): compared with the archive and accepted without change.
     pub already_archived: u64,
+    /// Values of declared columns that did not fit, stored as null under
+    /// `on_mismatch = "null"` (`model::columns`).
+    pub column_misses: u64,
 }
 
 /// Validates a whole batch against the transaction's state, then applies it. A refused batch
@@ -262,7 +265,7 @@ pub(super) fn apply_batch(txn: &WriteTransaction, batch: &AppendBatch) -> Result
             plan_queue.insert(plan_queue_key(PlanClass::of(meta.state), id, meta.descriptor.end).as_slice(), ())?;
         }
     }
-    Ok(AppendOutcome { appended: inserted.len() as u64, duplicates, already_archived: 0 })
+    Ok(AppendOutcome { appended: inserted.len() as u64, duplicates, ..AppendOutcome::default() })
 }
 
 /// Inserts `rows`, noting in `inserted` the index of each row that was new, and returns how

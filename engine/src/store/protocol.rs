@@ -41,6 +41,13 @@ impl Store {
                     state.strategy.name,
                     state.strategy.config
                 ))),
+                Some(existing)
+                    if let (Some(recorded), Some(declared)) = (&existing.declaration, &state.declaration)
+                        && let Err(why) =
+                            crate::model::columns::check_evolution(&recorded.columns, &declared.columns) =>
+                {
+                    Err(Error::InvalidInput(format!("{}: table `{}`: {why}", declared.file, state.id)))
+                }
                 Some(mut existing) => {
                     let mut changed = false;
                     if existing.retention != state.retention || existing.unmanaged_since.is_some() {

@@ -411,6 +411,10 @@ pub struct TableDeclaration {
     pub target_name: String,
     /// The policy file that declared it (for messages).
     pub file: String,
+    /// Its typed columns (`[[table.column]]`), in declaration order; empty for a table that
+    /// declares none (and in declarations recorded before columns existed).
+    #[serde(default)]
+    pub columns: Vec<crate::model::columns::ColumnSpec>,
 }
 
 /// One plugin of a `TableDeclaration`.

@@ -1,0 +1,520 @@
+//! Typed columns a table declares (`[[table.column]]` in its policy file): a name, a type and
+//! where the value comes from in a record's body (a JSON pointer). Appends are checked against
+//! them; Parquet segments carry them beside `body` (which stays, so nothing is lost and a
+//! round trip stays exact), with statistics that readers prune files and row groups by.
+//!
+//! A value that does not match its column is refused at append (the default), or, for a column
+//! declared with `on_mismatch = "null"`, stored as null and counted. Archival never refuses:
+//! rows appended before a column was declared, or under `"null"`, are archived with a null.
+
+use serde::{Deserialize, Serialize};
+
+use super::{EVENT_TIME_MAX, EVENT_TIME_MIN, Micros, Record};
+use crate::error::{Error, Result};
+
+/// Columns a table may declare.
+pub const COLUMNS_MAX: usize = 64;
+/// Longest column name, in bytes.
+pub const COLUMN_NAME_BYTES_MAX: usize = 64;
+/// Longest `from` pointer, in bytes.
+pub const COLUMN_POINTER_BYTES_MAX: usize = 256;
+/// Names frostline's segments and Delta tables already use.
+pub const RESERVED_COLUMN_NAMES: [&str; 9] =
+    ["partition_key", "event_time", "sort_key", "tenant", "kind", "body", "installation", "bucket", "partition"];
+
+/// The type of a declared column.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ColumnType {
+    /// A JSON string.
+    String,
+    /// A JSON number without a fraction, within a signed 64-bit integer.
+    Int64,
+    /// Any JSON number.
+    Float64,
+    /// `true` or `false`.
+    Bool,
+    /// A JSON string in RFC 3339 (`2013-01-01T05:15:00Z`), kept to the microsecond, UTC.
+    Timestamp,
+}
+
+impl ColumnType {
+    pub fn name(self) -> &'static str {
+        match self {
+            ColumnType::String => "string",
+            ColumnType::Int64 => "int64",
+            ColumnType::Float64 => "float64",
+            ColumnType::Bool => "bool",
+            ColumnType::Timestamp => "timestamp",
+        }
+    }
+
+    /// What a body must hold for a value of this type, in words.
+    fn expects(self) -> &'static str {
+        match self {
+            ColumnType::String => "a string",
+            ColumnType::Int64 => "an integer within 64 bits",
+            ColumnType::Float64 => "a number",
+            ColumnType::Bool => "true or false",
+            ColumnType::Timestamp => "an RFC 3339 time string (2013-01-01T05:15:00Z)",
+        }
+    }
+}
+
+/// What an append does with a value that does not match its column.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnMismatch {
+    /// The batch is refused, naming the record, the column and what it expected.
+    #[default]
+    Refuse,
+    /// The column is null for that record, and the miss is counted (`AppendOutcome`). Only for
+    /// nullable columns.
+    Null,
+}
+
+/// One declared column.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ColumnSpec {
+    pub name: String,
+    #[serde(rename = "type")]
+    pub kind: ColumnType,
+    /// A JSON pointer (RFC 6901) into the body: `/carrier`, `/flight/number`; `""` is the body.
+    pub from: String,
+    /// Whether a record may lack the value (or hold `null`).
+    pub nullable: bool,
+    pub on_mismatch: OnMismatch,
+}
+
+/// A column's value in one record.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ColumnValue {
+    Null,
+    String(String),
+    Int64(i64),
+    Float64(f64),
+    Bool(bool),
+    Timestamp(Micros),
+}
+
+/// Why a body's value does not fit its column, in words ("a string \"12.5\"").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mismatch(pub String);
+
+impl ColumnSpec {
+    /// The column's value in `body`.
+    pub fn extract(&self, body: &serde_json::Value) -> std::result::Result<ColumnValue, Mismatch> {
+        use serde_json::Value;
+        let value = match body.pointer(&self.from) {
+            None | Some(Value::Null) if self.nullable => return Ok(ColumnValue::Null),
+            None => return Err(Mismatch("nothing there".into())),
+            Some(value) => value,
+        };
+        let found = || Mismatch(describe(value));
+        Ok(match (self.kind, value) {
+            (ColumnType::String, Value::String(s)) => ColumnValue::String(s.clone()),
+            (ColumnType::Int64, Value::Number(n)) => ColumnValue::Int64(n.as_i64().ok_or_else(found)?),
+            (ColumnType::Float64, Value::Number(n)) => ColumnValue::Float64(n.as_f64().ok_or_else(found)?),
+            (ColumnType::Bool, Value::Bool(b)) => ColumnValue::Bool(*b),
+            (ColumnType::Timestamp, Value::String(s)) => match super::time::parse_rfc3339(s) {
+                Ok(t) if (EVENT_TIME_MIN..=EVENT_TIME_MAX).contains(&t) => ColumnValue::Timestamp(t),
+                _ => return Err(found()),
+            },
+            _ => return Err(found()),
+        })
+    }
+
+    /// The column's value in `body`, null where it does not fit: what archival writes.
+    pub fn extract_or_null(&self, body: &serde_json::Value) -> ColumnValue {
+        self.extract(body).unwrap_or(ColumnValue::Null)
+    }
+
+    /// The column in words, for errors and the manifest's schema.
+    pub fn describe(&self) -> String {
+        format!(
+            "{} {}{} from `{}`",
+            self.name,
+            self.kind.name(),
+            if self.nullable { " (nullable)" } else { "" },
+            self.from
+        )
+    }
+}
+
+/// A JSON value in a few words: its kind, and a short one's text.
+fn describe(value: &serde_json::Value) -> String {
+    use serde_json::Value;
+    let text = |kind: &str| {
+        let shown = value.to_string();
+        if shown.chars().count() <= 40 {
+            format!("{kind} {shown}")
+        } else {
+            format!("{kind} {}...", shown.chars().take(40).collect::<String>())
+        }
+    };
+    match value {
+        Value::Null => "null".into(),
+        Value::Bool(_) => text("a boolean"),
+        Value::Number(_) => text("a number"),
+        Value::String(_) => text("a string"),
+        Value::Array(_) => "an array".into(),
+        Value::Object(_) => "an object".into(),
+    }
+}
+
+/// Longest string kept as a segment's least or greatest value of a column; past it neither is
+/// kept (a reader then reads the segment rather than skip it by a bound it cannot trust).
+pub const STATS_STRING_BYTES_MAX: usize = 64;
+
+/// What one segment holds of a column: its least and greatest values (JSON numbers, strings and
+/// booleans; a timestamp as its microseconds) and how many of its rows are null. Recorded in
+/// the manifest, so a Delta log's statistics are written without reading the segment again.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ColumnStats {
+    pub name: String,
+    #[serde(rename = "type")]
+    pub kind: ColumnType,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max: Option<serde_json::Value>,
+    pub nulls: u64,
+}
+
+/// Gathers one column's `ColumnStats` over a segment's values.
+#[derive(Debug)]
+pub struct StatsBuilder {
+    name: String,
+    kind: ColumnType,
+    min: Option<ColumnValue>,
+    max: Option<ColumnValue>,
+    nulls: u64,
+    /// A string past `STATS_STRING_BYTES_MAX` was seen: no bounds are kept.
+    unbounded: bool,
+}
+
+impl StatsBuilder {
+    pub fn new(name: &str, kind: ColumnType) -> StatsBuilder {
+        StatsBuilder { name: name.to_string(), kind, min: None, max: None, nulls: 0, unbounded: false }
+    }
+
+    pub fn add(&mut self, value: &ColumnValue) {
+        if *value == ColumnValue::Null {
+            self.nulls += 1;
+            return;
+        }
+        if let ColumnValue::String(s) = value
+            && s.len() > STATS_STRING_BYTES_MAX
+        {
+            self.unbounded = true;
+        }
+        if self.min.as_ref().is_none_or(|min| less(value, min)) {
+            self.min = Some(value.clone());
+        }
+        if self.max.as_ref().is_none_or(|max| less(max, value)) {
+            self.max = Some(value.clone());
+        }
+    }
+
+    pub fn finish(self) -> ColumnStats {
+        let bound = |v: Option<ColumnValue>| if self.unbounded { None } else { v.and_then(json_of) };
+        ColumnStats {
+            min: bound(self.min.clone()),
+            max: bound(self.max.clone()),
+            name: self.name,
+            kind: self.kind,
+            nulls: self.nulls,
+        }
+    }
+}
+
+/// `a < b` for two values of one column (strings byte by byte, as Parquet and Delta compare).
+fn less(a: &ColumnValue, b: &ColumnValue) -> bool {
+    match (a, b) {
+        (ColumnValue::String(a), ColumnValue::String(b)) => a.as_bytes() < b.as_bytes(),
+        (ColumnValue::Int64(a), ColumnValue::Int64(b)) => a < b,
+        (ColumnValue::Float64(a), ColumnValue::Float64(b)) => a.total_cmp(b).is_lt(),
+        (ColumnValue::Bool(a), ColumnValue::Bool(b)) => a < b,
+        (ColumnValue::Timestamp(a), ColumnValue::Timestamp(b)) => a < b,
+        _ => false,
+    }
+}
+
+fn json_of(value: ColumnValue) -> Option<serde_json::Value> {
+    Some(match value {
+        ColumnValue::Null => return None,
+        ColumnValue::String(s) => s.into(),
+        ColumnValue::Int64(n) | ColumnValue::Timestamp(n) => n.into(),
+        ColumnValue::Float64(f) => serde_json::Number::from_f64(f)?.into(),
+        ColumnValue::Bool(b) => b.into(),
+    })
+}
+
+/// Checks a table's declared columns, as a policy file declares them: names, pointers, limits.
+pub fn validate(columns: &[ColumnSpec]) -> std::result::Result<(), String> {
+    if columns.len() > COLUMNS_MAX {
+        return Err(format!("{} columns are declared; at most {COLUMNS_MAX} are allowed", columns.len()));
+    }
+    for (i, column) in columns.iter().enumerate() {
+        let name = &column.name;
+        let valid_name = !name.is_empty()
+            && name.len() <= COLUMN_NAME_BYTES_MAX
+            && name.bytes().next().is_some_and(|b| b.is_ascii_lowercase() || b == b'_')
+            && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+        if !valid_name {
+            return Err(format!(
+                "column `{name}`: a name is 1 to {COLUMN_NAME_BYTES_MAX} bytes of a-z, 0-9 and _, not starting \
+                 with a digit"
+            ));
+        }
+        if RESERVED_COLUMN_NAMES.contains(&name.as_str()) {
+            return Err(format!(
+                "column `{name}`: the name is frostline's own column ({}); choose another",
+                RESERVED_COLUMN_NAMES.join(", ")
+            ));
+        }
+        if columns[..i].iter().any(|c| &c.name == name) {
+            return Err(format!("column `{name}` is declared twice"));
+        }
+        validate_pointer(&column.from).map_err(|why| format!("column `{name}`: from = {:?}: {why}", column.from))?;
+        if column.on_mismatch == OnMismatch::Null && !column.nullable {
+            return Err(format!(
+                "column `{name}`: on_mismatch = \"null\" stores null, so the column must be nullable \
+                 (remove nullable = false, or use on_mismatch = \"refuse\")"
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn validate_pointer(pointer: &str) -> std::result::Result<(), String> {
+    if pointer.len() > COLUMN_POINTER_BYTES_MAX {
+        return Err(format!("a pointer is at most {COLUMN_POINTER_BYTES_MAX} bytes"));
+    }
+    if !pointer.is_empty() && !pointer.starts_with('/') {
+        return Err("a JSON pointer starts with `/` (RFC 6901): from = \"/carrier\"".into());
+    }
+    let bytes = pointer.as_bytes();
+    for (i, b) in bytes.iter().enumerate() {
+        if *b == b'~' && !matches!(bytes.get(i + 1), Some(b'0' | b'1')) {
+            return Err("`~` is written `~0` and `/` inside a name `~1` (RFC 6901)".into());
+        }
+    }
+    Ok(())
+}
+
+/// What a table's new columns may change of its recorded ones (`recorded`): columns are only
+/// added, nullable, since older segments hold none of them. Removing a column, changing its type
+/// or its source, or making it required, would make the archive's files disagree.
+pub fn check_evolution(recorded: &[ColumnSpec], declared: &[ColumnSpec]) -> std::result::Result<(), String> {
+    let fix = "a column never changes once declared: declare a new table id for the new shape, or add a new \
+               nullable column";
+    for old in recorded {
+        let Some(new) = declared.iter().find(|c| c.name == old.name) else {
+            return Err(format!("column `{}` ({}) is no longer declared; {fix}", old.name, old.describe()));
+        };
+        if new.kind != old.kind || new.from != old.from {
+            return Err(format!("column `{}` changes from {} to {}; {fix}", old.name, old.describe(), new.describe()));
+        }
+        if old.nullable && !new.nullable {
+            return Err(format!("column `{}` becomes required (nullable = false); {fix}", old.name));
+        }
+    }
+    if let Some(new) = declared.iter().find(|c| !c.nullable && !recorded.iter().any(|old| old.name == c.name))
+        && !recorded.is_empty()
+    {
+        return Err(format!(
+            "column `{}` is added as required (nullable = false), but the table's earlier segments hold no value \
+             for it: add it as nullable",
+            new.name
+        ));
+    }
+    Ok(())
+}
+
+/// Checks records against a table's columns before an append writes anything: returns how many
+/// values were stored as null under `on_mismatch = "null"`, or refuses the batch at the first
+/// value that does not fit a column that refuses (naming the record, 1-based, and the column).
+pub fn check_records(columns: &[ColumnSpec], records: &[Record]) -> Result<u64> {
+    if columns.is_empty() {
+        return Ok(0);
+    }
+    let mut misses = 0;
+    for (i, record) in records.iter().enumerate() {
+        let body: serde_json::Value = serde_json::from_str(&record.body)
+            .map_err(|e| Error::InvalidInput(format!("record {}: body is not JSON: {e}", i + 1)))?;
+        for column in columns {
+            match column.extract(&body) {
+                Ok(_) => {}
+                Err(_) if column.on_mismatch == OnMismatch::Null => misses += 1,
+                Err(Mismatch(found)) => {
+                    return Err(Error::InvalidInput(format!(
+                        "record {}: column `{}` ({}{}, from `{}`) expects {}, found {found}; nothing of the batch \
+                         was written. Fix the record, or declare the column with on_mismatch = \"null\" to store \
+                         null and count the miss",
+                        i + 1,
+                        column.name,
+                        column.kind.name(),
+                        if column.nullable { ", nullable" } else { "" },
+                        column.from,
+                        column.kind.expects(),
+                    )));
+                }
+            }
+        }
+    }
+    Ok(misses)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn column(name: &str, kind: ColumnType, from: &str) -> ColumnSpec {
+        ColumnSpec { name: name.into(), kind, from: from.into(), nullable: true, on_mismatch: OnMismatch::Refuse }
+    }
+
+    fn record(body: &str) -> Record {
+        Record {
+            partition_key: b"p".to_vec(),
+            event_time: 0,
+            sort_key: b"s".to_vec(),
+            tenant: None,
+            kind: None,
+            body: body.into(),
+        }
+    }
+
+    #[test]
+    fn each_type_takes_its_json_values_and_refuses_the_others() {
+        let body: serde_json::Value = serde_json::json!({
+            "carrier": "AA", "delay": -3, "distance": 1400.5, "cancelled": false,
+            "at": "2013-01-01T05:15:00+01:00", "nested": {"a/b": {"~x": 7}}, "none": null
+        });
+        let value = |kind, from: &str| column("c", kind, from).extract(&body);
+        assert_eq!(value(ColumnType::String, "/carrier"), Ok(ColumnValue::String("AA".into())));
+        assert_eq!(value(ColumnType::Int64, "/delay"), Ok(ColumnValue::Int64(-3)));
+        assert_eq!(value(ColumnType::Float64, "/distance"), Ok(ColumnValue::Float64(1400.5)));
+        assert_eq!(value(ColumnType::Float64, "/delay"), Ok(ColumnValue::Float64(-3.0)));
+        assert_eq!(value(ColumnType::Bool, "/cancelled"), Ok(ColumnValue::Bool(false)));
+        assert_eq!(value(ColumnType::Timestamp, "/at"), Ok(ColumnValue::Timestamp(1_357_013_700_000_000)));
+        assert_eq!(value(ColumnType::Int64, "/nested/a~1b/~0x"), Ok(ColumnValue::Int64(7)));
+        assert_eq!(value(ColumnType::String, "/none"), Ok(ColumnValue::Null));
+        assert_eq!(value(ColumnType::String, "/absent"), Ok(ColumnValue::Null));
+        assert_eq!(value(ColumnType::Int64, "/distance"), Err(Mismatch("a number 1400.5".into())));
+        assert_eq!(value(ColumnType::String, "/delay"), Err(Mismatch("a number -3".into())));
+        assert_eq!(value(ColumnType::Bool, "/carrier"), Err(Mismatch("a string \"AA\"".into())));
+        assert_eq!(value(ColumnType::Timestamp, "/carrier"), Err(Mismatch("a string \"AA\"".into())));
+        assert_eq!(value(ColumnType::Int64, "/nested"), Err(Mismatch("an object".into())));
+        let required = ColumnSpec { nullable: false, ..column("c", ColumnType::String, "/none") };
+        assert_eq!(required.extract(&body), Err(Mismatch("null".into())));
+        let required = ColumnSpec { nullable: false, ..column("c", ColumnType::String, "/absent") };
+        assert_eq!(required.extract(&body), Err(Mismatch("nothing there".into())));
+        assert_eq!(required.extract_or_null(&body), ColumnValue::Null);
+    }
+
+    #[test]
+    fn a_batch_with_a_value_that_does_not_fit_is_refused_naming_the_record_and_the_column() {
+        let columns = [column("carrier", ColumnType::String, "/carrier"), column("delay", ColumnType::Int64, "/delay")];
+        let good = record(r#"{"carrier":"AA","delay":3}"#);
+        let bad = record(r#"{"carrier":"UA","delay":"late"}"#);
+        assert_eq!(check_records(&columns, &[good.clone(), good.clone()]).unwrap(), 0);
+        let error = check_records(&columns, &[good.clone(), bad.clone()]).unwrap_err().to_string();
+        assert!(error.contains("record 2: column `delay` (int64, nullable, from `/delay`)"), "{error}");
+        assert!(error.contains("found a string \"late\""), "{error}");
+        assert!(error.contains("on_mismatch = \"null\""), "{error}");
+        // Stored as null and counted instead, when the column says so.
+        let lenient = [columns[0].clone(), ColumnSpec { on_mismatch: OnMismatch::Null, ..columns[1].clone() }];
+        assert_eq!(check_records(&lenient, &[good, bad.clone(), bad]).unwrap(), 2);
+    }
+
+    #[test]
+    fn declared_columns_are_checked_and_their_limits_hold() {
+        let ok = |columns: &[ColumnSpec]| validate(columns);
+        assert_eq!(
+            ok(&[column("carrier", ColumnType::String, "/carrier"), column("_x9", ColumnType::Bool, "")]),
+            Ok(())
+        );
+        for (name, from, expected) in [
+            ("Carrier", "/c", "a name is 1 to 64 bytes"),
+            ("9lives", "/c", "a name is 1 to 64 bytes"),
+            ("", "/c", "a name is 1 to 64 bytes"),
+            ("body", "/c", "frostline's own column"),
+            ("partition", "/c", "frostline's own column"),
+            ("c", "carrier", "starts with `/`"),
+            ("c", "/a~2", "`~` is written `~0`"),
+        ] {
+            let error = ok(&[column(name, ColumnType::String, from)]).unwrap_err();
+            assert!(error.contains(expected), "{name} {from}: {error}");
+        }
+        let twice = ok(&[column("c", ColumnType::String, "/a"), column("c", ColumnType::Int64, "/b")]).unwrap_err();
+        assert!(twice.contains("declared twice"), "{twice}");
+        let strict_null =
+            ColumnSpec { nullable: false, on_mismatch: OnMismatch::Null, ..column("c", ColumnType::Bool, "/c") };
+        assert!(ok(&[strict_null]).unwrap_err().contains("must be nullable"));
+        // Limits: held at the bound, enforced past it.
+        let longest = "n".repeat(COLUMN_NAME_BYTES_MAX);
+        assert_eq!(ok(&[column(&longest, ColumnType::String, "/c")]), Ok(()));
+        assert!(ok(&[column(&format!("{longest}n"), ColumnType::String, "/c")]).is_err());
+        let deepest = format!("/{}", "p".repeat(COLUMN_POINTER_BYTES_MAX - 1));
+        assert_eq!(ok(&[column("c", ColumnType::String, &deepest)]), Ok(()));
+        assert!(ok(&[column("c", ColumnType::String, &format!("{deepest}p"))]).unwrap_err().contains("at most 256"));
+        let most: Vec<ColumnSpec> =
+            (0..COLUMNS_MAX).map(|i| column(&format!("c{i}"), ColumnType::Int64, &format!("/c{i}"))).collect();
+        assert_eq!(ok(&most), Ok(()));
+        let mut too_many = most;
+        too_many.push(column("extra", ColumnType::Int64, "/extra"));
+        assert!(ok(&too_many).unwrap_err().contains("at most 64"));
+    }
+
+    #[test]
+    fn a_segments_statistics_bound_its_values_and_count_its_nulls() {
+        let stats = |kind, values: &[ColumnValue]| {
+            let mut builder = StatsBuilder::new("c", kind);
+            values.iter().for_each(|v| builder.add(v));
+            let stats = builder.finish();
+            (stats.min, stats.max, stats.nulls)
+        };
+        use ColumnValue::*;
+        let json = |v: serde_json::Value| Some(v);
+        assert_eq!(
+            stats(ColumnType::String, &[String("b".into()), Null, String("a".into()), String("é".into())]),
+            (json("a".into()), json("é".into()), 1)
+        );
+        assert_eq!(stats(ColumnType::Int64, &[Int64(5), Int64(-7), Int64(3)]), (json((-7).into()), json(5.into()), 0));
+        assert_eq!(
+            stats(ColumnType::Float64, &[Float64(0.5), Float64(-1.25)]),
+            (json((-1.25).into()), json(0.5.into()), 0)
+        );
+        assert_eq!(stats(ColumnType::Bool, &[Bool(true), Bool(false)]), (json(false.into()), json(true.into()), 0));
+        assert_eq!(stats(ColumnType::Timestamp, &[Timestamp(9), Timestamp(2)]), (json(2.into()), json(9.into()), 0));
+        assert_eq!(stats(ColumnType::Int64, &[Null, Null]), (None, None, 2));
+        // Limit: a string at the bound is kept as one; past it, no bound is kept.
+        let at = "s".repeat(STATS_STRING_BYTES_MAX);
+        assert_eq!(
+            stats(ColumnType::String, &[String(at.clone())]),
+            (json(at.clone().into()), json(at.clone().into()), 0)
+        );
+        assert_eq!(stats(ColumnType::String, &[String(at.clone() + "s"), String("a".into())]), (None, None, 0));
+    }
+
+    #[test]
+    fn columns_are_only_ever_added_and_nullable() {
+        let carrier = column("carrier", ColumnType::String, "/carrier");
+        let delay = column("delay", ColumnType::Int64, "/delay");
+        assert_eq!(check_evolution(std::slice::from_ref(&carrier), &[carrier.clone(), delay.clone()]), Ok(()));
+        assert_eq!(check_evolution(&[], &[ColumnSpec { nullable: false, ..delay.clone() }]), Ok(()));
+        let lenient = ColumnSpec { on_mismatch: OnMismatch::Null, ..carrier.clone() };
+        assert_eq!(check_evolution(std::slice::from_ref(&carrier), &[lenient]), Ok(()));
+        for (declared, expected) in [
+            (vec![delay.clone()], "no longer declared"),
+            (vec![ColumnSpec { kind: ColumnType::Int64, ..carrier.clone() }], "changes from"),
+            (vec![ColumnSpec { from: "/airline".into(), ..carrier.clone() }], "changes from"),
+            (vec![ColumnSpec { nullable: false, ..carrier.clone() }], "becomes required"),
+            (vec![carrier.clone(), ColumnSpec { nullable: false, ..delay.clone() }], "add it as nullable"),
+        ] {
+            let error = check_evolution(std::slice::from_ref(&carrier), &declared).unwrap_err();
+            assert!(error.contains(expected), "{error}");
+        }
+    }
+}

@@ -1,0 +1,354 @@
+//! Typed columns (`[[table.column]]`): a table archived with a declared schema is read by
+//! DuckDB, polars and delta-rs as typed columns that give the same aggregate as `body`, and
+//! they read only the files a carrier or time predicate selects; a value that does not fit its
+//! column refuses its batch (or is stored as null and counted); a column added on a running
+//! engine reads as null in older files, and one removed or retyped is refused.
+
+use std::process::Command;
+
+use frostline::model::Record;
+use frostline::ops::reload::reload;
+
+use crate::support::*;
+
+const CARRIERS: [&str; 3] = ["AA", "UA", "B6"];
+/// Origins as partition keys, one with the characters users' keys have.
+const ORIGINS: [&str; 3] = ["EWR", "JFK", "LGA t/%20=ü"];
+const DAYS: i64 = 6;
+
+const COLUMNS: &str = r#"
+[[table.column]]
+name = "carrier"
+type = "string"
+
+[[table.column]]
+name = "dep_delay"
+type = "int64"
+
+[[table.column]]
+name = "distance"
+type = "float64"
+
+[[table.column]]
+name = "cancelled"
+type = "bool"
+
+[[table.column]]
+name = "sched_dep"
+type = "timestamp"
+"#;
+
+fn policy(target_dir: &std::path::Path, columns: &str) -> String {
+    format!(
+        r#"[[target]]
+name = "cold"
+url = "file://{}"
+
+[[table]]
+id = "flights"
+format = "parquet"
+target = "cold"
+strategy = {{ plugin = "builtin:calendar-day-utc" }}
+retention = {{ plugin = "builtin:eligible-before", config = {{ archive_after = "1d", expire_after = "3650d" }} }}
+{columns}"#,
+        target_dir.display()
+    )
+}
+
+/// A departure, shaped as nycflights13's: `dep_delay` null for some (cancelled flights).
+struct Flight {
+    origin: &'static str,
+    carrier: Option<&'static str>,
+    sched_dep: i64,
+    dep_delay: Option<i64>,
+    distance: f64,
+    flight: usize,
+}
+
+impl Flight {
+    fn record(&self) -> Record {
+        let mut body = serde_json::json!({
+            "flight": self.flight,
+            "distance": self.distance,
+            "cancelled": self.dep_delay.is_none(),
+            "sched_dep": frostline::model::time::format_rfc3339(self.sched_dep),
+            "dep_delay": self.dep_delay,
+        });
+        if let Some(carrier) = self.carrier {
+            body["carrier"] = carrier.into();
+        }
+        Record {
+            partition_key: self.origin.as_bytes().to_vec(),
+            event_time: self.sched_dep,
+            sort_key: format!("{:06}", self.flight).into_bytes(),
+            tenant: None,
+            kind: Some("departure".into()),
+            body: body.to_string(),
+        }
+    }
+}
+
+/// Six days of departures from three origins; one carrier (`YX`, after every other in byte order) flies on one day from one
+/// origin only, and a few records name no carrier.
+fn flights(first_day: i64, days: i64) -> Vec<Flight> {
+    let day = 86_400_000_000i64;
+    let mut out = Vec::new();
+    for d in first_day..first_day + days {
+        for (o, origin) in ORIGINS.iter().enumerate() {
+            for i in 0..12usize {
+                let n = out.len() + (d as usize) * 1_000;
+                let carrier = match (d, o, i) {
+                    (4, 1, 0..=2) => Some("YX"),
+                    (_, _, 11) if n.is_multiple_of(5) => None,
+                    _ => Some(CARRIERS[i % 3]),
+                };
+                out.push(Flight {
+                    origin,
+                    carrier,
+                    sched_dep: t("2024-01-01T05:00:00Z") + d * day + i as i64 * 3_600_000_000,
+                    dep_delay: (!n.is_multiple_of(7)).then_some((n as i64 * 37) % 180 - 20),
+                    distance: 200.0 + (n % 13) as f64 * 101.5,
+                    flight: n,
+                });
+            }
+        }
+    }
+    out
+}
+
+/// avg and count of `dep_delay` per carrier, as the readers print them.
+fn expected_aggregate(flights: &[Flight]) -> serde_json::Value {
+    let mut groups: std::collections::BTreeMap<String, Vec<i64>> = Default::default();
+    for f in flights {
+        let delays = groups.entry(f.carrier.unwrap_or("null").to_string()).or_default();
+        delays.extend(f.dep_delay);
+    }
+    let out: serde_json::Map<String, serde_json::Value> = groups
+        .into_iter()
+        .map(|(carrier, delays)| {
+            let avg = delays.iter().sum::<i64>() as f64 / delays.len() as f64;
+            (carrier, serde_json::json!([avg, delays.len()]))
+        })
+        .collect();
+    serde_json::Value::Object(out)
+}
+
+/// The same carriers with the same counts and averages (to 1e-9: readers sum in their order).
+fn assert_same_aggregate(read: &serde_json::Value, expected: &serde_json::Value, reader: &str) {
+    let (read, expected) = (read.as_object().unwrap(), expected.as_object().unwrap());
+    assert_eq!(read.keys().collect::<Vec<_>>(), expected.keys().collect::<Vec<_>>(), "{reader}");
+    for (carrier, want) in expected {
+        let got = &read[carrier];
+        assert_eq!(got[1], want[1], "{reader}: count of {carrier}");
+        let (got_avg, want_avg) = (got[0].as_f64().unwrap(), want[0].as_f64().unwrap());
+        assert!((got_avg - want_avg).abs() < 1e-9, "{reader}: average of {carrier}: {got_avg} against {want_avg}");
+    }
+}
+
+fn python() -> String {
+    std::env::var("FROSTLINE_PYTHON").unwrap_or_else(|_| {
+        panic!("FROSTLINE_PYTHON is not set: run the tests with ./scripts/test (scripts/install-python-tools installs the readers)")
+    })
+}
+
+fn read(args: &[&str]) -> serde_json::Value {
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/integration/readers/typed_columns.py");
+    let out = Command::new(python()).arg(script).args(args).output().unwrap();
+    assert!(out.status.success(), "{args:?}: {}", text(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&out.stdout)))
+}
+
+/// Archives every day of `records` (the clock moved past them).
+fn archive_all(te: &TestEngine, records: Vec<Record>) {
+    te.engine.append("flights", records).unwrap();
+    te.clock.set(t("2024-02-01T00:00:00Z"));
+    let mut archived = 0;
+    for _ in 0..3 {
+        let report = te.pass();
+        assert!(report.errors.is_empty(), "{report:?}");
+        archived += report.archived;
+    }
+    assert!(archived > 0);
+}
+
+/// The Delta log's commits, each as its actions.
+fn commits(table_dir: &std::path::Path) -> Vec<Vec<serde_json::Value>> {
+    let mut names: Vec<_> = std::fs::read_dir(table_dir.join("_delta_log"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".json"))
+        .collect();
+    names.sort();
+    names
+        .iter()
+        .map(|n| {
+            let text = std::fs::read_to_string(table_dir.join("_delta_log").join(n)).unwrap();
+            text.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+        })
+        .collect()
+}
+
+#[cfg(feature = "delta")]
+#[test]
+fn a_declared_schema_is_read_as_typed_columns_that_aggregate_as_body_does_and_prune_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let te = TestEngine::new(&policy(dir.path(), COLUMNS), "2024-01-01T00:00:00Z");
+    let flights = flights(0, DAYS);
+    archive_all(&te, flights.iter().map(Flight::record).collect());
+    let table_dir = dir.path().join("delta/flights");
+
+    // The log's schema carries the columns, typed; each file's statistics bound them.
+    let log = commits(&table_dir);
+    let schema: serde_json::Value =
+        serde_json::from_str(log[0].iter().find_map(|a| a.get("metaData")).unwrap()["schemaString"].as_str().unwrap())
+            .unwrap();
+    let types: Vec<(String, String)> = schema["fields"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| (f["name"].as_str().unwrap().to_string(), f["type"].as_str().unwrap().to_string()))
+        .collect();
+    for (name, kind) in [
+        ("carrier", "string"),
+        ("dep_delay", "long"),
+        ("distance", "double"),
+        ("cancelled", "boolean"),
+        ("sched_dep", "timestamp"),
+    ] {
+        assert!(types.contains(&(name.to_string(), kind.to_string())), "{name}: {types:?}");
+    }
+    let adds: Vec<serde_json::Value> = log
+        .iter()
+        .flatten()
+        .filter_map(|a| a.get("add"))
+        .map(|a| serde_json::from_str(a["stats"].as_str().unwrap()).unwrap())
+        .collect();
+    assert_eq!(adds.len(), DAYS as usize * ORIGINS.len());
+    for stats in &adds {
+        for column in ["carrier", "dep_delay", "distance", "cancelled", "sched_dep"] {
+            assert!(stats["nullCount"].get(column).is_some(), "{column}: {stats}");
+        }
+        assert!(stats["minValues"]["dep_delay"].as_i64().unwrap() <= stats["maxValues"]["dep_delay"].as_i64().unwrap());
+    }
+
+    // The same aggregate from the typed columns as from the JSON in `body`, in every reader,
+    // and as computed here from the records appended.
+    let expected = expected_aggregate(&flights);
+    let aggregates = read(&["aggregate", table_dir.to_str().unwrap()]);
+    for reader in ["duckdb_typed", "duckdb_body", "polars_typed", "polars_body", "deltalake_typed", "deltalake_body"] {
+        assert_same_aggregate(&aggregates[reader], &expected, reader);
+    }
+
+    // A carrier that flew on one day from one origin is in one file; a day is in one file per
+    // origin: the readers skip the others by the log's statistics.
+    let pruned = read(&["prune", table_dir.to_str().unwrap(), "YX", "2024-01-03T00:00:00Z", "2024-01-04T00:00:00Z"]);
+    assert_eq!(pruned["all"], DAYS * ORIGINS.len() as i64, "{pruned}");
+    for reader in ["deltalake_carrier", "polars_carrier"] {
+        assert_eq!(pruned[reader], 1, "{reader}: {pruned}");
+    }
+    for reader in ["deltalake_day", "polars_day"] {
+        assert_eq!(pruned[reader], ORIGINS.len() as i64, "{reader}: {pruned}");
+    }
+
+    // The round trip stays exact: frostline reads back every record as appended.
+    let appended: Vec<Record> = sorted(flights.iter().map(Flight::record).collect());
+    assert_eq!(sorted(te.query_all("flights")), appended);
+}
+
+#[test]
+fn a_value_that_does_not_fit_its_column_refuses_the_batch_or_is_stored_as_null_and_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let te = TestEngine::new(&policy(dir.path(), COLUMNS), "2024-01-01T00:00:00Z");
+    let mut batch: Vec<Record> = flights(0, 1).iter().take(3).map(Flight::record).collect();
+    let mut late = serde_json::from_str::<serde_json::Value>(&batch[1].body).unwrap();
+    late["dep_delay"] = "late".into();
+    batch[1].body = late.to_string();
+    let error = te.engine.append("flights", batch.clone()).unwrap_err().to_string();
+    assert!(error.contains("record 2: column `dep_delay` (int64, nullable, from `/dep_delay`)"), "{error}");
+    assert!(error.contains("expects an integer within 64 bits, found a string \"late\""), "{error}");
+    assert!(te.query_all("flights").is_empty(), "a refused batch writes nothing");
+
+    // Under on_mismatch = "null" the batch is taken, the value counted as a miss and archived as
+    // null, while the body keeps it.
+    let lenient = COLUMNS.replace("type = \"int64\"", "type = \"int64\"\non_mismatch = \"null\"");
+    std::fs::write(te.policies_dir().join("tables.toml"), policy(dir.path(), &lenient)).unwrap();
+    let outcome = reload(&te.engine, "test");
+    assert!(outcome.accepted, "{outcome:?}");
+    let appended = te.engine.append("flights", batch.clone()).unwrap();
+    assert_eq!((appended.appended, appended.column_misses), (3, 1));
+    te.clock.set(t("2024-02-01T00:00:00Z"));
+    assert_eq!(te.pass().archived, 1, "the three flights leave one origin on one day");
+    let store = te.engine.store();
+    let snapshot = store.snapshot().unwrap();
+    let mut nulls = 0;
+    for meta in store.buckets("flights", None).unwrap() {
+        for manifest in snapshot.manifests_of(&meta.id).unwrap() {
+            for segment in &manifest.segments {
+                nulls += segment.columns.iter().find(|c| c.name == "dep_delay").unwrap().nulls;
+            }
+        }
+    }
+    let delays_absent = batch.iter().filter(|r| r.body.contains("\"dep_delay\":null")).count() as u64;
+    assert_eq!(nulls, 1 + delays_absent, "the miss and the flights without a delay");
+    assert_eq!(sorted(te.query_all("flights")), sorted(batch), "the body keeps the value");
+}
+
+#[cfg(feature = "delta")]
+#[test]
+fn a_column_added_on_a_running_engine_reads_as_null_in_older_files_and_one_changed_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let carrier_only = "\n[[table.column]]\nname = \"carrier\"\ntype = \"string\"\n";
+    let te = TestEngine::new(&policy(dir.path(), carrier_only), "2024-01-01T00:00:00Z");
+    let older = flights(0, 2);
+    archive_all(&te, older.iter().map(Flight::record).collect());
+    let policy_file = te.policies_dir().join("tables.toml");
+
+    // Added, nullable: a reload on the running engine takes it.
+    let with_delay = format!("{carrier_only}\n[[table.column]]\nname = \"dep_delay\"\ntype = \"int64\"\n");
+    std::fs::write(&policy_file, policy(dir.path(), &with_delay)).unwrap();
+    let outcome = reload(&te.engine, "test");
+    assert!(outcome.accepted, "{outcome:?}");
+    let newer = flights(2, 2);
+    archive_all(&te, newer.iter().map(Flight::record).collect());
+    let table_dir = dir.path().join("delta/flights");
+    let log = commits(&table_dir);
+    let evolved: Vec<&Vec<serde_json::Value>> =
+        log.iter().filter(|c| c[0]["commitInfo"]["operation"] == "ADD COLUMNS").collect();
+    assert_eq!(evolved.len(), 1, "one metadata commit adds the column");
+    let values = read(&["column", table_dir.to_str().unwrap(), "dep_delay"]);
+    assert!(values["type"].as_str().unwrap().contains("long"), "{values}");
+    let mut expected: Vec<(i64, String, Option<i64>)> = older
+        .iter()
+        .map(|f| (f.sched_dep, format!("{:06}", f.flight), None))
+        .chain(newer.iter().map(|f| (f.sched_dep, format!("{:06}", f.flight), f.dep_delay)))
+        .collect();
+    expected.sort();
+    let expected: Vec<serde_json::Value> = expected.into_iter().map(|(.., d)| serde_json::json!(d)).collect();
+    for reader in ["polars", "deltalake"] {
+        assert_eq!(values[reader].as_array().unwrap(), &expected, "{reader}");
+    }
+
+    // Removed, retyped or re-sourced: refused on reload and at start, naming the fix.
+    for (changed, why) in [
+        (carrier_only.to_string(), "no longer declared"),
+        (with_delay.replace("type = \"int64\"", "type = \"float64\""), "changes from"),
+        (
+            with_delay.replace(
+                "name = \"dep_delay\"\ntype = \"int64\"",
+                "name = \"dep_delay\"\ntype = \"int64\"\nfrom = \"/delay\"",
+            ),
+            "changes from",
+        ),
+    ] {
+        std::fs::write(&policy_file, policy(dir.path(), &changed)).unwrap();
+        let outcome = reload(&te.engine, "test");
+        assert!(!outcome.accepted);
+        let error = outcome.error.unwrap();
+        assert!(error.contains(why) && error.contains("declare a new table id"), "{error}");
+    }
+    let error = match te.restart() {
+        Ok(_) => panic!("an engine started with a retyped column"),
+        Err(e) => e.to_string(),
+    };
+    assert!(error.contains("changes from"), "{error}");
+}
