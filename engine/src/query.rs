@@ -44,6 +44,10 @@ pub struct QueryRequest {
     pub to: Option<Micros>,
     pub limit: usize,
     pub cursor: Option<String>,
+    /// Conditions on the table's typed columns (`carrier=AA`, `dep_delay>=10`), all of which a
+    /// record meets (`model::columns::Condition`). Archived segments whose statistics rule a
+    /// condition out are not read.
+    pub conditions: Vec<String>,
 }
 
 /// The position after the last record of a page.
@@ -116,6 +120,7 @@ pub async fn query(ctx: &Arc<Context>, request: QueryRequest) -> Result<QueryPag
     let cursor = request.cursor.as_deref().map(Cursor::decode).transpose()?;
     let policies = ctx.policies.clone();
     let table = policies.table(&request.table)?.clone();
+    let conditions = crate::model::columns::parse_conditions(&request.conditions, &table.id, table.columns())?;
     let store = ctx.store.clone();
     let lower = match (&cursor, request.from) {
         (Some(c), Some(f)) => Some(c.t.max(f)),
@@ -137,7 +142,13 @@ pub async fn query(ctx: &Arc<Context>, request: QueryRequest) -> Result<QueryPag
     };
     let mut expired: Vec<ExpiredRange> = Vec::new();
 
-    let filter = PageFilter { from: request.from, to: request.to, cursor, tenants: request.tenants.map(Arc::new) };
+    let filter = PageFilter {
+        from: request.from,
+        to: request.to,
+        cursor,
+        tenants: request.tenants.map(Arc::new),
+        conditions: (!conditions.is_empty()).then(|| Arc::new(conditions)),
+    };
     // A page needs `limit` records and one more to know that more follow. The page is kept in
     // order lazily: sorted (and cut to `want`) only when it may be full, so a page costs its
     // size plus the rows of the buckets it spans, not their product.
@@ -304,13 +315,14 @@ fn settle(collected: &mut Vec<Record>, sorted: &mut bool, want: usize) -> usize 
 }
 
 /// Which records a page may hold: in the requested range, after the cursor, of the tenants
-/// asked for.
+/// asked for, meeting its conditions.
 #[derive(Clone)]
 struct PageFilter {
     from: Option<Micros>,
     to: Option<Micros>,
     cursor: Option<Cursor>,
     tenants: Option<Arc<std::collections::BTreeSet<String>>>,
+    conditions: Option<Arc<Vec<crate::model::columns::Condition>>>,
 }
 
 impl PageFilter {
@@ -319,6 +331,19 @@ impl PageFilter {
             && self.to.is_none_or(|t| r.event_time < t)
             && self.cursor.as_ref().is_none_or(|c| order_key(r) > (c.t, c.s.as_bytes(), c.p.as_bytes()))
             && self.tenants.as_ref().is_none_or(|tenants| r.tenant.as_ref().is_some_and(|t| tenants.contains(t)))
+            && self.conditions.as_ref().is_none_or(|conditions| {
+                // The body, not a segment's typed column: hot rows and segments written before
+                // a column was declared have none, and archival takes each value from the body.
+                let body: serde_json::Value = serde_json::from_str(&r.body).unwrap_or_default();
+                conditions.iter().all(|c| c.holds(&body))
+            })
+    }
+
+    /// Whether an archived segment may hold a record the conditions keep (its statistics).
+    fn may_hold(&self, segment: &crate::format::manifest::SegmentInfo) -> bool {
+        self.conditions
+            .as_ref()
+            .is_none_or(|conditions| conditions.iter().all(|c| c.may_hold_in(&segment.columns, segment.rows)))
     }
 }
 
@@ -414,6 +439,7 @@ async fn read_published(
         &manifest,
         lower,
         filter.to,
+        |segment| filter.may_hold(segment),
         |r| filter.keeps(r),
         want,
     )

@@ -352,3 +352,101 @@ fn a_column_added_on_a_running_engine_reads_as_null_in_older_files_and_one_chang
     };
     assert!(error.contains("changes from"), "{error}");
 }
+
+/// Every record of `flights` a query with `conditions` returns, page by page.
+fn query_where(te: &TestEngine, conditions: &[&str]) -> frostline::error::Result<Vec<Record>> {
+    let mut out = Vec::new();
+    let mut cursor = None;
+    loop {
+        let request = frostline::query::QueryRequest {
+            table: "flights".into(),
+            limit: 50,
+            cursor,
+            conditions: conditions.iter().map(|c| c.to_string()).collect(),
+            ..Default::default()
+        };
+        let page = runtime().block_on(frostline::query::query(&te.engine.context(), request))?;
+        out.extend(page.records);
+        match page.next_cursor {
+            Some(next) => cursor = Some(next),
+            None => return Ok(out),
+        }
+    }
+}
+
+#[test]
+fn a_query_filters_on_typed_columns_hot_and_archived_and_reads_only_the_segments_that_may_match() {
+    let dir = tempfile::tempdir().unwrap();
+    let te = TestEngine::new(&policy(dir.path(), COLUMNS), "2024-01-01T00:00:00Z");
+    let archived = flights(0, DAYS);
+    archive_all(&te, archived.iter().map(Flight::record).collect());
+    // A day more, hot.
+    let hot = flights(DAYS, 1);
+    te.engine.append("flights", hot.iter().map(Flight::record).collect()).unwrap();
+    let all: Vec<&Flight> = archived.iter().chain(&hot).collect();
+    let expect = |keep: &dyn Fn(&Flight) -> bool| sorted(all.iter().filter(|f| keep(f)).map(|f| f.record()).collect());
+
+    let delayed = expect(&|f| f.carrier == Some("UA") && f.dep_delay.is_some_and(|d| d >= 100));
+    assert!(!delayed.is_empty());
+    assert_eq!(query_where(&te, &["carrier=UA", "dep_delay>=100"]).unwrap(), delayed);
+    let morning = t("2024-01-03T08:00:00Z");
+    assert_eq!(
+        query_where(&te, &["sched_dep<2024-01-03T08:00:00Z", "cancelled=true"]).unwrap(),
+        expect(&|f| f.sched_dep < morning && f.dep_delay.is_none())
+    );
+    assert_eq!(query_where(&te, &["distance>1000.5"]).unwrap(), expect(&|f| f.distance > 1000.5));
+    let error = query_where(&te, &["gate=3"]).unwrap_err().to_string();
+    assert!(error.contains("declares no column `gate`") && error.contains("carrier, dep_delay"), "{error}");
+
+    // The one carrier that flew on one day from one origin is in one archived segment: with
+    // every other segment gone from the target, the query still answers (it reads none of
+    // them), where a query without the condition fails.
+    let yx = expect(&|f| f.carrier == Some("YX"));
+    assert_eq!(yx.len(), 3);
+    let store = te.engine.store();
+    let snapshot = store.snapshot().unwrap();
+    let backend = te.backend("flights");
+    let mut removed = 0;
+    for meta in store.buckets("flights", None).unwrap() {
+        let Some(manifest) = snapshot.latest_manifest(&meta.id).unwrap() else { continue };
+        for segment in &manifest.segments {
+            let holds_yx = segment.columns.iter().any(|c| c.name == "carrier" && c.max == Some("YX".into()));
+            if !holds_yx {
+                runtime().block_on(backend.delete(&segment.key)).unwrap();
+                removed += 1;
+            }
+        }
+    }
+    assert_eq!(removed, DAYS * ORIGINS.len() as i64 - 1);
+    assert_eq!(query_where(&te, &["carrier=YX"]).unwrap(), yx);
+    assert!(query_where(&te, &[]).is_err(), "the deleted segments are read without the condition");
+
+    // The CLI takes the same conditions.
+    let data = te.data_dir();
+    let policies = te.policies_dir();
+    te.stopped_while(|| {
+        let out = run_frostline(&[
+            "query",
+            "--data",
+            data.to_str().unwrap(),
+            "--policies",
+            policies.to_str().unwrap(),
+            "--table",
+            "flights",
+            "--where",
+            "carrier=YX",
+            "--where",
+            "dep_delay>-1000",
+        ]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let lines: Vec<serde_json::Value> =
+            text(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        let expected: Vec<serde_json::Value> = yx
+            .iter()
+            .filter(|r| !r.body.contains("\"dep_delay\":null"))
+            .map(|r| serde_json::from_str(&frostline::ops::records::record_json(r)).unwrap())
+            .collect();
+        assert_eq!(lines, expected);
+    })
+    .unwrap();
+}

@@ -985,6 +985,7 @@ fn query_records(
                     limit: QUERY_PAGE,
                     cursor,
                     tenants: None,
+                    conditions: Vec::new(),
                 },
             ))
             .unwrap_or_else(|e| panic!("crash {crash}: query failed: {e}"));

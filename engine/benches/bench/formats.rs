@@ -36,6 +36,7 @@ fn time_bucket_query(runtime: &tokio::runtime::Runtime, engine: &Arc<Engine>, ex
         limit: frostline::query::QUERY_LIMIT_MAX,
         cursor: None,
         tenants: None,
+        conditions: Vec::new(),
     };
     let start = Instant::now();
     let page = runtime.block_on(frostline::query::query(&engine.context(), request))?;

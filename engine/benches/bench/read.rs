@@ -61,6 +61,7 @@ pub fn read(bench: &mut Bench) -> Result<()> {
                 limit: QUERY_LIMIT_MAX,
                 cursor,
                 tenants: None,
+                conditions: Vec::new(),
             };
             let page = runtime.block_on(frostline::query::query(&engine.context(), request))?;
             seen += page.records.len();

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use axum::body::Body;
 use axum::extract::rejection::{PathRejection, QueryRejection};
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, Query, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodFilter, MethodRouter, on};
@@ -340,14 +340,25 @@ struct QueryParams {
     cursor: Option<String>,
 }
 
+/// A query's parameters and its conditions: `where` may repeat, one condition each, which a
+/// plain query string struct cannot take.
+fn query_params_and_conditions(raw: Option<&str>) -> Result<(QueryParams, Vec<String>), ApiError> {
+    let (conditions, rest): (Vec<_>, Vec<_>) =
+        form_urlencoded::parse(raw.unwrap_or_default().as_bytes()).into_owned().partition(|(name, _)| name == "where");
+    let rest = form_urlencoded::Serializer::new(String::new()).extend_pairs(rest).finish();
+    let params = serde_urlencoded::from_str::<QueryParams>(&rest)
+        .map_err(|e| ApiError::bad_request(format!("Failed to deserialize query string: {e}")))?;
+    Ok((params, conditions.into_iter().map(|(_, condition)| condition).collect()))
+}
+
 async fn query(
     State(state): Shared,
     Extension(scope): Extension<Arc<Scope>>,
     path: Result<Path<String>, PathRejection>,
-    params: Result<Query<QueryParams>, QueryRejection>,
+    RawQuery(raw): RawQuery,
 ) -> Result<Response, ApiError> {
     let table = known_table(&state, path)?;
-    let params = query_params(params)?;
+    let (params, conditions) = query_params_and_conditions(raw.as_deref())?;
     if let Some(tenant) = &params.tenant {
         scope.check_tenant(Some(tenant), "the query")?;
     }
@@ -365,6 +376,7 @@ async fn query(
         to: params.to.as_deref().map(parse_time_arg).transpose()?,
         limit: params.limit.unwrap_or(ops::query::QUERY_LIMIT_DEFAULT),
         cursor: params.cursor,
+        conditions,
     };
     let mut page = ops::query::query(&state.engine, request).await?;
     if scope.tenants.is_some() && !named_partition {
@@ -575,6 +587,18 @@ async fn policy_check(State(state): Shared, body: axum::body::Bytes) -> Result<R
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_query_takes_one_condition_per_where_parameter_beside_its_other_parameters() {
+        let (params, conditions) =
+            query_params_and_conditions(Some("where=carrier%3DAA&limit=5&where=dep_delay%3E%3D10&partition=a%2Fb"))
+                .unwrap();
+        assert_eq!(conditions, ["carrier=AA", "dep_delay>=10"]);
+        assert_eq!((params.limit, params.partition.as_deref()), (Some(5), Some("a/b")));
+        assert_eq!(query_params_and_conditions(None).unwrap().1, Vec::<String>::new());
+        let unknown = query_params_and_conditions(Some("wher=carrier%3DAA")).unwrap_err();
+        assert!(unknown.body.error.message.contains("unknown field `wher`"), "{}", unknown.body.error.message);
+    }
 
     #[test]
     fn a_batch_is_json_lines_or_an_array_and_refused_whole() {

@@ -72,6 +72,8 @@ pub struct PageRequest<'a> {
     pub to: Option<&'a str>,
     pub limit: usize,
     pub cursor: Option<&'a str>,
+    /// Conditions on typed columns (`carrier=AA`), each sent as a `where` parameter.
+    pub conditions: &'a [String],
 }
 
 /// Percent-encodes everything but RFC 3986's unreserved characters.
@@ -272,6 +274,9 @@ impl Client {
             if let Some(value) = value {
                 path.push_str(&format!("&{name}={}", percent_encode(value)));
             }
+        }
+        for condition in request.conditions {
+            path.push_str(&format!("&where={}", percent_encode(condition)));
         }
         let text = self.send("GET", &path, None, false)?;
         self.json(&text)

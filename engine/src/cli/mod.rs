@@ -101,6 +101,11 @@ pub enum Command {
         /// The cursor printed by the previous page.
         #[arg(long)]
         cursor: Option<String>,
+        /// Only records whose typed column meets this condition: `carrier=AA`,
+        /// `dep_delay>=10`, `sched_dep<2024-01-02T00:00:00Z` (=, <, <=, >, >=). Repeat it for
+        /// several; archived segments whose statistics rule one out are not read.
+        #[arg(long = "where", value_name = "CONDITION")]
+        conditions: Vec<String>,
     },
     /// Show tables, buckets per state, due work, deferrals and leases.
     Status {
@@ -306,7 +311,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             println!("{}", serde_json::to_string(&outcome)?);
             Ok(ExitCode::SUCCESS)
         }
-        Command::Query { engine, table, partition, tenant, from, to, limit, cursor } => {
+        Command::Query { engine, table, partition, tenant, from, to, limit, cursor, conditions } => {
             let request = crate::cli::client::PageRequest {
                 partition: partition.as_deref(),
                 tenant: tenant.as_deref(),
@@ -314,6 +319,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 to: to.as_deref(),
                 limit,
                 cursor: cursor.as_deref(),
+                conditions: &conditions,
             };
             let page = remote::open(&engine)?.query(&table, &request)?;
             // Buffered: stdout alone flushes at every line, a write call per record.

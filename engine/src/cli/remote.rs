@@ -65,6 +65,7 @@ impl EngineHandle for Arc<Engine> {
             to: request.to.map(crate::model::time::parse_time_arg).transpose()?,
             limit: request.limit,
             cursor: request.cursor.map(str::to_string),
+            conditions: request.conditions.to_vec(),
         };
         let page = super::runtime()?.block_on(crate::ops::query::query(self, request))?;
         Ok(QueryPage {

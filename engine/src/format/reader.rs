@@ -33,18 +33,21 @@ pub async fn read_archive_until(
     want: Want,
 ) -> Result<Vec<Record>> {
     let manifest = read_manifest(backend, manifest_key).await?;
-    read_segments_until(backend, manifest_key, &manifest, from, to, keep, want).await
+    read_segments_until(backend, manifest_key, &manifest, from, to, |_| true, keep, want).await
 }
 
 /// `read_archive_until` from a manifest already at hand (a query's, from the store's copy of
 /// the published one, which is the object at `manifest_key`: a manifest is written once):
 /// the same segments, verified the same, without reading the manifest again.
+/// A segment `may_hold` rules out (by its statistics: `model::columns::Condition`) is not read.
+#[allow(clippy::too_many_arguments)]
 pub async fn read_segments_until(
     backend: &dyn ArchiveBackend,
     manifest_key: &str,
     manifest: &Manifest,
     from: Option<Micros>,
     to: Option<Micros>,
+    may_hold: impl Fn(&SegmentInfo) -> bool,
     keep: impl Fn(&Record) -> bool,
     want: Want,
 ) -> Result<Vec<Record>> {
@@ -54,7 +57,10 @@ pub async fn read_segments_until(
         if rows.len() >= want.rows || kept_bytes >= want.bytes {
             break;
         }
-        if from.is_some_and(|f| segment.max_event_time < f) || to.is_some_and(|t| segment.min_event_time >= t) {
+        if from.is_some_and(|f| segment.max_event_time < f)
+            || to.is_some_and(|t| segment.min_event_time >= t)
+            || !may_hold(segment)
+        {
             continue;
         }
         for row in read_segment(backend, manifest_key, manifest.format, segment).await?.into_iter().filter(|r| keep(r))

@@ -208,10 +208,10 @@ impl StatsBuilder {
         {
             self.unbounded = true;
         }
-        if self.min.as_ref().is_none_or(|min| less(value, min)) {
+        if self.min.as_ref().is_none_or(|min| compare(value, min).is_some_and(|o| o.is_lt())) {
             self.min = Some(value.clone());
         }
-        if self.max.as_ref().is_none_or(|max| less(max, value)) {
+        if self.max.as_ref().is_none_or(|max| compare(max, value).is_some_and(|o| o.is_lt())) {
             self.max = Some(value.clone());
         }
     }
@@ -228,18 +228,6 @@ impl StatsBuilder {
     }
 }
 
-/// `a < b` for two values of one column (strings byte by byte, as Parquet and Delta compare).
-fn less(a: &ColumnValue, b: &ColumnValue) -> bool {
-    match (a, b) {
-        (ColumnValue::String(a), ColumnValue::String(b)) => a.as_bytes() < b.as_bytes(),
-        (ColumnValue::Int64(a), ColumnValue::Int64(b)) => a < b,
-        (ColumnValue::Float64(a), ColumnValue::Float64(b)) => a.total_cmp(b).is_lt(),
-        (ColumnValue::Bool(a), ColumnValue::Bool(b)) => a < b,
-        (ColumnValue::Timestamp(a), ColumnValue::Timestamp(b)) => a < b,
-        _ => false,
-    }
-}
-
 fn json_of(value: ColumnValue) -> Option<serde_json::Value> {
     Some(match value {
         ColumnValue::Null => return None,
@@ -247,6 +235,146 @@ fn json_of(value: ColumnValue) -> Option<serde_json::Value> {
         ColumnValue::Int64(n) | ColumnValue::Timestamp(n) => n.into(),
         ColumnValue::Float64(f) => serde_json::Number::from_f64(f)?.into(),
         ColumnValue::Bool(b) => b.into(),
+    })
+}
+
+/// Conditions one query takes at most.
+pub const QUERY_CONDITIONS_MAX: usize = 16;
+
+/// How a condition compares a column with its value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Comparison {
+    Eq,
+    Lt,
+    Le,
+    Gt,
+    Ge,
+}
+
+/// A query's condition on a declared column (`carrier=AA`, `dep_delay>=10`,
+/// `sched_dep<2024-01-02T00:00:00Z`): a record is kept when its column's value (as archival
+/// stores it: `ColumnSpec::extract_or_null`) compares so; a null never does.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Condition {
+    pub column: ColumnSpec,
+    pub op: Comparison,
+    pub value: ColumnValue,
+}
+
+impl Condition {
+    /// Parses `NAME OP VALUE` (OP one of `=`, `<`, `<=`, `>`, `>=`; no spaces needed) against
+    /// the table's `columns`; the value is read as the column's type (a timestamp in RFC 3339
+    /// or integer microseconds).
+    pub fn parse(text: &str, table: &str, columns: &[ColumnSpec]) -> Result<Condition> {
+        let invalid = |why: String| Error::InvalidInput(format!("condition `{text}`: {why}"));
+        let at = text.find(['=', '<', '>']).ok_or_else(|| {
+            invalid("write it as a column, an operator (=, <, <=, >, >=) and a value: carrier=AA, dep_delay>=10".into())
+        })?;
+        let (name, rest) = (text[..at].trim(), &text[at..]);
+        let (op, value) = match rest.as_bytes() {
+            [b'<', b'=', ..] => (Comparison::Le, &rest[2..]),
+            [b'>', b'=', ..] => (Comparison::Ge, &rest[2..]),
+            [b'<', ..] => (Comparison::Lt, &rest[1..]),
+            [b'>', ..] => (Comparison::Gt, &rest[1..]),
+            _ => (Comparison::Eq, &rest[1..]),
+        };
+        let column = columns.iter().find(|c| c.name == name).ok_or_else(|| {
+            let declared: Vec<&str> = columns.iter().map(|c| c.name.as_str()).collect();
+            invalid(format!(
+                "table `{table}` declares no column `{name}`; a query filters on declared columns ({})",
+                if declared.is_empty() { "it declares none".to_string() } else { declared.join(", ") }
+            ))
+        })?;
+        let typed = |kind: &str| invalid(format!("`{value}` is not {kind}, the type of column `{name}`"));
+        let value = match column.kind {
+            ColumnType::String => ColumnValue::String(value.to_string()),
+            ColumnType::Int64 => ColumnValue::Int64(value.trim().parse().map_err(|_| typed("an int64"))?),
+            ColumnType::Float64 => match value.trim().parse::<f64>() {
+                Ok(f) if f.is_finite() => ColumnValue::Float64(f),
+                _ => return Err(typed("a finite float64")),
+            },
+            ColumnType::Bool => match value.trim() {
+                "true" => ColumnValue::Bool(true),
+                "false" => ColumnValue::Bool(false),
+                _ => return Err(typed("a bool (true or false)")),
+            },
+            ColumnType::Timestamp => ColumnValue::Timestamp(
+                super::time::parse_time_arg(value).map_err(|_| typed("a timestamp (RFC 3339 or microseconds)"))?,
+            ),
+        };
+        Ok(Condition { column: column.clone(), op, value })
+    }
+
+    /// Whether the record whose parsed body is `body` meets the condition.
+    pub fn holds(&self, body: &serde_json::Value) -> bool {
+        self.compares(&self.column.extract_or_null(body))
+    }
+
+    fn compares(&self, value: &ColumnValue) -> bool {
+        let Some(order) = compare(value, &self.value) else { return false };
+        match self.op {
+            Comparison::Eq => order.is_eq(),
+            Comparison::Lt => order.is_lt(),
+            Comparison::Le => order.is_le(),
+            Comparison::Gt => order.is_gt(),
+            Comparison::Ge => order.is_ge(),
+        }
+    }
+
+    /// Whether a segment of `rows` rows with these statistics may hold a record that meets the
+    /// condition: `false` only when its bounds (or its nulls) rule every row out. A segment
+    /// without statistics for the column (older, or of another format) may.
+    pub fn may_hold_in(&self, stats: &[ColumnStats], rows: u64) -> bool {
+        let Some(stats) = stats.iter().find(|s| s.name == self.column.name && s.kind == self.column.kind) else {
+            return true;
+        };
+        if stats.nulls >= rows {
+            return false;
+        }
+        let bound = |v: &Option<serde_json::Value>| v.as_ref().and_then(|v| value_of(self.column.kind, v));
+        let (Some(min), Some(max)) = (bound(&stats.min), bound(&stats.max)) else { return true };
+        let (low, high) = (compare(&min, &self.value), compare(&max, &self.value));
+        match self.op {
+            Comparison::Eq => low.is_none_or(|o| o.is_le()) && high.is_none_or(|o| o.is_ge()),
+            Comparison::Lt => low.is_none_or(|o| o.is_lt()),
+            Comparison::Le => low.is_none_or(|o| o.is_le()),
+            Comparison::Gt => high.is_none_or(|o| o.is_gt()),
+            Comparison::Ge => high.is_none_or(|o| o.is_ge()),
+        }
+    }
+}
+
+/// Parses a query's conditions (`Condition::parse`), at most `QUERY_CONDITIONS_MAX`.
+pub fn parse_conditions(texts: &[String], table: &str, columns: &[ColumnSpec]) -> Result<Vec<Condition>> {
+    if texts.len() > QUERY_CONDITIONS_MAX {
+        return Err(Error::InvalidInput(format!(
+            "{} conditions; a query takes at most {QUERY_CONDITIONS_MAX}",
+            texts.len()
+        )));
+    }
+    texts.iter().map(|text| Condition::parse(text, table, columns)).collect()
+}
+
+/// The order of two values of one column; `None` when either is null (or they differ in type).
+fn compare(a: &ColumnValue, b: &ColumnValue) -> Option<std::cmp::Ordering> {
+    Some(match (a, b) {
+        (ColumnValue::String(a), ColumnValue::String(b)) => a.as_bytes().cmp(b.as_bytes()),
+        (ColumnValue::Int64(a), ColumnValue::Int64(b)) => a.cmp(b),
+        (ColumnValue::Float64(a), ColumnValue::Float64(b)) => a.total_cmp(b),
+        (ColumnValue::Bool(a), ColumnValue::Bool(b)) => a.cmp(b),
+        (ColumnValue::Timestamp(a), ColumnValue::Timestamp(b)) => a.cmp(b),
+        _ => return None,
+    })
+}
+
+/// A bound as `ColumnStats` keeps it (JSON; a timestamp as microseconds), as a value.
+fn value_of(kind: ColumnType, json: &serde_json::Value) -> Option<ColumnValue> {
+    Some(match kind {
+        ColumnType::String => ColumnValue::String(json.as_str()?.to_string()),
+        ColumnType::Int64 => ColumnValue::Int64(json.as_i64()?),
+        ColumnType::Float64 => ColumnValue::Float64(json.as_f64()?),
+        ColumnType::Bool => ColumnValue::Bool(json.as_bool()?),
+        ColumnType::Timestamp => ColumnValue::Timestamp(json.as_i64()?),
     })
 }
 
@@ -496,6 +624,63 @@ mod tests {
             (json(at.clone().into()), json(at.clone().into()), 0)
         );
         assert_eq!(stats(ColumnType::String, &[String(at.clone() + "s"), String("a".into())]), (None, None, 0));
+    }
+
+    #[test]
+    fn a_condition_keeps_the_records_it_names_and_rules_out_segments_by_their_bounds() {
+        let columns = [
+            column("carrier", ColumnType::String, "/carrier"),
+            column("delay", ColumnType::Int64, "/delay"),
+            column("at", ColumnType::Timestamp, "/at"),
+        ];
+        let parse = |text: &str| Condition::parse(text, "flights", &columns);
+        let body = serde_json::json!({"carrier": "UA", "delay": 12, "at": "2024-01-02T00:00:00Z"});
+        for (text, holds) in [
+            ("carrier=UA", true),
+            ("carrier=AA", false),
+            ("carrier>B6", true),
+            ("delay>=12", true),
+            ("delay>12", false),
+            ("delay<13", true),
+            ("delay<=11", false),
+            ("at<2024-01-02T00:00:01Z", true),
+            ("at>=1704153600000001", false),
+        ] {
+            assert_eq!(parse(text).unwrap().holds(&body), holds, "{text}");
+        }
+        assert!(!parse("delay>0").unwrap().holds(&serde_json::json!({"delay": "late"})), "a null never matches");
+        for (text, why) in [
+            ("gate=3", "declares no column `gate`"),
+            ("delay=soon", "not an int64"),
+            ("at>yesterday", "not a timestamp"),
+            ("carrier", "an operator"),
+        ] {
+            let error = parse(text).unwrap_err().to_string();
+            assert!(error.contains(why), "{text}: {error}");
+        }
+        // Limit: held at the bound, enforced past it.
+        let most = vec!["delay>0".to_string(); QUERY_CONDITIONS_MAX];
+        assert_eq!(parse_conditions(&most, "flights", &columns).unwrap().len(), QUERY_CONDITIONS_MAX);
+        let too_many = vec!["delay>0".to_string(); QUERY_CONDITIONS_MAX + 1];
+        assert!(parse_conditions(&too_many, "flights", &columns).unwrap_err().to_string().contains("at most 16"));
+        // A segment whose bounds are [5, 9] holds no delay of 12; one without bounds may.
+        let stats = |min: i64, max: i64, nulls| ColumnStats {
+            name: "delay".into(),
+            kind: ColumnType::Int64,
+            min: Some(min.into()),
+            max: Some(max.into()),
+            nulls,
+        };
+        let delay = |text: &str| parse(text).unwrap();
+        assert!(!delay("delay=12").may_hold_in(&[stats(5, 9, 0)], 10));
+        assert!(delay("delay=7").may_hold_in(&[stats(5, 9, 0)], 10));
+        assert!(!delay("delay>9").may_hold_in(&[stats(5, 9, 0)], 10));
+        assert!(delay("delay>=9").may_hold_in(&[stats(5, 9, 0)], 10));
+        assert!(!delay("delay<5").may_hold_in(&[stats(5, 9, 0)], 10));
+        assert!(delay("delay<=5").may_hold_in(&[stats(5, 9, 0)], 10));
+        assert!(delay("delay=12").may_hold_in(&[], 10), "no statistics: read it");
+        let all_null = ColumnStats { min: None, max: None, ..stats(0, 0, 10) };
+        assert!(!delay("delay=12").may_hold_in(&[all_null], 10), "every row null");
     }
 
     #[test]

@@ -17,6 +17,7 @@ them, in (event_time, sort_key) order, and the Delta schema's type of it.
 import datetime
 import json
 import math
+import os
 import re
 import sys
 
@@ -142,10 +143,14 @@ def column(name):
 
 
 if command == "aggregate":
-    print(json.dumps(aggregate(), sort_keys=True))
+    result = aggregate()
 elif command == "prune":
-    print(json.dumps(prune(*sys.argv[3:6])))
+    result = prune(*sys.argv[3:6])
 elif command == "column":
-    print(json.dumps(column(sys.argv[3])))
+    result = column(sys.argv[3])
 else:
     sys.exit(f"unknown command {command}")
+print(json.dumps(result, sort_keys=True))
+sys.stdout.flush()
+# As read_delta.py: delta-rs's and polars' threads can abort the interpreter's normal exit.
+os._exit(0)
