@@ -49,6 +49,7 @@ mod report;
 mod scale;
 mod scale_archived;
 mod small_files;
+mod typed;
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -140,6 +141,11 @@ const SCENARIOS: &[Scenario] = &[
         name: "small-files",
         about: "one year of day buckets of three partitions (1,098 Parquet files) against one file of the same rows, read by DuckDB, polars and Spark computing one aggregate",
         run: small_files::small_files,
+    },
+    Scenario {
+        name: "typed",
+        about: "declared columns: the archive pass over 200,000 flights-like rows with five typed columns against without, and DuckDB's average per carrier from a typed column against json_extract on body over the same files",
+        run: typed::typed,
     },
     Scenario {
         name: "reload",
