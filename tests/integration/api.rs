@@ -1766,6 +1766,11 @@ format = "parquet"
 strategy = {{ plugin = "builtin:calendar-month-utc" }}
 retention = {retention}
 
+[[table.column]]
+name = "v"
+type = "int64"
+on_mismatch = "null"
+
 [[table]]
 id = "doomed"
 target = "broken"
@@ -1813,8 +1818,15 @@ retention = {retention}
         record("debug-1", "2023-01-06T00:00:00Z", "c", "debug"),
     ];
     assert_eq!(server.post("/v1/tables/events/records", Some(USER), Some(&events.join("\n"))).0, 200);
+    // Its `v` is a string, not the int64 `facts` declares: stored as null and counted.
+    assert_eq!(value(&started, "frostline_column_misses_total", &[]), 0.0);
     let fact = record("p", "2023-01-05T00:00:00Z", "f", "");
-    assert_eq!(server.post("/v1/tables/facts/records", Some(USER), Some(&fact)).0, 200);
+    let (status, answer) = server.post("/v1/tables/facts/records", Some(USER), Some(&fact));
+    assert_eq!(
+        (status, answer.as_str()),
+        (200, r#"{"appended":1,"duplicates":0,"already_archived":0,"column_misses":1}"#)
+    );
+    assert_eq!(value(&server.metrics(), "frostline_column_misses_total", &[]), 1.0);
     assert_eq!(server.post("/v1/tables/events/records", Some(USER), Some("not json")).0, 422);
     let archive = |s: &Server| {
         let (status, body) = s.post("/v1/archive", Some(ADMIN), None);
