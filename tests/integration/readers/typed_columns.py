@@ -1,6 +1,6 @@
 """Reads a frostline Delta table's typed columns (`[[table.column]]`) without frostline.
 
-usage: typed_columns.py aggregate|prune|column TABLE_DIR [ARGS]
+usage: typed_columns.py aggregate|prune|duckdb-prune|column TABLE_DIR [ARGS]
 
 `aggregate` prints, as JSON, the average and the count of `dep_delay` per `carrier`, computed
 by DuckDB (over the table's data files, listed from its log), polars (`scan_delta`) and
@@ -10,6 +10,11 @@ as without declared columns): {"duckdb_typed": {"AA": [avg, count], ...}, "duckd
 `prune TABLE_DIR CARRIER DAY_START DAY_END` prints how many data files delta-rs
 (`file_uris` with a pruning predicate) and polars (`scan_delta`, the files its plan keeps) read
 for `carrier = CARRIER`, and for `sched_dep` in [DAY_START, DAY_END), out of all of them.
+
+`duckdb-prune TABLE_DIR CARRIER` overwrites, in a copy of the table's files, the data pages of
+every file without CARRIER (footers kept) and prints whether DuckDB still answers
+`carrier = CARRIER` over them (it skips row groups by their statistics) while a query without
+that condition fails.
 
 `column TABLE_DIR NAME` prints the values of the typed column NAME as polars and delta-rs read
 them, in (event_time, sort_key) order, and the Delta schema's type of it.
@@ -22,6 +27,7 @@ import re
 import sys
 
 command, uri = sys.argv[1], sys.argv[2]
+uri_of_table = uri
 
 
 def carrier_key(value):
@@ -120,6 +126,47 @@ def prune(carrier, start, end):
     }
 
 
+def duckdb_reads_only(carrier):
+    """DuckDB over the table's files (listed) with `carrier = CARRIER`, after the data pages of
+    every file without that carrier are overwritten (footers and their statistics intact, in a
+    copy): it answers only if it skips those files' row groups by their statistics."""
+    import shutil
+    import struct
+    import tempfile
+
+    import duckdb
+    import pyarrow.parquet as pq
+    from deltalake import DeltaTable
+
+    copy = tempfile.mkdtemp()
+    files = []
+    for i, uri in enumerate(DeltaTable(uri_of_table).file_uris()):
+        path = os.path.join(copy, f"{i}.parquet")
+        shutil.copy(uri.removeprefix("file://"), path)
+        files.append(path)
+    spoiled = 0
+    for path in files:
+        if carrier in pq.read_table(path, columns=["carrier"]).column("carrier").to_pylist():
+            continue
+        size = os.path.getsize(path)
+        with open(path, "r+b") as f:
+            f.seek(size - 8)
+            footer = struct.unpack("<i", f.read(4))[0]
+            f.seek(4)
+            f.write(b"\xff" * (size - 8 - footer - 4))
+        spoiled += 1
+    con = duckdb.connect()
+    source = f"read_parquet({files!r})"
+    found = con.execute(f"select count(*) from {source} where carrier = ?", [carrier]).fetchone()[0]
+    try:
+        con.execute(f"select count(*) from {source} where dep_delay > -1000000").fetchone()
+        unfiltered = "read"
+    except Exception as e:  # the spoiled pages, read without a condition that skips them
+        unfiltered = "failed"
+    shutil.rmtree(copy)
+    return {"files": len(files), "spoiled": spoiled, "found": found, "unfiltered": unfiltered}
+
+
 def column(name):
     import polars as pl
     from deltalake import DeltaTable
@@ -148,6 +195,8 @@ elif command == "prune":
     result = prune(*sys.argv[3:6])
 elif command == "column":
     result = column(sys.argv[3])
+elif command == "duckdb-prune":
+    result = duckdb_reads_only(sys.argv[3])
 else:
     sys.exit(f"unknown command {command}")
 print(json.dumps(result, sort_keys=True))
