@@ -272,6 +272,37 @@ fn a_value_that_does_not_fit_its_column_refuses_the_batch_or_is_stored_as_null_a
     assert!(error.contains("record 2: column `dep_delay` (int64, nullable, from `/dep_delay`)"), "{error}");
     assert!(error.contains("expects an integer within 64 bits, found a string \"late\""), "{error}");
     assert!(te.query_all("flights").is_empty(), "a refused batch writes nothing");
+    // `frostline ingest` on the data directory checks the columns in its first pass: a file
+    // with one such line writes nothing, and says which line.
+    let lines: Vec<String> = flights(1, 1)
+        .iter()
+        .map(Flight::record)
+        .chain([batch[1].clone()])
+        .map(|r| frostline::ops::records::record_json(&r))
+        .collect();
+    let file = dir.path().join("flights.jsonl");
+    std::fs::write(&file, lines.join("\n")).unwrap();
+    let (data, policies) = (te.data_dir(), te.policies_dir());
+    let te = te
+        .stopped_while(|| {
+            let out = run_frostline(&[
+                "ingest",
+                "--data",
+                data.to_str().unwrap(),
+                "--policies",
+                policies.to_str().unwrap(),
+                "--table",
+                "flights",
+                file.to_str().unwrap(),
+            ]);
+            let stderr = text(&out.stderr);
+            assert!(!out.status.success(), "{stderr}");
+            let line = lines.len();
+            assert!(stderr.contains(&format!("line {line}: column `dep_delay`")), "{stderr}");
+            assert!(stderr.contains("nothing was written"), "{stderr}");
+        })
+        .unwrap();
+    assert!(te.query_all("flights").is_empty(), "an ingest refused in its first pass writes nothing");
 
     // Under on_mismatch = "null" the batch is taken, the value counted as a miss and archived as
     // null, while the body keeps it.

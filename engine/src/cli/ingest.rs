@@ -16,6 +16,7 @@ use std::fs::File;
 use std::io::{BufRead, BufReader, BufWriter, Read, Seek, Write};
 
 use crate::model::Record;
+use crate::model::columns::{ColumnSpec, check_record};
 use crate::ops::local::APPEND_BATCH_RECORDS_MAX;
 pub use crate::ops::records::{REPORTED_BAD_LINES_MAX, parse_line};
 use crate::ops::wire::{AppendCounts, HTTP_BODY_BYTES_MAX, HTTP_RECORDS_PER_REQUEST_MAX};
@@ -48,8 +49,10 @@ pub enum Validation {
     },
 }
 
-/// The first pass: validates every line of `file` (or of standard input for `None` or `-`).
-pub fn validate(file: Option<&str>) -> anyhow::Result<Validation> {
+/// The first pass: validates every line of `file` (or of standard input for `None` or `-`),
+/// and, when they are known (`columns`: the table's typed columns, from a data directory the
+/// command opened), each record against them, so a value a column refuses writes nothing.
+pub fn validate(file: Option<&str>, columns: Option<&[ColumnSpec]>) -> anyhow::Result<Validation> {
     let (source, mut spool): (Box<dyn Read>, Option<BufWriter<File>>) = match file {
         None | Some("-") => (Box::new(std::io::stdin().lock()), Some(BufWriter::new(tempfile::tempfile()?))),
         Some(path) => (Box::new(File::open(path).map_err(|e| anyhow::anyhow!("cannot read {path}: {e}"))?), None),
@@ -66,7 +69,7 @@ pub fn validate(file: Option<&str>) -> anyhow::Result<Validation> {
                 if text.trim_ascii().is_empty() {
                     continue;
                 }
-                parse(text).map(drop)
+                parse(text).and_then(|record| check_record(columns.unwrap_or_default(), &record).map(drop))
             }
             Line::TooLong => Err(format!("longer than {INGEST_LINE_BYTES_MAX} bytes")),
         };

@@ -281,7 +281,9 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         #[cfg(feature = "delta")]
         Command::Delta(DeltaCommand::Rebuild { engine, table }) => lifecycle::run_delta_rebuild(engine, table),
         Command::Ingest { engine, table, file } => {
-            let validated = match ingest::validate(file.as_deref())? {
+            let handle = remote::open(&engine)?;
+            let columns = handle.columns(&table)?;
+            let validated = match ingest::validate(file.as_deref(), columns.as_deref())? {
                 ingest::Validation::Valid(validated) => validated,
                 ingest::Validation::Malformed { reported, total } => {
                     for e in &reported {
@@ -295,7 +297,6 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     );
                 }
             };
-            let handle = remote::open(&engine)?;
             let bar = progress_bar(validated.records, "ingest");
             let outcome = ingest::append_batches(
                 validated,

@@ -33,6 +33,9 @@ pub trait EngineHandle {
     fn archive_once(&self) -> anyhow::Result<(serde_json::Value, bool)>;
     /// Ends the backfill lease `append_batch` held (the ingest is over).
     fn end_backfill(&self, table: &str) -> anyhow::Result<()>;
+    /// The table's typed columns, when this handle knows them (a data directory it opened);
+    /// `None` through a running engine's API, which checks them per batch.
+    fn columns(&self, table: &str) -> anyhow::Result<Option<Vec<crate::model::columns::ColumnSpec>>>;
     fn place_hold(&self, request: HoldRequest) -> anyhow::Result<HoldPlaced>;
     /// Lifts a hold; the id of the hold lifted.
     fn lift_hold(&self, id: String, by: String) -> anyhow::Result<String>;
@@ -83,6 +86,10 @@ impl EngineHandle for Arc<Engine> {
 
     fn end_backfill(&self, _table: &str) -> anyhow::Result<()> {
         Ok(())
+    }
+
+    fn columns(&self, table: &str) -> anyhow::Result<Option<Vec<crate::model::columns::ColumnSpec>>> {
+        Ok(Some(self.policies().table(table)?.columns().to_vec()))
     }
 
     fn place_hold(&self, request: HoldRequest) -> anyhow::Result<HoldPlaced> {
@@ -140,6 +147,10 @@ impl EngineHandle for Client {
 
     fn end_backfill(&self, table: &str) -> anyhow::Result<()> {
         Ok(Client::end_backfill(self, table)?)
+    }
+
+    fn columns(&self, _table: &str) -> anyhow::Result<Option<Vec<crate::model::columns::ColumnSpec>>> {
+        Ok(None)
     }
 
     fn place_hold(&self, request: HoldRequest) -> anyhow::Result<HoldPlaced> {

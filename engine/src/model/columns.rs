@@ -464,30 +464,36 @@ pub fn check_evolution(recorded: &[ColumnSpec], declared: &[ColumnSpec]) -> std:
 /// values were stored as null under `on_mismatch = "null"`, or refuses the batch at the first
 /// value that does not fit a column that refuses (naming the record, 1-based, and the column).
 pub fn check_records(columns: &[ColumnSpec], records: &[Record]) -> Result<u64> {
+    let mut misses = 0;
+    for (i, record) in records.iter().enumerate() {
+        misses += check_record(columns, record)
+            .map_err(|why| Error::InvalidInput(format!("record {}: {why}; nothing of the batch was written", i + 1)))?;
+    }
+    Ok(misses)
+}
+
+/// One record against a table's columns: the values it would store as null (`on_mismatch =
+/// "null"`), or why a column refuses it.
+pub fn check_record(columns: &[ColumnSpec], record: &Record) -> std::result::Result<u64, String> {
     if columns.is_empty() {
         return Ok(0);
     }
+    let body: serde_json::Value = serde_json::from_str(&record.body).map_err(|e| format!("body is not JSON: {e}"))?;
     let mut misses = 0;
-    for (i, record) in records.iter().enumerate() {
-        let body: serde_json::Value = serde_json::from_str(&record.body)
-            .map_err(|e| Error::InvalidInput(format!("record {}: body is not JSON: {e}", i + 1)))?;
-        for column in columns {
-            match column.extract(&body) {
-                Ok(_) => {}
-                Err(_) if column.on_mismatch == OnMismatch::Null => misses += 1,
-                Err(Mismatch(found)) => {
-                    return Err(Error::InvalidInput(format!(
-                        "record {}: column `{}` ({}{}, from `{}`) expects {}, found {found}; nothing of the batch \
-                         was written. Fix the record, or declare the column with on_mismatch = \"null\" to store \
-                         null and count the miss",
-                        i + 1,
-                        column.name,
-                        column.kind.name(),
-                        if column.nullable { ", nullable" } else { "" },
-                        column.from,
-                        column.kind.expects(),
-                    )));
-                }
+    for column in columns {
+        match column.extract(&body) {
+            Ok(_) => {}
+            Err(_) if column.on_mismatch == OnMismatch::Null => misses += 1,
+            Err(Mismatch(found)) => {
+                return Err(format!(
+                    "column `{}` ({}{}, from `{}`) expects {}, found {found}. Fix the record, or declare the column \
+                     with on_mismatch = \"null\" to store null and count the miss",
+                    column.name,
+                    column.kind.name(),
+                    if column.nullable { ", nullable" } else { "" },
+                    column.from,
+                    column.kind.expects(),
+                ));
             }
         }
     }
