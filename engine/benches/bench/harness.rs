@@ -424,6 +424,55 @@ pub fn push_phases(bench: &mut Bench, prefix: &str, runs: &[Phases], floor_like:
     note
 }
 
+/// Counts the heap the process holds, when `FROSTLINE_BENCH_HEAP` is set (read once): the
+/// peak resident set says how high a piece of work took the process, this says how much of it
+/// was live heap, to tell what the work holds from what the allocator keeps.
+pub struct CountingAllocator;
+
+static HEAP_COUNTED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+static HEAP_BYTES: std::sync::atomic::AtomicIsize = std::sync::atomic::AtomicIsize::new(0);
+static HEAP_PEAK: std::sync::atomic::AtomicIsize = std::sync::atomic::AtomicIsize::new(0);
+
+fn heap_counted() -> bool {
+    // `var_os` allocates: the first call (made outside the allocator, by `with_peak_memory`)
+    // decides; until then nothing is counted.
+    HEAP_COUNTED.get().copied().unwrap_or(false)
+}
+
+// SAFETY: every call is passed to the system allocator unchanged; only counters are added.
+unsafe impl std::alloc::GlobalAlloc for CountingAllocator {
+    unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
+        let ptr = unsafe { std::alloc::System.alloc(layout) };
+        if !ptr.is_null() && heap_counted() {
+            let size = layout.size() as isize;
+            let now = HEAP_BYTES.fetch_add(size, std::sync::atomic::Ordering::Relaxed) + size;
+            HEAP_PEAK.fetch_max(now, std::sync::atomic::Ordering::Relaxed);
+        }
+        ptr
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
+        unsafe { std::alloc::System.dealloc(ptr, layout) };
+        if heap_counted() {
+            HEAP_BYTES.fetch_sub(layout.size() as isize, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: std::alloc::Layout, new_size: usize) -> *mut u8 {
+        let new = unsafe { std::alloc::System.realloc(ptr, layout, new_size) };
+        if !new.is_null() && heap_counted() {
+            if new_size >= layout.size() {
+                let grown = (new_size - layout.size()) as isize;
+                let now = HEAP_BYTES.fetch_add(grown, std::sync::atomic::Ordering::Relaxed) + grown;
+                HEAP_PEAK.fetch_max(now, std::sync::atomic::Ordering::Relaxed);
+            } else {
+                HEAP_BYTES.fetch_sub((layout.size() - new_size) as isize, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+        new
+    }
+}
+
 /// Runs `work` and returns what it returns with the peak resident set of this process
 /// while it ran, in MiB: freed heap is given back and the peak reset to the resident set
 /// first (glibc's `malloc_trim`, Linux's `clear_refs`), so the figure is the height `work`
@@ -432,7 +481,22 @@ pub fn with_peak_memory<T>(work: impl FnOnce() -> Result<T>) -> Result<(T, f64)>
     // SAFETY: malloc_trim only returns free heap pages to the system.
     unsafe { libc::malloc_trim(0) };
     std::fs::write("/proc/self/clear_refs", "5").context("cannot reset the peak resident set")?;
+    // Heap counted from here (`CountingAllocator`); what was allocated before is freed
+    // uncounted (the count may go below zero), so the figures are relative: the live heap's
+    // rise during `work`.
+    let counted = *HEAP_COUNTED.get_or_init(|| std::env::var_os("FROSTLINE_BENCH_HEAP").is_some());
+    let heap_start = HEAP_BYTES.load(std::sync::atomic::Ordering::Relaxed);
+    HEAP_PEAK.store(heap_start, std::sync::atomic::Ordering::Relaxed);
     let output = work()?;
+    if counted {
+        let peak = HEAP_PEAK.load(std::sync::atomic::Ordering::Relaxed);
+        let end = HEAP_BYTES.load(std::sync::atomic::Ordering::Relaxed);
+        eprintln!(
+            "heap: peak {:.1} MiB above the start, {:+.1} MiB at the end",
+            (peak - heap_start) as f64 / 1048576.0,
+            (end - heap_start) as f64 / 1048576.0
+        );
+    }
     let status = std::fs::read_to_string("/proc/self/status").context("cannot read /proc/self/status")?;
     let kib = status
         .lines()

@@ -164,6 +164,10 @@ const SCENARIOS: &[Scenario] = &[
     },
 ];
 
+/// Counts live heap for `with_peak_memory` when `FROSTLINE_BENCH_HEAP` is set.
+#[global_allocator]
+static ALLOCATOR: harness::CountingAllocator = harness::CountingAllocator;
+
 fn main() -> std::process::ExitCode {
     match run() {
         Ok(()) => std::process::ExitCode::SUCCESS,

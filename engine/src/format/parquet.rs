@@ -126,7 +126,6 @@ pub fn encode(records: &[Record], columns: &[ColumnSpec]) -> Result<(Vec<u8>, Ve
         .chain(columns.iter().map(|c| (c.name.as_str(), c.kind)))
         .map(|(name, kind)| StatsBuilder::new(name, kind))
         .collect();
-    let text = |v: &Option<String>| v.clone().map_or(ColumnValue::Null, ColumnValue::String);
     for r in records {
         partition.append_value(String::from_utf8_lossy(&r.partition_key));
         time.append_value(r.event_time);
@@ -134,8 +133,8 @@ pub fn encode(records: &[Record], columns: &[ColumnSpec]) -> Result<(Vec<u8>, Ve
         tenant.append_option(r.tenant.as_deref());
         kind.append_option(r.kind.as_deref());
         body.append_value(&r.body);
-        stats[0].add(&text(&r.tenant));
-        stats[1].add(&text(&r.kind));
+        stats[0].add_text(r.tenant.as_deref());
+        stats[1].add_text(r.kind.as_deref());
         if !columns.is_empty() {
             // A body that is not JSON was refused at append; should one come, its columns are null.
             let parsed: serde_json::Value = serde_json::from_str(&r.body).unwrap_or_default();

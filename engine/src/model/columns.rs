@@ -216,6 +216,24 @@ impl StatsBuilder {
         }
     }
 
+    /// `add` for a text value, copied only when it becomes a bound (most rows of a segment are
+    /// neither its least nor its greatest).
+    pub fn add_text(&mut self, value: Option<&str>) {
+        let Some(text) = value else {
+            self.nulls += 1;
+            return;
+        };
+        if text.len() > STATS_STRING_BYTES_MAX {
+            self.unbounded = true;
+        }
+        if !matches!(&self.min, Some(ColumnValue::String(min)) if min.as_bytes() <= text.as_bytes()) {
+            self.min = Some(ColumnValue::String(text.to_string()));
+        }
+        if !matches!(&self.max, Some(ColumnValue::String(max)) if max.as_bytes() >= text.as_bytes()) {
+            self.max = Some(ColumnValue::String(text.to_string()));
+        }
+    }
+
     pub fn finish(self) -> ColumnStats {
         let bound = |v: Option<ColumnValue>| if self.unbounded { None } else { v.and_then(json_of) };
         ColumnStats {
@@ -623,6 +641,10 @@ mod tests {
         assert_eq!(stats(ColumnType::Bool, &[Bool(true), Bool(false)]), (json(false.into()), json(true.into()), 0));
         assert_eq!(stats(ColumnType::Timestamp, &[Timestamp(9), Timestamp(2)]), (json(2.into()), json(9.into()), 0));
         assert_eq!(stats(ColumnType::Int64, &[Null, Null]), (None, None, 2));
+        let mut text = StatsBuilder::new("c", ColumnType::String);
+        [Some("b"), None, Some("a"), Some("é")].into_iter().for_each(|v| text.add_text(v));
+        let text = text.finish();
+        assert_eq!((text.min, text.max, text.nulls), (json("a".into()), json("é".into()), 1), "add_text bounds as add");
         // Limit: a string at the bound is kept as one; past it, no bound is kept.
         let at = "s".repeat(STATS_STRING_BYTES_MAX);
         assert_eq!(
