@@ -334,8 +334,7 @@ impl PageFilter {
             && self.conditions.as_ref().is_none_or(|conditions| {
                 // The body, not a segment's typed column: hot rows and segments written before
                 // a column was declared have none, and archival takes each value from the body.
-                let body: serde_json::Value = serde_json::from_str(&r.body).unwrap_or_default();
-                conditions.iter().all(|c| c.holds(&body))
+                crate::model::columns::Body::parse(&r.body).is_ok_and(|body| conditions.iter().all(|c| c.holds(&body)))
             })
     }
 

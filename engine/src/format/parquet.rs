@@ -17,7 +17,7 @@ use parquet::schema::types::ColumnPath;
 
 use crate::error::{Error, Result};
 use crate::model::Record;
-use crate::model::columns::{ColumnSpec, ColumnStats, ColumnType, ColumnValue, StatsBuilder};
+use crate::model::columns::{Body, ColumnSpec, ColumnStats, ColumnType, ColumnValue, StatsBuilder};
 
 pub const ZSTD_LEVEL: i32 = 3;
 /// Rows from which every column of a segment is compressed. Below it the columns whose pages
@@ -137,9 +137,9 @@ pub fn encode(records: &[Record], columns: &[ColumnSpec]) -> Result<(Vec<u8>, Ve
         stats[1].add_text(r.kind.as_deref());
         if !columns.is_empty() {
             // A body that is not JSON was refused at append; should one come, its columns are null.
-            let parsed: serde_json::Value = serde_json::from_str(&r.body).unwrap_or_default();
+            let parsed = Body::parse(&r.body).ok();
             for ((column, builder), stats) in columns.iter().zip(&mut typed).zip(&mut stats[2..]) {
-                let value = column.extract_or_null(&parsed);
+                let value = parsed.as_ref().map_or(ColumnValue::Null, |body| column.extract_or_null(body));
                 builder.append(&value);
                 stats.add(&value);
             }
