@@ -15,7 +15,7 @@ use frostline::model::{Micros, Record};
 use frostline_civil::days_from_civil;
 
 use crate::data::{Dirs, TIMES_SEED, passes_until_idle, splitmix64};
-use crate::harness::{Bench, Figure, Unit};
+use crate::harness::{Bench, Figure, Phases, Unit, push_phases};
 
 const TABLE: &str = "flights";
 const CARRIERS: [&str; 6] = ["AA", "B6", "DL", "EV", "UA", "WN"];
@@ -58,9 +58,12 @@ pub fn typed(bench: &mut Bench) -> Result<()> {
     let rows = flights();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let (mut plain, mut typed) = (Vec::new(), Vec::new());
+    let (mut plain_phases, mut typed_phases): (Vec<Phases>, Vec<Phases>) = (Vec::new(), Vec::new());
     let mut last_typed: Option<Dirs> = None;
     for _ in 0..bench.options.repeats {
-        for (columns, samples) in [("", &mut plain), (COLUMNS, &mut typed)] {
+        for (columns, samples, phases) in
+            [("", &mut plain, &mut plain_phases), (COLUMNS, &mut typed, &mut typed_phases)]
+        {
             let dirs = Dirs::new(&policy(columns))?;
             let engine = dirs.open(START_MICROS + (DAYS as Micros + 2) * MICROS_PER_DAY)?;
             for batch in rows.chunks(BUILD_BATCH) {
@@ -71,6 +74,7 @@ pub fn typed(bench: &mut Bench) -> Result<()> {
             let seconds = start.elapsed().as_secs_f64();
             ensure!(report.archived as usize == DAYS, "archived {} of {DAYS} buckets", report.archived);
             samples.push(rows.len() as f64 / seconds);
+            phases.push(report.seconds.named());
             drop(engine);
             if !columns.is_empty() {
                 last_typed = Some(dirs);
@@ -82,8 +86,10 @@ pub fn typed(bench: &mut Bench) -> Result<()> {
     let typed = Figure::new(bench.scenario, name("five declared columns"), Unit::RecordsPerSecond, typed, 1)
         .against(&plain)
         .with_target(0.9, "the pass with a declared schema archives at >= 90% of the rate without one");
+    let plain_note = push_phases(bench, "phases of the passes without declared columns", &plain_phases, &[]);
+    let typed_note = push_phases(bench, "phases of the passes with five declared columns", &typed_phases, &[]);
     bench.push(plain);
-    bench.push(typed);
+    bench.push(typed.with_note(format!("{typed_note}; {plain_note}")));
 
     let Ok(python) = std::env::var("FROSTLINE_PYTHON") else {
         bench.skip(&["DuckDB"], "FROSTLINE_PYTHON is not set (scripts/bench installs it)".into());

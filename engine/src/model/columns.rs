@@ -106,7 +106,7 @@ pub struct Mismatch(pub String);
 /// objects allocated) cost the archive pass with five columns a quarter of its rate; this
 /// keeps one small allocation per record.
 pub struct Body<'a> {
-    raw: &'a RawValue,
+    text: &'a str,
     /// The fields of an object body, in order (a repeated key's last value counts, as in
     /// `serde_json::Value`); `None` for any other body.
     fields: Option<Fields<'a>>,
@@ -144,18 +144,25 @@ impl<'a> Fields<'a> {
 }
 
 impl<'a> Body<'a> {
+    /// Reads `text` once: an object's fields, or (any other body) only that it is JSON.
     pub fn parse(text: &'a str) -> serde_json::Result<Body<'a>> {
-        let raw: &RawValue = serde_json::from_str(text)?;
-        let fields = raw.get().starts_with('{').then(|| serde_json::from_str(raw.get())).transpose()?;
-        Ok(Body { raw, fields })
+        if text.trim_start().starts_with('{') {
+            return Ok(Body { text, fields: Some(serde_json::from_str(text)?) });
+        }
+        serde_json::from_str::<&RawValue>(text)?;
+        Ok(Body { text, fields: None })
     }
 
     /// The raw value at a JSON pointer (RFC 6901, as `serde_json::Value::pointer` reads it).
     fn at(&self, pointer: &str) -> Option<&'a RawValue> {
         if pointer.is_empty() {
-            return Some(self.raw);
+            return serde_json::from_str(self.text.trim()).ok();
         }
-        let mut tokens = pointer.strip_prefix('/')?.split('/').map(|t| t.replace("~1", "/").replace("~0", "~"));
+        // Unescaped only where a token has an escape: most have none, and every row asks.
+        let mut tokens = pointer.strip_prefix('/')?.split('/').map(|t| match t.contains('~') {
+            true => std::borrow::Cow::Owned(t.replace("~1", "/").replace("~0", "~")),
+            false => std::borrow::Cow::Borrowed(t),
+        });
         let mut value = self.fields.as_ref()?.get(&tokens.next()?)?;
         for token in tokens {
             value = match value.get().as_bytes().first() {
