@@ -486,3 +486,51 @@ fn a_query_filters_on_typed_columns_hot_and_archived_and_reads_only_the_segments
     })
     .unwrap();
 }
+
+/// Two installations archive into one Delta table and declare a column under two types: the
+/// second one's sync refuses to add its files, saying why, rather than give readers files that
+/// contradict the table's schema; its archives are published all the same.
+#[cfg(feature = "delta")]
+#[test]
+fn an_installation_declaring_a_column_under_another_type_adds_nothing_to_the_shared_delta_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let carrier = |kind: &str| format!("\n[[table.column]]\nname = \"carrier\"\ntype = \"{kind}\"\n");
+    let first = TestEngine::new(&policy(dir.path(), &carrier("string")), "2024-01-01T00:00:00Z");
+    archive_all(&first, flights(0, 1).iter().map(Flight::record).collect());
+    let table_dir = dir.path().join("delta/flights");
+    let live_files = || {
+        let mut live = std::collections::BTreeSet::new();
+        for action in commits(&table_dir).into_iter().flatten() {
+            if let Some(add) = action.get("add") {
+                live.insert(add["path"].as_str().unwrap().to_string());
+            } else if let Some(remove) = action.get("remove") {
+                live.remove(remove["path"].as_str().unwrap());
+            }
+        }
+        live
+    };
+    let files_before = live_files();
+    assert_eq!(files_before.len(), ORIGINS.len());
+
+    let second = TestEngine::new(&policy(dir.path(), &carrier("int64")), "2024-01-01T00:00:00Z");
+    let records: Vec<Record> = flights(1, 1).iter().map(Flight::record).collect();
+    // Its own appends are checked against its own declaration, which a string carrier does not
+    // fit: these bodies carry none.
+    let records: Vec<Record> = records
+        .into_iter()
+        .map(|mut r| {
+            let mut body: serde_json::Value = serde_json::from_str(&r.body).unwrap();
+            body.as_object_mut().unwrap().remove("carrier");
+            r.body = body.to_string();
+            r
+        })
+        .collect();
+    second.engine.append("flights", records).unwrap();
+    second.clock.set(t("2024-02-01T00:00:00Z"));
+    let report = second.pass();
+    assert_eq!(report.archived, ORIGINS.len() as u64, "{report:?}");
+    let errors = format!("{:?}", report.errors);
+    assert!(errors.contains("holds column `carrier` as `string`") && errors.contains("declares it int64"), "{errors}");
+    assert_eq!(live_files(), files_before, "nothing of the second installation in the log");
+    assert_eq!(second.query_all("flights").len(), flights(1, 1).len(), "its archives read back through frostline");
+}

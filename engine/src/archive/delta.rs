@@ -426,6 +426,18 @@ async fn sync_serialized(
             scope = None;
         }
         let now_ms = ctx.clock.now().div_euclid(1_000);
+        // A declared column the log holds under another type stops the sync: its files would
+        // contradict the schema every reader applies.
+        if let Some((name, logged)) = retyped_column(&log.view.metadata, table.columns()) {
+            return Err(Error::Conflict(format!(
+                "table `{}`: its Delta log at {location} holds column `{name}` as `{logged}`, but this policy \
+                 declares it {} (another installation on the shared table declares it otherwise); no file is \
+                 added until the declarations agree: a column never changes type, so declare the same type on \
+                 every installation, or archive the new shape under a new table id",
+                table.id,
+                table.columns().iter().find(|c| c.name == name).map_or("", |c| c.kind.name())
+            )));
+        }
         // Declared columns the log's schema lacks are added first, in a commit of their own, so
         // that the files added next, which carry them, are read with them.
         if let Some((metadata, added)) = evolved_metadata(&log.view.metadata, table.columns()) {
@@ -1095,6 +1107,22 @@ fn evolved_metadata(metadata: &serde_json::Value, columns: &[ColumnSpec]) -> Opt
     Some((metadata, missing.iter().map(|c| c.name.clone()).collect()))
 }
 
+/// A declared column the log's schema holds under another type (`(name, the log's type)`):
+/// another installation on the shared table declared it so. Files with this declaration's
+/// values and statistics would contradict the schema readers apply to every file.
+fn retyped_column(metadata: &serde_json::Value, columns: &[ColumnSpec]) -> Option<(String, String)> {
+    let schema: serde_json::Value = serde_json::from_str(metadata.get("schemaString")?.as_str()?).ok()?;
+    columns.iter().find_map(|column| {
+        let field = schema
+            .get("fields")?
+            .as_array()?
+            .iter()
+            .find(|f| f.get("name").and_then(|n| n.as_str()) == Some(column.name.as_str()))?;
+        let logged = field.get("type")?.as_str()?;
+        (logged != delta_type(column.kind)).then(|| (column.name.clone(), logged.to_string()))
+    })
+}
+
 /// A commit that changes the table's metadata only (`evolved_metadata`), as Delta's `ADD
 /// COLUMNS` writes it.
 fn metadata_commit(metadata: serde_json::Value, added: &[String], now_ms: i64) -> Vec<u8> {
@@ -1308,6 +1336,12 @@ mod tests {
             schema["fields"].as_array().unwrap().iter().map(|f| f["name"].as_str().unwrap()).collect();
         assert_eq!(&names[names.len() - 2..], ["partition", "delay"]);
         assert_eq!(schema["fields"].as_array().unwrap().last().unwrap()["type"], "long");
+        // The same name under another type is no column to add: the sync refuses it.
+        assert_eq!(retyped_column(&metadata, &[column("carrier", ColumnType::String)]), None);
+        assert_eq!(
+            retyped_column(&metadata, &[column("carrier", ColumnType::Int64)]),
+            Some(("carrier".to_string(), "string".to_string()))
+        );
         let commit = String::from_utf8(metadata_commit(evolved, &added, 0)).unwrap();
         let actions: Vec<Action> = commit.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
         assert!(matches!(actions[..], [Action::CommitInfo(_), Action::Metadata(_)]), "{commit}");
