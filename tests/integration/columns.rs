@@ -145,12 +145,6 @@ fn assert_same_aggregate(read: &serde_json::Value, expected: &serde_json::Value,
     }
 }
 
-fn python() -> String {
-    std::env::var("FROSTLINE_PYTHON").unwrap_or_else(|_| {
-        panic!("FROSTLINE_PYTHON is not set: run the tests with ./scripts/test (scripts/install-python-tools installs the readers)")
-    })
-}
-
 fn read(args: &[&str]) -> serde_json::Value {
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/integration/readers/typed_columns.py");
     let out = Command::new(python()).arg(script).args(args).output().unwrap();

@@ -110,12 +110,6 @@ impl Fleet {
     }
 }
 
-fn python() -> String {
-    std::env::var("FROSTLINE_PYTHON").unwrap_or_else(|_| {
-        panic!("FROSTLINE_PYTHON is not set: run the tests with ./scripts/test (scripts/install-python-tools installs the readers)")
-    })
-}
-
 fn as_json(r: &Record, installation: &str, bucket: &str) -> serde_json::Value {
     let mut v = serde_json::json!({
         "partition_key": String::from_utf8_lossy(&r.partition_key),

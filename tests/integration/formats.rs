@@ -87,12 +87,6 @@ fn the_read_path_skips_segments_outside_the_range() {
     assert!(segments[0].contains(&format!("seg-{}-00000-", e.engine.context().writer().unwrap())), "{segments:?}");
 }
 
-fn python() -> String {
-    std::env::var("FROSTLINE_PYTHON").unwrap_or_else(|_| {
-        panic!("FROSTLINE_PYTHON is not set: run the tests with ./scripts/test (scripts/install-python-tools installs DuckDB and pyarrow)")
-    })
-}
-
 #[test]
 fn duckdb_and_pyarrow_read_exactly_what_frostline_returns() {
     let root = tempfile::tempdir().unwrap();

@@ -484,3 +484,11 @@ pub fn policies_moving_to_t2(policy: &str) -> (tempfile::TempDir, String, String
     let on_t2 = format!("{target}{}", policy.replace("[[table]]", "[[table]]\ntarget = \"t2\""));
     (t2, format!("{target}{policy}"), on_t2)
 }
+
+/// The Python interpreter with the readers (DuckDB, pyarrow, polars, delta-rs) the tests read
+/// archives with, as `scripts/install-python-tools` installs it.
+pub fn python() -> String {
+    std::env::var("FROSTLINE_PYTHON").unwrap_or_else(|_| {
+        panic!("FROSTLINE_PYTHON is not set: run the tests with ./scripts/test (scripts/install-python-tools installs the readers)")
+    })
+}

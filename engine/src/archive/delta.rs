@@ -297,7 +297,7 @@ struct LogView {
     files: BTreeMap<String, i64>,
     app_version: i64,
     /// The table's metadata action at this version (JSON, as the log holds it): its schema
-    /// says which declared columns the log lacks (`evolved_metadata`).
+    /// says which declared columns the log lacks (`schema_change`).
     metadata: serde_json::Value,
 }
 
@@ -426,21 +426,20 @@ async fn sync_serialized(
             scope = None;
         }
         let now_ms = ctx.clock.now().div_euclid(1_000);
-        // A declared column the log holds under another type stops the sync: its files would
-        // contradict the schema every reader applies.
-        if let Some((name, logged)) = retyped_column(&log.view.metadata, table.columns()) {
-            return Err(Error::Conflict(format!(
+        // A declared column the log holds under another type stops the sync; columns the log
+        // lacks are added first, in a commit of their own, so that the files added next, which
+        // carry them, are read with them.
+        let change = schema_change(&log.view.metadata, table.columns()).map_err(|(name, logged)| {
+            Error::Conflict(format!(
                 "table `{}`: its Delta log at {location} holds column `{name}` as `{logged}`, but this policy \
                  declares it {} (another installation on the shared table declares it otherwise); no file is \
                  added until the declarations agree: a column never changes type, so declare the same type on \
                  every installation, or archive the new shape under a new table id",
                 table.id,
                 table.columns().iter().find(|c| c.name == name).map_or("", |c| c.kind.name())
-            )));
-        }
-        // Declared columns the log's schema lacks are added first, in a commit of their own, so
-        // that the files added next, which carry them, are read with them.
-        if let Some((metadata, added)) = evolved_metadata(&log.view.metadata, table.columns()) {
+            ))
+        })?;
+        if let Some((metadata, added)) = change {
             let commit = metadata_commit(metadata, &added, now_ms);
             let version = log.version + 1;
             match log_store
@@ -1086,44 +1085,48 @@ fn first_version(table: &str, columns: &[ColumnSpec], now: Micros) -> Vec<u8> {
     lines.iter().map(|line| format!("{line}\n")).collect::<String>().into_bytes()
 }
 
-/// The log's metadata with the declared `columns` its schema lacks added (nullable, at the end
-/// of its fields), and their names; `None` when it has them all. A column is only ever added:
-/// one the log has and the table no longer declares stays (another installation, or an older
-/// policy, may still write it), so installations on different policies never undo each other.
-fn evolved_metadata(metadata: &serde_json::Value, columns: &[ColumnSpec]) -> Option<(serde_json::Value, Vec<String>)> {
-    if columns.is_empty() {
-        return None;
+/// The log's metadata with declared columns added, and their names (`schema_change`).
+type EvolvedSchema = (serde_json::Value, Vec<String>);
+
+/// What the log's schema needs for the declared `columns`: nothing (`Ok(None)`); the columns
+/// it lacks, added nullable at the end of its fields (`Ok(Some((metadata, their names)))`); or
+/// nothing it can take (`Err((name, the log's type))`), a declared column the log holds under
+/// another type: another installation on the shared table declared it so, and files with this
+/// declaration's values would contradict the schema readers apply to every file. A column is
+/// only ever added: one the log has and the table no longer declares stays (another
+/// installation, or an older policy, may still write it), so installations never undo each
+/// other.
+fn schema_change(
+    metadata: &serde_json::Value,
+    columns: &[ColumnSpec],
+) -> std::result::Result<Option<EvolvedSchema>, (String, String)> {
+    let Some(mut schema) = (!columns.is_empty())
+        .then(|| metadata.get("schemaString")?.as_str())
+        .flatten()
+        .and_then(|text| serde_json::from_str::<serde_json::Value>(text).ok())
+    else {
+        return Ok(None);
+    };
+    let Some(fields) = schema.get_mut("fields").and_then(|f| f.as_array_mut()) else { return Ok(None) };
+    let mut missing: Vec<&ColumnSpec> = Vec::new();
+    for column in columns {
+        let logged = fields.iter().find(|f| f.get("name").and_then(|n| n.as_str()) == Some(column.name.as_str()));
+        match logged.map(|f| f.get("type").and_then(|t| t.as_str()).unwrap_or_default()) {
+            None => missing.push(column),
+            Some(kind) if kind == delta_type(column.kind) => {}
+            Some(kind) => return Err((column.name.clone(), kind.to_string())),
+        }
     }
-    let mut schema: serde_json::Value = serde_json::from_str(metadata.get("schemaString")?.as_str()?).ok()?;
-    let fields = schema.get_mut("fields")?.as_array_mut()?;
-    let has = |name: &str| fields.iter().any(|f| f.get("name").and_then(|n| n.as_str()) == Some(name));
-    let missing: Vec<&ColumnSpec> = columns.iter().filter(|c| !has(&c.name)).collect();
     if missing.is_empty() {
-        return None;
+        return Ok(None);
     }
     fields.extend(missing.iter().map(|c| typed_field(c)));
     let mut metadata = metadata.clone();
     metadata["schemaString"] = serde_json::Value::String(schema.to_string());
-    Some((metadata, missing.iter().map(|c| c.name.clone()).collect()))
+    Ok(Some((metadata, missing.iter().map(|c| c.name.clone()).collect())))
 }
 
-/// A declared column the log's schema holds under another type (`(name, the log's type)`):
-/// another installation on the shared table declared it so. Files with this declaration's
-/// values and statistics would contradict the schema readers apply to every file.
-fn retyped_column(metadata: &serde_json::Value, columns: &[ColumnSpec]) -> Option<(String, String)> {
-    let schema: serde_json::Value = serde_json::from_str(metadata.get("schemaString")?.as_str()?).ok()?;
-    columns.iter().find_map(|column| {
-        let field = schema
-            .get("fields")?
-            .as_array()?
-            .iter()
-            .find(|f| f.get("name").and_then(|n| n.as_str()) == Some(column.name.as_str()))?;
-        let logged = field.get("type")?.as_str()?;
-        (logged != delta_type(column.kind)).then(|| (column.name.clone(), logged.to_string()))
-    })
-}
-
-/// A commit that changes the table's metadata only (`evolved_metadata`), as Delta's `ADD
+/// A commit that changes the table's metadata only (`schema_change`), as Delta's `ADD
 /// COLUMNS` writes it.
 fn metadata_commit(metadata: serde_json::Value, added: &[String], now_ms: i64) -> Vec<u8> {
     let lines = [
@@ -1324,10 +1327,11 @@ mod tests {
             .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
             .find_map(|a| a.get("metaData").cloned())
             .unwrap();
-        assert_eq!(evolved_metadata(&metadata, &[column("carrier", ColumnType::String)]), None);
-        assert_eq!(evolved_metadata(&metadata, &[]), None, "a column the table no longer declares stays");
+        assert_eq!(schema_change(&metadata, &[column("carrier", ColumnType::String)]), Ok(None));
+        assert_eq!(schema_change(&metadata, &[]), Ok(None), "a column the table no longer declares stays");
         let (evolved, added) =
-            evolved_metadata(&metadata, &[column("carrier", ColumnType::String), column("delay", ColumnType::Int64)])
+            schema_change(&metadata, &[column("carrier", ColumnType::String), column("delay", ColumnType::Int64)])
+                .unwrap()
                 .unwrap();
         assert_eq!(added, ["delay"]);
         assert_eq!(evolved["id"], metadata["id"], "the same table");
@@ -1337,10 +1341,9 @@ mod tests {
         assert_eq!(&names[names.len() - 2..], ["partition", "delay"]);
         assert_eq!(schema["fields"].as_array().unwrap().last().unwrap()["type"], "long");
         // The same name under another type is no column to add: the sync refuses it.
-        assert_eq!(retyped_column(&metadata, &[column("carrier", ColumnType::String)]), None);
         assert_eq!(
-            retyped_column(&metadata, &[column("carrier", ColumnType::Int64)]),
-            Some(("carrier".to_string(), "string".to_string()))
+            schema_change(&metadata, &[column("delay", ColumnType::Int64), column("carrier", ColumnType::Int64)]),
+            Err(("carrier".to_string(), "string".to_string()))
         );
         let commit = String::from_utf8(metadata_commit(evolved, &added, 0)).unwrap();
         let actions: Vec<Action> = commit.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
