@@ -1042,6 +1042,38 @@ fn the_cli_goes_through_the_api_of_a_running_engine() {
     assert!(text(&refused.stderr).contains("401"), "{}", text(&refused.stderr));
 }
 
+/// `frostline ingest` through a running engine checks every line against the table's typed
+/// columns before it sends a batch, as it does on a data directory: a file whose last line a
+/// column refuses, behind more than a batch of good ones, writes nothing and names the line.
+/// The engine answers the declaration at `GET /v1/tables/{table}/columns`.
+#[test]
+fn ingest_through_a_running_engine_checks_typed_columns_before_it_sends_a_batch() {
+    let d = dirs();
+    let policy = format!("{POLICY}\n[[table.column]]\nname = \"i\"\ntype = \"int64\"\n");
+    std::fs::write(d.policies.join("tables.toml"), policy).unwrap();
+    let server = Server::start(&d, &["--interval-seconds", "3600"], true);
+    assert_eq!(
+        server.json("/v1/tables/events/columns"),
+        serde_json::json!({"table": "events", "columns": [
+            {"name": "i", "type": "int64", "from": "/i", "nullable": true, "on_mismatch": "refuse"}
+        ]})
+    );
+    let (status, body) = server.get("/v1/tables/nowhere/columns", Some(USER));
+    assert_eq!(status, 404, "{body}");
+    assert!(body.contains("no table `nowhere`"), "{body}");
+
+    let mut lines = sample_lines(12_000);
+    lines.push(line("site a/%20=ü", "2024-06-01T00:00:00Z", "late", r#"{"i":"twelve"}"#));
+    let mut command = command(&d);
+    command.env("FROSTLINE_TOKEN", USER);
+    let ingest = run_cli(command, &["ingest", "--table", "events", "-"], Some(&lines.join("\n")));
+    let stderr = text(&ingest.stderr);
+    assert_eq!(ingest.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("line 12001: column `i` (int64, nullable, from `/i`)"), "{stderr}");
+    assert!(stderr.contains("nothing was written"), "{stderr}");
+    assert_eq!(count_records(&server), 0, "no batch of the refused file was sent");
+}
+
 #[test]
 fn the_openapi_file_matches_the_server() {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/openapi.json");
@@ -2040,6 +2072,11 @@ fn tenant_limited_tokens_reach_only_their_tenants_and_are_read_again_when_their_
     assert_eq!(append(GLOBEX, &[tenant_line(Some("globex"), "2025-02-03T00:00:00Z", "g0")]).0, 200);
     assert_eq!(append(USER, &[tenant_line(None, "2025-02-04T00:00:00Z", "n0")]).0, 200);
     assert_eq!(count_records(&server), 4, "the refused batches wrote nothing");
+    // A table's column declaration holds no records: every token that reaches the table reads it.
+    for token in [ACME, ACME_READER, GLOBEX] {
+        let (status, body) = server.get("/v1/tables/events/columns", Some(token));
+        assert_eq!((status, body.as_str()), (200, r#"{"table":"events","columns":[]}"#));
+    }
 
     // Queries: a limited token reads its tenants' records only, page by page, and may not name
     // another tenant.

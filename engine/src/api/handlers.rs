@@ -48,6 +48,7 @@ pub(super) fn method_router(route: &Route) -> MethodRouter<Arc<ApiState>> {
         RouteId::PlaceHold => on(filter, place_hold),
         RouteId::LiftHold => on(filter, lift_hold),
         RouteId::Retention => on(filter, retention),
+        RouteId::Columns => on(filter, columns),
         RouteId::Verify => on(filter, verify),
         RouteId::PolicyCheck => on(filter, policy_check),
         RouteId::Erasures => on(filter, super::erasures::list),
@@ -539,6 +540,15 @@ async fn retention(
         ops::buckets::RetentionRequest { table, partition: params.partition, limit: listing_limit(params.limit)? };
     let page = blocking(move || ops::buckets::retention(&state.engine, request)).await?;
     Ok(Json(page).into_response())
+}
+
+/// The table's typed columns as its policy declares them: what `frostline ingest` checks a
+/// file against before it sends a batch, so that a file with a value a column refuses writes
+/// nothing. Not tenant data: any token that may write or read the table may ask.
+async fn columns(State(state): Shared, path: Result<Path<String>, PathRejection>) -> Result<Response, ApiError> {
+    let table = known_table(&state, path)?;
+    let columns = ops::policy::table_columns(&state.engine, &table)?;
+    Ok(Json(columns).into_response())
 }
 
 #[derive(Debug, Deserialize)]

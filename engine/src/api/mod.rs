@@ -61,6 +61,7 @@ pub enum RouteId {
     PlaceHold,
     LiftHold,
     Retention,
+    Columns,
     Verify,
     PolicyCheck,
     Erasures,
@@ -132,6 +133,13 @@ pub const ROUTES: &[Route] = &[
         path: "/v1/tables/{table}/retention",
         access: Access::Token,
         reach: Reach::Table,
+    },
+    Route {
+        id: RouteId::Columns,
+        method: "GET",
+        path: "/v1/tables/{table}/columns",
+        access: Access::Token,
+        reach: Reach::Tenants,
     },
     Route { id: RouteId::Verify, method: "POST", path: "/v1/verify", access: Access::Admin, reach: Reach::Everything },
     Route {

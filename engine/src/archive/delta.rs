@@ -453,6 +453,7 @@ async fn sync_serialized(
                 Err(e) if attempt < DELTA_COMMIT_ATTEMPTS_MAX => {
                     report.retried_commits += 1;
                     tracing::debug!(table = %table.id, attempt, error = %e, "Delta schema commit lost a race; reading the log again");
+                    lost_race_pause(ctx, attempt).await;
                 }
                 Err(e) => return Err(unavailable(&table.id, "cannot add its declared columns to its Delta log", e)),
             }
@@ -558,12 +559,18 @@ async fn sync_serialized(
             Err(e) if attempt < DELTA_COMMIT_ATTEMPTS_MAX => {
                 report.retried_commits += 1;
                 tracing::debug!(table = %table.id, attempt, error = %e, "Delta commit lost a race; reading the log again");
-                let pause = 10 * u64::from(attempt) + ctx.random_u64() % 20;
-                tokio::time::sleep(std::time::Duration::from_millis(pause)).await;
+                lost_race_pause(ctx, attempt).await;
             }
             Err(e) => return Err(unavailable(&table.id, "cannot commit to its Delta log", e)),
         }
     }
+}
+
+/// A pause before a commit that lost a race is tried again, longer with each attempt and
+/// jittered, so installations syncing one table at once do not collide again in step.
+async fn lost_race_pause(ctx: &Context, attempt: u32) {
+    let pause = 10 * u64::from(attempt) + ctx.random_u64() % 20;
+    tokio::time::sleep(std::time::Duration::from_millis(pause)).await;
 }
 
 /// The commits a sync makes, each empty when nothing of its kind is due.
@@ -1313,14 +1320,8 @@ mod tests {
 
     #[test]
     fn a_log_gains_the_declared_columns_it_lacks_and_keeps_the_ones_it_has() {
-        use crate::model::columns::{ColumnSpec, OnMismatch};
-        let column = |name: &str, kind| ColumnSpec {
-            name: name.into(),
-            kind,
-            from: format!("/{name}"),
-            nullable: true,
-            on_mismatch: OnMismatch::Refuse,
-        };
+        use crate::model::columns::ColumnSpec;
+        let column = ColumnSpec::nullable;
         let first = String::from_utf8(first_version("t", &[column("carrier", ColumnType::String)], 0)).unwrap();
         let metadata = first
             .lines()

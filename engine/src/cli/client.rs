@@ -293,6 +293,12 @@ impl Client {
         self.json(&text)
     }
 
+    /// The table's typed columns as the running engine's policy declares them.
+    pub fn columns(&self, table: &str) -> Result<Vec<crate::model::columns::ColumnSpec>> {
+        let text = self.send("GET", &format!("/v1/tables/{}/columns", percent_encode(table)), None, false)?;
+        Ok(self.json::<crate::ops::policy::TableColumns>(&text)?.columns)
+    }
+
     /// Every hold, placed and policy-declared, with the buckets each covers.
     pub fn holds(&self) -> Result<Vec<crate::ops::holds::HoldListing>> {
         let text = self.send("GET", "/v1/holds", None, false)?;

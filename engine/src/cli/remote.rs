@@ -8,7 +8,7 @@ use std::sync::Arc;
 use anyhow::Context;
 
 use super::EngineArgs;
-use crate::cli::client::{Client, PageRequest};
+use crate::cli::client::{Client, ClientError, PageRequest};
 use crate::model::Record;
 use crate::ops::Engine;
 use crate::ops::archives::BucketVerdict;
@@ -33,8 +33,8 @@ pub trait EngineHandle {
     fn archive_once(&self) -> anyhow::Result<(serde_json::Value, bool)>;
     /// Ends the backfill lease `append_batch` held (the ingest is over).
     fn end_backfill(&self, table: &str) -> anyhow::Result<()>;
-    /// The table's typed columns, when this handle knows them (a data directory it opened);
-    /// `None` through a running engine's API, which checks them per batch.
+    /// The table's typed columns (a data directory's policy, or a running engine's); `None`
+    /// from an engine too old to say, which checks them per batch.
     fn columns(&self, table: &str) -> anyhow::Result<Option<Vec<crate::model::columns::ColumnSpec>>>;
     fn place_hold(&self, request: HoldRequest) -> anyhow::Result<HoldPlaced>;
     /// Lifts a hold; the id of the hold lifted.
@@ -149,8 +149,14 @@ impl EngineHandle for Client {
         Ok(Client::end_backfill(self, table)?)
     }
 
-    fn columns(&self, _table: &str) -> anyhow::Result<Option<Vec<crate::model::columns::ColumnSpec>>> {
-        Ok(None)
+    fn columns(&self, table: &str) -> anyhow::Result<Option<Vec<crate::model::columns::ColumnSpec>>> {
+        match Client::columns(self, table) {
+            Ok(columns) => Ok(Some(columns)),
+            // An engine from before the route answers 404 naming no route; it still checks
+            // every batch it is sent.
+            Err(ClientError::Refused { status: 404, ref message, .. }) if message.contains("no such route") => Ok(None),
+            Err(e) => Err(e.into()),
+        }
     }
 
     fn place_hold(&self, request: HoldRequest) -> anyhow::Result<HoldPlaced> {

@@ -181,6 +181,57 @@ mod tests {
         }
     }
 
+    /// Bodies of about 1 MiB, as users send them, with a typed column of a 1 KiB string and one
+    /// of users' keys: each segment stays within its byte limit, round trips exactly, carries
+    /// the typed values, and keeps no bound for the long string (a truncated one would lie).
+    #[test]
+    fn typed_columns_of_large_bodies_round_trip_and_keep_no_bound_for_a_long_string() {
+        use crate::model::columns::{ColumnType, OnMismatch};
+        let spec = |name: &str, kind| ColumnSpec { on_mismatch: OnMismatch::Null, ..ColumnSpec::nullable(name, kind) };
+        let columns =
+            [spec("note", ColumnType::String), spec("site", ColumnType::String), spec("n", ColumnType::Int64)];
+        let rows: Vec<Record> = (0..12)
+            .map(|i| Record {
+                body: serde_json::json!({
+                    "pad": "p".repeat(1024 * 1024),
+                    "note": format!("{i}{}", "ü".repeat(512)),
+                    "site": format!("site a/%20=ü {i}"),
+                    "n": i,
+                })
+                .to_string(),
+                ..record(i, 0)
+            })
+            .collect();
+        let segments = encode_segments(Format::Parquet, &columns, &rows).unwrap();
+        assert!(segments.len() >= 2, "1 MiB bodies fill segments by bytes");
+        assert!(segments.iter().all(|s| s.bytes.len() <= SEGMENT_BYTES_MAX));
+        let decoded: Vec<Record> = segments.iter().flat_map(|s| Format::Parquet.decode(&s.bytes).unwrap()).collect();
+        assert_eq!(decoded, rows);
+        let mut sites = Vec::new();
+        for segment in &segments {
+            let [note, site, n] = &segment.columns[2..] else { panic!("{:?}", segment.columns) };
+            assert_eq!(
+                (note.min.as_ref(), note.max.as_ref(), note.nulls),
+                (None, None, 0),
+                "a 1 KiB string keeps no bound"
+            );
+            assert!(site.min.is_some() && n.min.is_some() && n.max.is_some(), "{site:?} {n:?}");
+            let reader = ::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(
+                bytes::Bytes::copy_from_slice(&segment.bytes),
+            )
+            .unwrap()
+            .build()
+            .unwrap();
+            for batch in reader {
+                let batch = batch.unwrap();
+                let typed = batch.column_by_name("site").unwrap();
+                let typed = typed.as_any().downcast_ref::<arrow_array::StringArray>().unwrap();
+                sites.extend(typed.iter().map(|v| v.unwrap().to_string()));
+            }
+        }
+        assert_eq!(sites, (0..12).map(|i| format!("site a/%20=ü {i}")).collect::<Vec<_>>());
+    }
+
     #[test]
     fn corrupted_segments_do_not_decode_silently() {
         let rows: Vec<Record> = (0..100).map(|i| record(i, 10)).collect();

@@ -17,7 +17,7 @@ use parquet::schema::types::ColumnPath;
 
 use crate::error::{Error, Result};
 use crate::model::Record;
-use crate::model::columns::{Body, ColumnSpec, ColumnStats, ColumnType, ColumnValue, StatsBuilder};
+use crate::model::columns::{ColumnSpec, ColumnStats, ColumnType, ColumnValue, Extractor, StatsBuilder};
 
 pub const ZSTD_LEVEL: i32 = 3;
 /// Rows from which every column of a segment is compressed. Below it the columns whose pages
@@ -111,7 +111,7 @@ fn encoding_error(e: impl std::fmt::Display) -> Error {
 }
 
 /// Encodes `records` as one Parquet segment with the table's typed `columns`, each taken from
-/// the body (null where it does not fit: `ColumnSpec::extract_or_null`). Returns the bytes and
+/// the body (null where it does not fit: `Extractor`). Returns the bytes and
 /// the statistics of the typed columns, `tenant` and `kind` (`ColumnStats`).
 pub fn encode(records: &[Record], columns: &[ColumnSpec]) -> Result<(Vec<u8>, Vec<ColumnStats>)> {
     let mut partition = StringBuilder::new();
@@ -126,6 +126,8 @@ pub fn encode(records: &[Record], columns: &[ColumnSpec]) -> Result<(Vec<u8>, Ve
         .chain(columns.iter().map(|c| (c.name.as_str(), c.kind)))
         .map(|(name, kind)| StatsBuilder::new(name, kind))
         .collect();
+    let extractor = Extractor::new(columns);
+    let mut values = Vec::with_capacity(columns.len());
     for r in records {
         partition.append_value(String::from_utf8_lossy(&r.partition_key));
         time.append_value(r.event_time);
@@ -136,12 +138,10 @@ pub fn encode(records: &[Record], columns: &[ColumnSpec]) -> Result<(Vec<u8>, Ve
         stats[0].add_text(r.tenant.as_deref());
         stats[1].add_text(r.kind.as_deref());
         if !columns.is_empty() {
-            // A body that is not JSON was refused at append; should one come, its columns are null.
-            let parsed = Body::parse(&r.body).ok();
-            for ((column, builder), stats) in columns.iter().zip(&mut typed).zip(&mut stats[2..]) {
-                let value = parsed.as_ref().map_or(ColumnValue::Null, |body| column.extract_or_null(body));
-                builder.append(&value);
-                stats.add(&value);
+            extractor.values(&r.body, &mut values);
+            for ((value, builder), stats) in values.iter().zip(&mut typed).zip(&mut stats[2..]) {
+                builder.append(value);
+                stats.add(value);
             }
         }
     }

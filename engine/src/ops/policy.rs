@@ -1,6 +1,7 @@
 //! Policy checks: what a reload of a directory would say, without changing anything. Against
 //! a running engine (its store, with the re-plan the directory would cause), against a data
-//! directory no engine holds, or the directory alone.
+//! directory no engine holds, or the directory alone. And what a table declares that clients
+//! check their input against (its typed columns).
 
 use std::path::Path;
 
@@ -10,6 +11,19 @@ use crate::error::{Error, Result};
 use crate::settings::ArchiverArgs;
 
 pub use crate::policy::check::CheckReport;
+
+/// A table's typed columns as its policy declares them (`GET /v1/tables/{table}/columns`).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct TableColumns {
+    pub table: String,
+    pub columns: Vec<crate::model::columns::ColumnSpec>,
+}
+
+/// The typed columns of `table` in the policy set in force.
+pub fn table_columns(engine: &Engine, table: &str) -> Result<TableColumns> {
+    let columns = engine.policies().table(table)?.columns().to_vec();
+    Ok(TableColumns { table: table.to_string(), columns })
+}
 
 /// A dry-run reload of `dir` (the engine's own policy directory: `None`) against this engine.
 /// A refusal is an answer (`accepted: false`), not an error.
