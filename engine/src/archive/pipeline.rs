@@ -210,7 +210,9 @@ fn read_and_encode(
     mut base: Option<BaseRows>,
     sender: mpsc::Sender<Encoded>,
 ) -> Result<ReadSide> {
-    let (mut all, mut hot) = (RowSummer::default(), RowSummer::default());
+    // Without a base the merged rows are the hot rows, so one summer hashes them for both.
+    let mut all = base.is_some().then(RowSummer::default);
+    let mut hot = RowSummer::default();
     let mut hot_rows =
         HotRows { ctx, id, owner, generation, page: VecDeque::new(), more: true, last_key: None, seconds: 0.0 };
     let mut encode_seconds = 0.0;
@@ -254,7 +256,9 @@ fn read_and_encode(
             };
             let row = row.expect("a peeked row is there");
             chunk_bytes += row.stored_bytes();
-            all.push(&row);
+            if let Some(all) = all.as_mut() {
+                all.push(&row);
+            }
             chunk.push(row);
         }
         // The chunk is the last when nothing is left on either side.
@@ -270,10 +274,15 @@ fn read_and_encode(
             // The cleanup's proof takes the hot summary for the table's rows only if the
             // snapshot read each row once, in key order (`invariants::hot_rows_match_manifest`);
             // the merged rows must be in order too, each once.
-            if !hot.strictly_increasing() || !all.strictly_increasing() {
+            if !hot.strictly_increasing() || all.as_ref().is_some_and(|all| !all.strictly_increasing()) {
                 return Err(Error::Corruption(format!("the snapshot of bucket {id} read its rows out of key order")));
             }
-            Some(Summaries { all: std::mem::take(&mut all).finish(), hot: std::mem::take(&mut hot).finish() })
+            let hot = std::mem::take(&mut hot).finish();
+            let all = match all.take() {
+                Some(all) => all.finish(),
+                None => hot.clone(),
+            };
+            Some(Summaries { all, hot })
         } else {
             None
         };

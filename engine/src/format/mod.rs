@@ -77,12 +77,13 @@ impl Format {
         }
     }
 
-    /// The row summary of a segment's bytes: JSON lines are summed as they are parsed,
-    /// without building records; the other formats are decoded first.
+    /// The row summary of a segment's bytes: JSON lines and Parquet are summed as they are
+    /// read, without building records; MessagePack is decoded first.
     pub fn summarize(self, bytes: &[u8]) -> Result<RowSummary> {
         match self {
             Format::Jsonl => jsonl::summarize_segment(bytes),
-            Format::Parquet | Format::Msgpack => Ok(summarize(&self.decode(bytes)?)),
+            Format::Parquet => parquet::summarize_segment(bytes),
+            Format::Msgpack => Ok(summarize(&self.decode(bytes)?)),
         }
     }
 
@@ -112,19 +113,25 @@ pub struct EncodedSegment {
 pub fn encode_segments(format: Format, columns: &[ColumnSpec], records: &[Record]) -> Result<Vec<EncodedSegment>> {
     let mut segments = Vec::new();
     let mut start = 0;
-    // The segment's rows as JSON lines: what the byte limit counts, and a JSON-lines segment's
-    // bytes as they are, so that format is encoded once.
+    // The segment's size as JSON lines, what the byte limit counts; a JSON-lines segment keeps
+    // the lines themselves as its bytes, so that format is encoded once. The other formats
+    // keep only the count: copying every line cost a Parquet pass a copy of each body.
     let mut lines = Vec::new();
+    let mut lines_bytes = 0;
     let mut line = Vec::new();
     for (i, record) in records.iter().enumerate() {
         line.clear();
         jsonl::encode_line(record, &mut line)?;
-        let full = i - start >= SEGMENT_ROWS_MAX || (!lines.is_empty() && lines.len() + line.len() > SEGMENT_BYTES_MAX);
+        let full = i - start >= SEGMENT_ROWS_MAX || (lines_bytes > 0 && lines_bytes + line.len() > SEGMENT_BYTES_MAX);
         if full {
             segments.push(finish(format, columns, &records[start..i], std::mem::take(&mut lines))?);
             start = i;
+            lines_bytes = 0;
         }
-        lines.extend_from_slice(&line);
+        lines_bytes += line.len();
+        if format == Format::Jsonl {
+            lines.extend_from_slice(&line);
+        }
     }
     if start < records.len() {
         segments.push(finish(format, columns, &records[start..], lines)?);
@@ -171,6 +178,9 @@ mod tests {
             assert_eq!(segments.iter().map(|s| s.rows).collect::<Vec<_>>(), vec![10_000, 10_000, 5_000], "{format:?}");
             let decoded: Vec<Record> = segments.iter().flat_map(|s| format.decode(&s.bytes).unwrap()).collect();
             assert_eq!(decoded, rows, "{format:?}");
+            for segment in &segments {
+                assert_eq!(format.summarize(&segment.bytes).unwrap(), segment.summary, "{format:?}");
+            }
         }
         let big: Vec<Record> = (0..20).map(|i| record(i, 1024 * 1024)).collect();
         for format in [Format::Jsonl, Format::Parquet, Format::Msgpack] {
@@ -179,6 +189,32 @@ mod tests {
             assert!(segments.iter().all(|s| s.bytes.len() <= SEGMENT_BYTES_MAX), "{format:?}");
             assert_eq!(segments.iter().map(|s| s.rows).sum::<u64>(), 20);
         }
+    }
+
+    /// A Parquet segment stores `body` without a dictionary (bodies are mostly unique, and a
+    /// dictionary's per-row indices do not compress), while bodies that repeat still fold.
+    #[test]
+    fn a_parquet_segment_stores_bodies_without_a_dictionary_and_still_folds_repeated_ones() {
+        use ::parquet::basic::Encoding;
+        use ::parquet::file::reader::{FileReader, SerializedFileReader};
+        let body_encodings = |bytes: &[u8]| {
+            let reader = SerializedFileReader::new(bytes::Bytes::copy_from_slice(bytes)).unwrap();
+            let row_group = reader.metadata().row_group(0);
+            let body = row_group.columns().iter().find(|c| c.column_path().string() == "body").unwrap();
+            body.encodings().collect::<Vec<Encoding>>()
+        };
+        let unique: Vec<Record> = (0..6_250).map(|i| record(i, 40)).collect();
+        let segment = &encode_segments(Format::Parquet, &[], &unique).unwrap()[0];
+        let encodings = body_encodings(&segment.bytes);
+        assert!(
+            !encodings.iter().any(|e| matches!(e, Encoding::RLE_DICTIONARY | Encoding::PLAIN_DICTIONARY)),
+            "{encodings:?}"
+        );
+        let repeated: Vec<Record> =
+            (0..10_000).map(|i| Record { body: r#"{"ok": true, "site": "a/%20=ü"}"#.into(), ..record(i, 0) }).collect();
+        let segment = &encode_segments(Format::Parquet, &[], &repeated).unwrap()[0];
+        assert!(segment.bytes.len() < 64 * 1024, "{} bytes for 10,000 rows of one body", segment.bytes.len());
+        assert_eq!(Format::Parquet.decode(&segment.bytes).unwrap(), repeated);
     }
 
     /// Bodies of about 1 MiB, as users send them, with a typed column of a 1 KiB string and one
@@ -240,6 +276,13 @@ mod tests {
             let cut = bytes.len() / 2;
             bytes.truncate(cut);
             assert!(format.decode(&bytes).is_err(), "{format:?}");
+            assert!(format.summarize(&bytes).is_err(), "{format:?}");
+        }
+        // A body that is not JSON: a Parquet segment's summary refuses it as its decode does.
+        let damaged = Record { body: "{\"x\": tru".into(), ..record(1, 0) };
+        let (bytes, _) = parquet::encode(&[record(0, 3), damaged], &[]).unwrap();
+        for error in [Format::Parquet.decode(&bytes).unwrap_err(), Format::Parquet.summarize(&bytes).unwrap_err()] {
+            assert!(error.to_string().contains("row 1: body is not JSON"), "{error}");
         }
     }
 }

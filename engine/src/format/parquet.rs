@@ -18,6 +18,7 @@ use parquet::schema::types::ColumnPath;
 use crate::error::{Error, Result};
 use crate::model::Record;
 use crate::model::columns::{ColumnSpec, ColumnStats, ColumnType, ColumnValue, Extractor, StatsBuilder};
+use crate::model::rows::{RowFields, RowSummary, RowSummer};
 
 pub const ZSTD_LEVEL: i32 = 3;
 /// Rows from which every column of a segment is compressed. Below it the columns whose pages
@@ -30,6 +31,11 @@ pub const SMALL_COLUMNS_COMPRESSED_ROWS_MIN: usize = 10_000;
 /// The columns left uncompressed in a segment of fewer rows than that: one partition per
 /// bucket, and tenants and kinds of a few values each.
 const UNCOMPRESSED_WHEN_SMALL: [&str; 3] = ["partition_key", "tenant", "kind"];
+/// The column written without a dictionary. A body is most often unique to its record, so a
+/// dictionary repeats every value once and adds an index per row that does not compress:
+/// measured over the typed benchmark's 32 segments of 6,250 flights-like rows, 6.70 MB with
+/// it against 6.06 MB without. zstd still folds bodies that repeat (`format::tests`).
+const PLAIN_BODY: &str = "body";
 pub const SCHEMA_DESCRIPTION: &str = "parquet: partition_key UTF8, event_time TIMESTAMP(MICROS, UTC), sort_key UTF8, \
      tenant UTF8 (nullable), kind UTF8 (nullable), body UTF8 (JSON text)";
 
@@ -164,6 +170,7 @@ pub fn encode(records: &[Record], columns: &[ColumnSpec]) -> Result<(Vec<u8>, Ve
         }
     }
     let properties = properties
+        .set_column_dictionary_enabled(ColumnPath::from(PLAIN_BODY), false)
         .set_statistics_enabled(EnabledStatistics::Chunk)
         .set_max_row_group_row_count(Some(crate::format::SEGMENT_ROWS_MAX))
         .set_created_by("frostline".into())
@@ -191,10 +198,34 @@ fn column<'a, T: 'static>(batch: &'a RecordBatch, name: &str) -> Result<&'a T> {
 const RECORD_COLUMNS: [&str; 6] = ["partition_key", "event_time", "sort_key", "tenant", "kind", "body"];
 
 pub fn decode(bytes: &[u8]) -> Result<Vec<Record>> {
+    let mut out = Vec::new();
+    for_each_row(bytes, |row| {
+        out.push(Record {
+            partition_key: row.partition_key.to_vec(),
+            event_time: row.event_time,
+            sort_key: row.sort_key.to_vec(),
+            tenant: row.tenant.map(str::to_string),
+            kind: row.kind.map(str::to_string),
+            body: row.body.to_string(),
+        })
+    })?;
+    Ok(out)
+}
+
+/// The row summary of a segment's bytes, summed from its columns without building records:
+/// what a read-back verification compares with the manifest.
+pub fn summarize_segment(bytes: &[u8]) -> Result<RowSummary> {
+    let mut summer = RowSummer::default();
+    for_each_row(bytes, |row| summer.push_fields(row))?;
+    Ok(summer.finish())
+}
+
+/// Calls `visit` with each row of a segment, borrowed from its decoded columns, after checking
+/// that the row's body is JSON.
+fn for_each_row(bytes: &[u8], mut visit: impl FnMut(RowFields<'_>)) -> Result<()> {
     let builder = ParquetRecordBatchReaderBuilder::try_new(Bytes::copy_from_slice(bytes)).map_err(corrupt)?;
     let record_columns = ProjectionMask::columns(builder.parquet_schema(), RECORD_COLUMNS);
     let reader = builder.with_projection(record_columns).build().map_err(corrupt)?;
-    let mut out = Vec::new();
     for batch in reader {
         let batch = batch.map_err(corrupt)?;
         let partition: &StringArray = column(&batch, "partition_key")?;
@@ -207,15 +238,15 @@ pub fn decode(bytes: &[u8]) -> Result<Vec<Record>> {
             let text = body.value(i);
             serde_json::from_str::<&serde_json::value::RawValue>(text)
                 .map_err(|e| corrupt(format!("row {i}: body is not JSON: {e}")))?;
-            out.push(Record {
-                partition_key: partition.value(i).as_bytes().to_vec(),
+            visit(RowFields {
+                partition_key: partition.value(i).as_bytes(),
                 event_time: time.value(i),
-                sort_key: sort.value(i).as_bytes().to_vec(),
-                tenant: (!tenant.is_null(i)).then(|| tenant.value(i).to_string()),
-                kind: (!kind.is_null(i)).then(|| kind.value(i).to_string()),
-                body: text.to_string(),
+                sort_key: sort.value(i).as_bytes(),
+                tenant: (!tenant.is_null(i)).then(|| tenant.value(i)),
+                kind: (!kind.is_null(i)).then(|| kind.value(i)),
+                body: text,
             });
         }
     }
-    Ok(out)
+    Ok(())
 }
