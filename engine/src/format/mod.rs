@@ -188,6 +188,9 @@ mod tests {
             assert!(segments.len() >= 3, "{format:?}");
             assert!(segments.iter().all(|s| s.bytes.len() <= SEGMENT_BYTES_MAX), "{format:?}");
             assert_eq!(segments.iter().map(|s| s.rows).sum::<u64>(), 20);
+            for segment in &segments {
+                assert_eq!(format.summarize(&segment.bytes).unwrap(), segment.summary, "{format:?}");
+            }
         }
     }
 
@@ -278,11 +281,13 @@ mod tests {
             assert!(format.decode(&bytes).is_err(), "{format:?}");
             assert!(format.summarize(&bytes).is_err(), "{format:?}");
         }
-        // A body that is not JSON: a Parquet segment's summary refuses it as its decode does.
-        let damaged = Record { body: "{\"x\": tru".into(), ..record(1, 0) };
-        let (bytes, _) = parquet::encode(&[record(0, 3), damaged], &[]).unwrap();
+        // A body that is not JSON, past the reader's first batch of rows: a Parquet segment's
+        // summary refuses it as its decode does, naming the row by its place in the segment.
+        let mut rows: Vec<Record> = (0..2_000).map(|i| record(i, 3)).collect();
+        rows[1_500].body = "{\"x\": tru".into();
+        let (bytes, _) = parquet::encode(&rows, &[]).unwrap();
         for error in [Format::Parquet.decode(&bytes).unwrap_err(), Format::Parquet.summarize(&bytes).unwrap_err()] {
-            assert!(error.to_string().contains("row 1: body is not JSON"), "{error}");
+            assert!(error.to_string().contains("row 1501: body is not JSON"), "{error}");
         }
     }
 }
